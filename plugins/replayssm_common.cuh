@@ -1,0 +1,129 @@
+// Shared device helpers for the ReplaySSM decode kernels: dtype codecs, vector loads/stores, warp reductions and
+// scans, softplus/decay math, and the in-launch cursor advance. Compiled with NVRTC (no host code here).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace rssm {
+
+constexpr int kWarpSize = 32;
+constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host side: kernels/configs.py NUM_WARPS)
+constexpr int kThreads = kWarpSize * kNumWarps;
+constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in the warp scans
+
+// ---------------------------------------------------------------------------------------------- dtype codecs
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Rounds a float through T (what a value becomes once stored in a T buffer).
+template <typename T> __device__ __forceinline__ float round_through(float v) { return to_float(from_float<T>(v)); }
+
+// ---------------------------------------------------------------------------------------------- vector access
+// Raw vector type moving BYTES bytes in one instruction (BYTES in {2, 4, 8, 16}).
+template <int BYTES> struct RawVec;
+template <> struct RawVec<2> { using type = unsigned short; };
+template <> struct RawVec<4> { using type = unsigned int; };
+template <> struct RawVec<8> { using type = uint2; };
+template <> struct RawVec<16> { using type = uint4; };
+
+template <typename T, int E> struct VecTraits {
+  static constexpr int kBytes = E * int(sizeof(T));
+  static constexpr int kChunk = kBytes >= 16 ? 16 : kBytes;  // bytes per instruction
+  static constexpr int kChunks = kBytes / kChunk;
+  static constexpr int kPerChunk = kChunk / int(sizeof(T));
+  using Raw = typename RawVec<kChunk>::type;
+  static_assert(kBytes % kChunk == 0, "vector size must be a multiple of the access width");
+};
+
+// Loads E consecutive T (aligned to E*sizeof(T), or 16 B) and widens them to float.
+template <typename T, int E, bool kStreaming = false>
+__device__ __forceinline__ void load_vec(const T* __restrict__ src, float (&dst)[E]) {
+  using VT = VecTraits<T, E>;
+  const auto* raw = reinterpret_cast<const typename VT::Raw*>(src);
+#pragma unroll
+  for (int c = 0; c < VT::kChunks; ++c) {
+    typename VT::Raw chunk;
+    if constexpr (kStreaming && VT::kChunk == 16) {
+      chunk = __ldcs(raw + c);
+    } else {
+      chunk = raw[c];
+    }
+    const T* elems = reinterpret_cast<const T*>(&chunk);
+#pragma unroll
+    for (int i = 0; i < VT::kPerChunk; ++i) dst[c * VT::kPerChunk + i] = to_float(elems[i]);
+  }
+}
+
+// Narrows E floats to T and stores them (same alignment rule as load_vec).
+template <typename T, int E>
+__device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src)[E]) {
+  using VT = VecTraits<T, E>;
+  auto* raw = reinterpret_cast<typename VT::Raw*>(dst);
+#pragma unroll
+  for (int c = 0; c < VT::kChunks; ++c) {
+    typename VT::Raw chunk;
+    T* elems = reinterpret_cast<T*>(&chunk);
+#pragma unroll
+    for (int i = 0; i < VT::kPerChunk; ++i) elems[i] = from_float<T>(src[c * VT::kPerChunk + i]);
+    raw[c] = chunk;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- warp collectives
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Inclusive suffix sum over lanes: lane j gets sum_{i >= j} v_i.
+__device__ __forceinline__ float warp_suffix_sum(float v) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int off = 1; off < kWarpSize; off <<= 1) {
+    const float other = __shfl_down_sync(0xffffffffu, v, off);
+    if (lane + off < kWarpSize) v += other;
+  }
+  return v;
+}
+
+// Inclusive prefix sum over lanes: lane j gets sum_{i <= j} v_i.
+__device__ __forceinline__ float warp_prefix_sum(float v) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int off = 1; off < kWarpSize; off <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += other;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------- decay math
+// softplus with the threshold used by Mamba-2 / GDN reference code (identity above 20).
+__device__ __forceinline__ float softplus_thr20(float v) { return v > 20.f ? v : log1pf(__expf(v)); }
+__device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
+__device__ __forceinline__ float siluf(float v) { return v * sigmoidf(v); }
+
+// ---------------------------------------------------------------------------------------------- cursor advance
+// Called once per CTA by thread 0 after every thread of the CTA has read `cursor[slot]` (i.e. after a __syncthreads
+// that follows the read). The CTA arriving last among `ctas_per_slot` writes the new cursor and re-arms the counter,
+// so all CTAs of the row see the old cursor and the next launch sees the new one. CUDA-graph safe, no host sync.
+__device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int* __restrict__ arrive, int slot,
+                                                   int ctas_per_slot, int new_cursor) {
+  __threadfence();
+  const int before = atomicAdd(arrive + slot, 1);
+  if (before == ctas_per_slot - 1) {
+    cursor[slot] = new_cursor;
+    arrive[slot] = 0;
+    __threadfence();
+  }
+}
+
+}  // namespace rssm

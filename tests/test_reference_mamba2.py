@@ -1,0 +1,127 @@
+"""CPU: the float32 replay reference (the ops' CPU fallback) equals the float64 sequential Mamba-2 recurrence."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mamba2_helpers import Float64Sequential, make_params, make_step, rel_err
+from trtllm_replayssm.cache import ReplayStateCache
+from trtllm_replayssm.ops import mamba2 as ops
+
+# (head_dim, d_state, ngroups, nheads, L): every head_dim/d_state/ngroups/L value of the issue appears.
+CASES = [
+    (64, 128, 8, 8, 16), (80, 128, 8, 8, 8), (128, 64, 1, 4, 32), (80, 256, 1, 4, 16),
+    (64, 256, 8, 8, 1), (128, 128, 1, 2, 8), (80, 64, 8, 16, 32),
+]
+
+
+@pytest.mark.parametrize("head_dim,d_state,ngroups,nheads,L", CASES)
+def test_replay_matches_float64_sequential(head_dim, d_state, ngroups, nheads, L):
+    gen = torch.Generator().manual_seed(head_dim * 1000 + d_state + L)
+    slots, batch = 5, 3
+    cache = ReplayStateCache.mamba2(1, slots, nheads, head_dim, d_state, ngroups, buffer_len=L, state_dtype="fp32",
+                                    act_dtype=torch.float32, device="cpu")
+    layer = cache.layer(0)
+    init = torch.randn(slots, nheads, head_dim, d_state, generator=gen)
+    layer.state.copy_(init)
+    truth = Float64Sequential(init)
+    params = make_params(nheads, "cpu", gen)
+    slot_ids = [3, 0, 4]
+    idx = torch.tensor(slot_ids, dtype=torch.int32)
+    # Staggered cursors: row r starts r steps into its cycle (row-only warm-up steps).
+    for r in range(batch):
+        for _ in range(r * max(1, L // 3)):
+            one = make_step(1, nheads, head_dim, d_state, ngroups, torch.float32, "cpu", gen)
+            ops.replay_decode(layer, **_args(one, params), state_batch_indices=idx[r:r + 1], mode="replay")
+            truth.step([slot_ids[r]], one, params)
+    assert len(set(layer.cursor[idx.long()].tolist())) > 1 or L == 1
+    worst_out, worst_state = 0.0, 0.0
+    for _ in range(3 * L + 2):
+        step = make_step(batch, nheads, head_dim, d_state, ngroups, torch.float32, "cpu", gen)
+        cursors_before = layer.cursor.clone()
+        out = ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, mode="replay")
+        expected = truth.step(slot_ids, step, params)
+        worst_out = max(worst_out, rel_err(out, expected))
+        for s in slot_ids:  # state parity at every flush
+            if int(cursors_before[s]) == L - 1:
+                worst_state = max(worst_state, rel_err(layer.state[s], truth.states[s]))
+    assert worst_out < 1e-5, worst_out
+    assert worst_state < 1e-5, worst_state
+
+
+def _args(step, params):
+    return dict(x=step["x"], dt=step["dt"], A=params.A, B=step["B"], C=step["C"], D=params.D, z=step["z"],
+                dt_bias=params.dt_bias, dt_softplus=True)
+
+
+def test_l1_equals_baseline_step_exactly():
+    gen = torch.Generator().manual_seed(7)
+    nheads, head_dim, d_state, ngroups = 4, 16, 64, 2
+    cache = ReplayStateCache.mamba2(1, 3, nheads, head_dim, d_state, ngroups, buffer_len=1, act_dtype=torch.bfloat16,
+                                    device="cpu")
+    layer = cache.layer(0)
+    layer.state.copy_(torch.randn(layer.state.shape, generator=gen))
+    pool = layer.state.clone()
+    params = make_params(nheads, "cpu", gen)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    for _ in range(3):
+        step = make_step(2, nheads, head_dim, d_state, ngroups, torch.bfloat16, "cpu", gen)
+        y_replay = ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx)
+        y_base = ops.state_update(pool, **_args(step, params), state_batch_indices=idx)
+        torch.testing.assert_close(layer.state, pool, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(y_replay, y_base, rtol=1e-2, atol=1e-2)
+    assert layer.cursor.tolist() == [0, 0, 0]
+
+
+def test_pad_rows_and_other_slots_untouched():
+    gen = torch.Generator().manual_seed(11)
+    cache = ReplayStateCache.mamba2(1, 4, 4, 16, 64, 1, buffer_len=4, act_dtype=torch.bfloat16, device="cpu")
+    layer = cache.layer(0)
+    layer.state.copy_(torch.randn(layer.state.shape, generator=gen))
+    before = {k: v.clone() for k, v in layer.tensors().items()}
+    params = make_params(4, "cpu", gen)
+    step = make_step(3, 4, 16, 64, 1, torch.bfloat16, "cpu", gen)
+    out = torch.full_like(step["x"], float("nan"))
+    idx = torch.tensor([-1, 2, -1], dtype=torch.int32)
+    ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, out=out)
+    assert torch.isnan(out[0]).all() and torch.isnan(out[2]).all() and not torch.isnan(out[1]).any()
+    for name, t in layer.tensors().items():
+        untouched = [0, 1, 3]
+        assert torch.equal(t[untouched], before[name][untouched]), name
+    assert layer.cursor.tolist() == [0, 0, 1, 0]
+
+
+def test_bad_input_errors_name_the_argument():
+    cache = ReplayStateCache.mamba2(1, 4, 4, 16, 64, 2, buffer_len=4, device="cpu")
+    layer = cache.layer(0)
+    gen = torch.Generator().manual_seed(0)
+    params = make_params(4, "cpu", gen)
+    step = make_step(2, 4, 16, 64, 2, torch.bfloat16, "cpu", gen)
+    with pytest.raises(ValueError, match=r"^x: expected shape \[\*, 4, 16\]"):
+        ops.replay_decode(layer, **{**_args(step, params), "x": step["x"][:, :3]})
+    with pytest.raises(TypeError, match=r"^A: expected dtype"):
+        ops.replay_decode(layer, **{**_args(step, params), "A": params.A.double()})
+    with pytest.raises(ValueError, match=r"^state_batch_indices: values must be in \[0, 4\)"):
+        ops.replay_decode(layer, **_args(step, params), state_batch_indices=torch.tensor([1, 9], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^B: expected shape"):
+        ops.replay_decode(layer, **{**_args(step, params), "B": step["B"][:, :, :32]})
+    with pytest.raises(ValueError, match=r"^mode:"):
+        ops.replay_decode(layer, **_args(step, params), mode="fast")
+    with pytest.raises(ValueError, match=r"^buffer_len:"):
+        ReplayStateCache.mamba2(1, 4, 4, 16, 64, 2, buffer_len=33, device="cpu")
+    with pytest.raises(ValueError, match=r"^x: the last 1 dim\(s\) must be contiguous"):
+        ops.replay_decode(layer, **{**_args(step, params), "x": step["x"].transpose(1, 2).contiguous().transpose(1, 2)})
+
+
+def test_prefill_handoff_and_reset():
+    gen = torch.Generator().manual_seed(3)
+    cache = ReplayStateCache.mamba2(2, 4, 4, 16, 64, 2, buffer_len=8, device="cpu")
+    cache.cursor.fill_(5)
+    states = torch.randn(2, 4, 16, 64, generator=gen)
+    cache.load_prefill_state(1, [3, 1], states)
+    assert torch.equal(cache.layer(1).state[3], states[0]) and torch.equal(cache.layer(1).state[1], states[1])
+    assert cache.cursor.tolist() == [[5, 5, 5, 5], [5, 0, 5, 0]]
+    cache.reset_slots([2])
+    assert cache.cursor.tolist() == [[5, 5, 0, 5], [5, 0, 0, 0]]
+    per_layer = 4 * 16 * 64 * 4 + 8 * (4 * 16 * 2 + 4 * 4 + 2 * 64 * 2) + 8
+    assert cache.bytes_per_slot() == 2 * per_layer

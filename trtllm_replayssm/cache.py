@@ -1,0 +1,223 @@
+"""ReplayStateCache: per-layer checkpoint states, input rings and per-slot device cursors for one model's SSM layers.
+
+Layout per layer (TP-local; docs/design.md):
+
+* Mamba-2: ``state [slots, H, P, N]``, ``x_ring [slots, H, L, P]`` (act), ``dt_ring [slots, H, L]`` (fp32, Δ after
+  bias + softplus), ``B_ring [slots, G, L, N]`` (act).
+* GDN:     ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]`` (act), ``k_ring [slots, H, L, K]`` (act),
+  ``g_ring [slots, HV, L]`` (fp32, inclusive cumulative log-gate since the checkpoint).
+* KDA:     as GDN with ``g_ring [slots, HV, L, K]`` (fp32, per channel).
+
+Every layer also has ``cursor [slots]`` (int32, ring fill of each slot) and ``arrive [slots]`` (int32, the in-launch
+arrival counter that lets the decode launch advance the cursor). Slot operations (prefill hand-off, reset on reuse)
+are device-side index writes: no host sync, safe to call between CUDA-graph replays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import torch
+
+from trtllm_replayssm.formats import StateFormat, get_state_format
+
+MAX_BUFFER_LEN = 32
+
+
+def check_buffer_len(buffer_len: int) -> int:
+    if not isinstance(buffer_len, int) or not 1 <= buffer_len <= MAX_BUFFER_LEN:
+        raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {buffer_len!r}")
+    return buffer_len
+
+
+@dataclass
+class _LayerCache:
+    """Tensors of one layer; ``cursor``/``arrive`` are views into the cache-wide [layers, slots] tensors."""
+
+    state: torch.Tensor
+    cursor: torch.Tensor
+    arrive: torch.Tensor
+
+    @property
+    def slots(self) -> int:
+        return self.state.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def nbytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.tensors().values())
+
+
+@dataclass
+class Mamba2LayerCache(_LayerCache):
+    x_ring: torch.Tensor
+    dt_ring: torch.Tensor
+    B_ring: torch.Tensor
+
+    @property
+    def buffer_len(self) -> int:
+        return self.x_ring.shape[2]
+
+
+@dataclass
+class GDNLayerCache(_LayerCache):
+    u_ring: torch.Tensor
+    k_ring: torch.Tensor
+    g_ring: torch.Tensor
+
+    @property
+    def buffer_len(self) -> int:
+        return self.u_ring.shape[2]
+
+
+@dataclass
+class KDALayerCache(GDNLayerCache):
+    """KDA: ``g_ring`` carries one cumulative log-gate per key channel ([slots, HV, L, K])."""
+
+
+class ReplayStateCache:
+    """Checkpoint + ring buffers + cursors for ``num_layers`` SSM layers of one family; build with a factory."""
+
+    def __init__(self, family: str, layers: list[_LayerCache], cursor: torch.Tensor, arrive: torch.Tensor,
+                 state_format: StateFormat, act_dtype: torch.dtype, buffer_len: int) -> None:
+        self.family = family
+        self._layers = layers
+        self.cursor = cursor
+        self.arrive = arrive
+        self.state_format = state_format
+        self.act_dtype = act_dtype
+        self.buffer_len = buffer_len
+
+    # ------------------------------------------------------------------ factories
+    @classmethod
+    def mamba2(cls, num_layers: int, slots: int, nheads: int, head_dim: int, d_state: int, ngroups: int,
+               buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32",
+               act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``)."""
+        _check_positive(num_layers=num_layers, slots=slots, nheads=nheads, head_dim=head_dim, d_state=d_state,
+                        ngroups=ngroups)
+        if nheads % ngroups:
+            raise ValueError(f"ngroups: must divide nheads={nheads}, got {ngroups}")
+        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        cursor, arrive = _cursors(num_layers, slots, device)
+        layers = [Mamba2LayerCache(
+            state=fmt.allocate((slots, nheads, head_dim, d_state), device),
+            cursor=cursor[i], arrive=arrive[i],
+            x_ring=torch.zeros(slots, nheads, L, head_dim, dtype=act_dtype, device=device),
+            dt_ring=torch.zeros(slots, nheads, L, dtype=torch.float32, device=device),
+            B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
+        ) for i in range(num_layers)]
+        return cls("mamba2", layers, cursor, arrive, fmt, act_dtype, L)
+
+    @classmethod
+    def gdn(cls, num_layers: int, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+            buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
+            device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Gated DeltaNet layers (state [HV, V, K]; one key ring per key head)."""
+        return cls._delta(GDNLayerCache, "gdn", num_layers, slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                          buffer_len, state_dtype, act_dtype, device)
+
+    @classmethod
+    def kda(cls, num_layers: int, slots: int, num_heads: int, head_dim: int, buffer_len: int = 16,
+            state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
+            device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Kimi Delta Attention layers (per-channel gate ring)."""
+        return cls._delta(KDALayerCache, "kda", num_layers, slots, num_heads, num_heads, head_dim, head_dim,
+                          buffer_len, state_dtype, act_dtype, device)
+
+    @classmethod
+    def _delta(cls, layer_cls: type[GDNLayerCache], family: str, num_layers: int, slots: int, num_k_heads: int,
+               num_v_heads: int, head_k_dim: int, head_v_dim: int, buffer_len: int, state_dtype: str | torch.dtype,
+               act_dtype: torch.dtype, device: torch.device | str) -> "ReplayStateCache":
+        _check_positive(num_layers=num_layers, slots=slots, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+                        head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"num_k_heads: must divide num_v_heads={num_v_heads}, got {num_k_heads}")
+        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        cursor, arrive = _cursors(num_layers, slots, device)
+        gate_shape = (slots, num_v_heads, L) if family == "gdn" else (slots, num_v_heads, L, head_k_dim)
+        layers = [layer_cls(
+            state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
+            cursor=cursor[i], arrive=arrive[i],
+            u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
+            k_ring=torch.zeros(slots, num_k_heads, L, head_k_dim, dtype=act_dtype, device=device),
+            g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
+        ) for i in range(num_layers)]
+        return cls(family, layers, cursor, arrive, fmt, act_dtype, L)
+
+    # ------------------------------------------------------------------ access
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def slots(self) -> int:
+        return self.cursor.shape[1]
+
+    def layer(self, index: int) -> _LayerCache:
+        if not 0 <= index < len(self._layers):
+            raise IndexError(f"layer: expected an index in [0, {len(self._layers)}), got {index}")
+        return self._layers[index]
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one slot (sequence) occupies over all layers: checkpoints, rings, cursor and arrival counter."""
+        return sum(layer.nbytes_per_slot() for layer in self._layers)
+
+    # ------------------------------------------------------------------ slot lifecycle
+    def reset_slots(self, slot_ids: torch.Tensor | Sequence[int], layers: Sequence[int] | None = None) -> None:
+        """Empty the rings of ``slot_ids`` (cursor <- 0) in all or the given layers; the checkpoint is kept.
+
+        Use on slot reuse and after prefill wrote a fresh checkpoint. Stale ring entries are never read: every load
+        is masked by the cursor.
+        """
+        ids = self._slot_ids(slot_ids)
+        rows = range(self.num_layers) if layers is None else list(layers)
+        for i in rows:
+            self.layer(i)  # validates the index
+            self.cursor[i].index_fill_(0, ids, 0)
+            self.arrive[i].index_fill_(0, ids, 0)
+
+    def load_prefill_state(self, layer_index: int, slot_ids: torch.Tensor | Sequence[int],
+                           states: torch.Tensor) -> None:
+        """Prefill hand-off: write ``states`` ([n, *state_shape]) as the checkpoints of ``slot_ids``, reset cursors."""
+        layer, ids = self.layer(layer_index), self._slot_ids(slot_ids)
+        expected = (ids.numel(), *layer.state.shape[1:])
+        if tuple(states.shape) != expected:
+            raise ValueError(f"states: expected shape {expected}, got {tuple(states.shape)}")
+        layer.state.index_copy_(0, ids, states.to(device=layer.state.device, dtype=layer.state.dtype))
+        self.reset_slots(ids, layers=[layer_index])
+
+    def _slot_ids(self, slot_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        ids = torch.as_tensor(slot_ids, dtype=torch.long, device=self.cursor.device).reshape(-1)
+        if not ids.is_cuda and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.slots):
+            raise ValueError(f"slot_ids: expected values in [0, {self.slots}), got {ids.tolist()}")
+        return ids
+
+
+def mamba2_bytes_per_slot(nheads: int, head_dim: int, d_state: int, ngroups: int, buffer_len: int,
+                          state_format: StateFormat, act_bytes: int = 2) -> int:
+    """Per-layer, per-slot bytes of a Mamba-2 replay cache (for memory planning without allocating)."""
+    state = nheads * head_dim * d_state * state_format.bytes_per_element
+    rings = buffer_len * (nheads * head_dim * act_bytes + nheads * 4 + ngroups * d_state * act_bytes)
+    return int(state + rings + 8)
+
+
+def delta_bytes_per_slot(family: str, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                         buffer_len: int, state_format: StateFormat, act_bytes: int = 2) -> int:
+    """Per-layer, per-slot bytes of a GDN/KDA replay cache."""
+    state = num_v_heads * head_v_dim * head_k_dim * state_format.bytes_per_element
+    gate = num_v_heads * 4 * (head_k_dim if family == "kda" else 1)
+    rings = buffer_len * (num_v_heads * head_v_dim * act_bytes + num_k_heads * head_k_dim * act_bytes + gate)
+    return int(state + rings + 8)
+
+
+def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.zeros(num_layers, slots, dtype=torch.int32, device=device),
+            torch.zeros(num_layers, slots, dtype=torch.int32, device=device))
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")

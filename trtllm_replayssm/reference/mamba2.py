@@ -1,0 +1,113 @@
+"""Mamba-2 decode in pure PyTorch: the float64 sequential recurrence (ground truth) and the float32 replay step.
+
+``replay_step_`` / ``state_update_`` have the exact semantics of the CUDA kernels (cursor rules of docs/design.md,
+ring contents, pad rows) and serve as the CPU fallback of the ops.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def softplus_thr20(v: torch.Tensor) -> torch.Tensor:
+    """softplus with identity above 20 (the threshold of the Mamba-2 / GDN reference code)."""
+    return torch.where(v > 20.0, v, F.softplus(v))
+
+
+def _delta(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dtype: torch.dtype) -> torch.Tensor:
+    d = dt.to(dtype)
+    if dt_bias is not None:
+        d = d + dt_bias.to(dtype)
+    return softplus_thr20(d) if dt_softplus else d
+
+
+def _heads_to_groups(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """[..., G, N] -> [..., H, N] (head h uses group h // (H/G))."""
+    return t.repeat_interleave(nheads // t.shape[-2], dim=-2)
+
+
+def sequential_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                    C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                    dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
+                    dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrence step for a batch: state [b,H,P,N], x [b,H,P], dt [b,H], B/C [b,G,N] -> (new state, y [b,H,P]).
+
+    S = exp(A Δ) S + Δ x Bᵀ ;  y = S C + D x ;  y *= silu(z).  All math in ``dtype`` (float64 for ground truth).
+    """
+    H = x.shape[1]
+    S = state.to(dtype)
+    delta = _delta(dt, dt_bias, dt_softplus, dtype)                                   # [b, H]
+    Bh, Ch = _heads_to_groups(B.to(dtype), H), _heads_to_groups(C.to(dtype), H)       # [b, H, N]
+    decay = torch.exp(A.to(dtype)[None, :] * delta)                                   # [b, H]
+    xs = x.to(dtype)
+    S = decay[..., None, None] * S + (delta[..., None] * xs)[..., None] * Bh[:, :, None, :]
+    y = torch.einsum("bhpn,bhn->bhp", S, Ch)
+    if D is not None:
+        y = y + D.to(dtype)[None, :, None] * xs
+    if z is not None:
+        y = y * F.silu(z.to(dtype))
+    return S, y
+
+
+def state_update_(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                  dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
+    """Baseline step in float32, in place on the slot pool ``state`` [slots,H,P,N]; pad rows untouched."""
+    valid = (state_batch_indices != pad_slot_id).nonzero().flatten()
+    if valid.numel() == 0:
+        return
+    slots = state_batch_indices[valid].long()
+    new_state, y = sequential_step(state[slots], x[valid], dt[valid], A, B[valid], C[valid],
+                                   D, None if z is None else z[valid], dt_bias, dt_softplus, dtype=torch.float32)
+    state[slots] = new_state.to(state.dtype)
+    out[valid] = y.to(out.dtype)
+
+
+def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+                 cursor: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                 C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                 dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool,
+                 out: torch.Tensor) -> None:
+    """ReplaySSM step in float32, in place on cache tensors (see docs/design.md for the cursor rules).
+
+    Non-flush rows: y from checkpoint + ring without writing the checkpoint; append (x, Δ, B) at the cursor.
+    Flush rows (cursor == L-1 or ``force_flush``): fold ring + current token into a new checkpoint, cursor <- 0.
+    """
+    f32 = torch.float32
+    H, L = x.shape[1], x_ring.shape[2]
+    heads_per_group = H // B.shape[1]
+    delta_all = _delta(dt, dt_bias, dt_softplus, f32)
+    A32 = A.to(f32)
+    for b in range(x.shape[0]):
+        slot = int(state_batch_indices[b])
+        if slot == pad_slot_id:
+            continue
+        w = int(cursor[slot])
+        flush = force_flush or w >= L - 1
+        deltas = torch.cat([dt_ring[slot, :, :w].to(f32), delta_all[b, :, None]], dim=1)        # [H, w+1]
+        excl = deltas.flip(1).cumsum(1).flip(1) - deltas                                         # Σ_{i>j} Δ_i
+        tot = deltas.sum(1)                                                                       # [H]
+        s = deltas * torch.exp(A32[:, None] * excl)                                              # [H, w+1]
+        decay = torch.exp(A32 * tot)                                                              # [H]
+        xs = torch.cat([x_ring[slot, :, :w].to(f32), x[b, :, None].to(f32)], dim=1)              # [H, w+1, P]
+        Bs = torch.cat([B_ring[slot, :, :w].to(f32), B[b, :, None].to(f32)], dim=1)              # [G, w+1, N]
+        Bs = Bs.repeat_interleave(heads_per_group, dim=0)                                         # [H, w+1, N]
+        Ch = C[b].to(f32).repeat_interleave(heads_per_group, dim=0)                               # [H, N]
+        S0 = state[slot].to(f32)
+        if flush:
+            S = decay[:, None, None] * S0 + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
+            state[slot] = S.to(state.dtype)
+            y = torch.einsum("hpn,hn->hp", S, Ch)
+            cursor[slot] = 0
+        else:
+            bc = torch.einsum("hjn,hn->hj", Bs, Ch)
+            y = decay[:, None] * torch.einsum("hpn,hn->hp", S0, Ch) + torch.einsum("hj,hjp->hp", s * bc, xs)
+            x_ring[slot, :, w] = x[b].to(x_ring.dtype)
+            dt_ring[slot, :, w] = delta_all[b]
+            B_ring[slot, :, w] = B[b].to(B_ring.dtype)
+            cursor[slot] = w + 1
+        if D is not None:
+            y = y + D.to(f32)[:, None] * x[b].to(f32)
+        if z is not None:
+            y = y * F.silu(z[b].to(f32))
+        out[b] = y.to(out.dtype)
