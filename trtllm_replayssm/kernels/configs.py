@@ -15,6 +15,8 @@ DTYPE_BY_NAME: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
 }
 NUM_WARPS = 4  # threads per CTA = 32 * NUM_WARPS for every decode kernel
+# Row tiles above this many fp32 state elements per thread spill registers (measured with -Xptxas -v).
+MAX_TILE_ELEMS_PER_THREAD = 80
 
 
 def dtype_from_name(name: str | torch.dtype, arg: str = "dtype") -> torch.dtype:
@@ -65,6 +67,13 @@ def rows_per_cta_choices(rows: int) -> list[int]:
     return [t for t in range(NUM_WARPS, rows + 1, NUM_WARPS) if rows % t == 0]
 
 
+def tile_choices(rows: int, cols: int) -> list[int]:
+    """Row tiles the launch heuristic may pick for a (rows x cols) state: >= 8 rows (>= 2 per warp) where possible
+    and no more than MAX_TILE_ELEMS_PER_THREAD state elements per thread."""
+    fitting = [t for t in rows_per_cta_choices(rows) if t * cols // (32 * NUM_WARPS) <= MAX_TILE_ELEMS_PER_THREAD]
+    return [t for t in fitting if t >= 8] or fitting
+
+
 def mamba2_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
                   rows_per_cta: int) -> KernelConfig:
     """The Mamba-2 decode module (baseline + replay kernels) for one shape/dtype/tile."""
@@ -77,12 +86,17 @@ def mamba2_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dty
     )
 
 
-def default_rows_per_cta(rows: int, ctas_per_row_budget: int) -> int:
-    """Largest row tile that still gives each (row, head) at least ``ctas_per_row_budget`` CTAs (>= 1)."""
-    choices = rows_per_cta_choices(rows)
-    target = max(1, rows // max(1, ctas_per_row_budget))
-    fitting = [t for t in choices if t <= target]
-    return max(fitting) if fitting else min(choices)
+def configs_for_spec(spec, state_dtype: torch.dtype | str, act_dtype: torch.dtype | str = torch.bfloat16,
+                     buffer_len: int = 16, tp_size: int = 1) -> list[KernelConfig]:
+    """Every kernel module a model preset (``presets.ModelSpec``) can launch at any batch size: all row tiles."""
+    state_dtype, act_dtype = dtype_from_name(state_dtype, "state_dtype"), dtype_from_name(act_dtype, "act_dtype")
+    dims = spec.ssm_dims
+    if spec.family == "mamba2":
+        return unique(mamba2_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t)
+                      for t in tile_choices(dims.head_dim, dims.d_state))
+    from trtllm_replayssm.kernels import delta_configs  # GDN / KDA
+
+    return delta_configs.configs_for_dims(spec.family, dims, state_dtype, act_dtype)
 
 
 def unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:

@@ -7,10 +7,7 @@ import os
 
 import torch
 
-from trtllm_replayssm.kernels.configs import rows_per_cta_choices
-
-# Row tiles above this many state elements per thread start to spill at fp32 (measured with -Xptxas -v).
-_MAX_TILE_ELEMS_PER_THREAD = 80
+from trtllm_replayssm.kernels.configs import rows_per_cta_choices, tile_choices
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,16 +33,14 @@ def force_flush_for(mode: str, batch: int, heads: int, device: torch.device) -> 
 
 def rows_per_cta(rows: int, cols: int, work_items: int, device: torch.device, override: int | None = None) -> int:
     """Row tile for a (rows x cols) state per head: fill the GPU at small batch, big tiles at large batch."""
-    choices = [t for t in rows_per_cta_choices(rows) if t * cols // 128 <= _MAX_TILE_ELEMS_PER_THREAD]
+    choices = tile_choices(rows, cols)
     if override is not None:
         if override not in rows_per_cta_choices(rows):
             raise ValueError(f"rows_per_cta: expected one of {rows_per_cta_choices(rows)}, got {override}")
         return override
     target_ctas = 4 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
     fitting = [t for t in choices if work_items * (rows // t) >= target_ctas]
-    if fitting:
-        return max(fitting)
-    return min([t for t in choices if t >= 8] or choices)
+    return max(fitting) if fitting else min(choices)
 
 
 def ptr(t: torch.Tensor | None) -> int:

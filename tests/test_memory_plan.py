@@ -1,0 +1,65 @@
+"""Memory plan and byte model against the numbers of algorithm.md 4.6/5.4 and peers.md 1.1."""
+import pytest
+
+from trtllm_replayssm.memory_plan import check_tp, layer_bytes, plan, predict_step_bytes
+from trtllm_replayssm.presets import get_preset
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("name,state,speedup", [
+    ("nemotron-3-super-120b", "fp32", 1.81), ("nemotron-3-super-120b", "bf16", 1.74),
+    ("qwen3.5-4b", "fp32", 1.79), ("qwen3.5-122b", "fp32", 1.80), ("nemotron-3-nano-4b", "fp32", 1.81),
+])
+def test_speedup_matches_published_byte_model(name, state, speedup):
+    assert plan(get_preset(name), "h200", state_dtype=state).step.speedup == pytest.approx(speedup, abs=0.006)
+
+
+def test_super_bytes_per_step():
+    p = plan(get_preset("nemotron-3-super-120b"), "b200")
+    assert p.layer.checkpoint == 4 * MIB
+    assert p.step.baseline / MIB == pytest.approx(8.05, abs=0.01)
+    assert p.step.replay / MIB == pytest.approx(4.46, abs=0.01)
+    assert p.layer.ring / p.layer.checkpoint == pytest.approx(0.072, abs=0.001)
+
+
+def test_buffer_len_one_equals_baseline():
+    lb = layer_bytes(get_preset("qwen3.5-4b"), 1, 1, "fp32")
+    pred = predict_step_bytes(lb, 1)
+    assert pred.replay == pred.baseline
+
+
+def test_tp_divides_local_heads():
+    lb = layer_bytes(get_preset("nemotron-3-super-120b"), 4, 16, "fp32")
+    assert lb.local_heads == {"nheads": 32, "n_groups": 2}
+    assert lb.checkpoint == MIB
+    check_tp(get_preset("nemotron-3-super-120b"), 8)  # 2 KV heads are replicated at TP 8
+
+
+def test_tp_checks():
+    with pytest.raises(ValueError, match="tp_size: 3 does not divide n_groups=8"):
+        check_tp(get_preset("nemotron-3-nano-4b"), 3)
+    with pytest.raises(ValueError, match="tp_size: expected a positive integer"):
+        check_tp(get_preset("nemotron-3-nano-4b"), 0)
+
+
+def test_per_sequence_totals_and_capacity():
+    p = plan(get_preset("nemotron-3-super-120b"), "h100", max_batch_size=64)
+    # upstream total = 40 layers x (4 MiB state + 60 KiB conv), models_and_data.md 1.6 says 162 MiB
+    assert p.per_seq_upstream / MIB == pytest.approx(162.3, abs=0.1)
+    assert p.per_seq_replay > p.per_seq_upstream
+    assert p.max_seqs_replay < p.max_seqs_upstream
+    assert p.ring_bytes_per_gpu == 40 * (p.layer.ring + p.layer.cursors) * 65
+    assert 0.05 < p.free_gpu_memory_fraction < 0.9
+
+
+def test_bad_inputs():
+    spec = get_preset("qwen3.5-4b")
+    with pytest.raises(ValueError, match="gpu: unknown GPU 'a100'"):
+        plan(spec, "a100")
+    with pytest.raises(ValueError, match="buffer_len: expected an integer"):
+        plan(spec, "h100", buffer_len=0)
+    with pytest.raises(ValueError, match="state_dtype"):
+        plan(spec, "h100", state_dtype="fp8")
+    with pytest.raises(ValueError, match="max_batch_size: rings"):
+        plan(spec, "h100", max_batch_size=100000, gpu_memory_gb=10)
