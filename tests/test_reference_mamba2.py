@@ -124,4 +124,5 @@ def test_prefill_handoff_and_reset():
     cache.reset_slots([2])
     assert cache.cursor.tolist() == [[5, 5, 0, 5], [5, 0, 0, 0]]
     per_layer = 4 * 16 * 64 * 4 + 8 * (4 * 16 * 2 + 4 * 4 + 2 * 64 * 2) + 8
-    assert cache.bytes_per_slot() == 2 * per_layer
+    shared_scratch = 4 * (8 + 1) * 4 + 4  # coef [H, L+1] fp32 + step int32, once per cache
+    assert cache.bytes_per_slot() == 2 * per_layer + shared_scratch

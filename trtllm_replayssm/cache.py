@@ -15,7 +15,7 @@ are device-side index writes: no host sync, safe to call between CUDA-graph repl
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -45,15 +45,24 @@ class _LayerCache:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def nbytes_per_slot(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.tensors().values())
+    shared_scratch: ClassVar[tuple[str, ...]] = ()  # fields shared by all layers (counted once per cache)
+
+    def nbytes_per_slot(self, include_shared: bool = False) -> int:
+        return sum(t[0].numel() * t.element_size() for name, t in self.tensors().items()
+                   if include_shared or name not in self.shared_scratch)
 
 
 @dataclass
 class Mamba2LayerCache(_LayerCache):
+    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots] int32 are per-step scratch shared by all layers of a cache
+    (layers run one after another on a stream): the replay's prep launch writes them, its main launch reads them."""
+
     x_ring: torch.Tensor
     dt_ring: torch.Tensor
     B_ring: torch.Tensor
+    coef: torch.Tensor
+    step: torch.Tensor
+    shared_scratch: ClassVar[tuple[str, ...]] = ("coef", "step")
 
     @property
     def buffer_len(self) -> int:
@@ -101,12 +110,15 @@ class ReplayStateCache:
             raise ValueError(f"ngroups: must divide nheads={nheads}, got {ngroups}")
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
+        coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
+        step = torch.zeros(slots, dtype=torch.int32, device=device)
         layers = [Mamba2LayerCache(
             state=fmt.allocate((slots, nheads, head_dim, d_state), device),
             cursor=cursor[i], arrive=arrive[i],
             x_ring=torch.zeros(slots, nheads, L, head_dim, dtype=act_dtype, device=device),
             dt_ring=torch.zeros(slots, nheads, L, dtype=torch.float32, device=device),
             B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
+            coef=coef, step=step,
         ) for i in range(num_layers)]
         return cls("mamba2", layers, cursor, arrive, fmt, act_dtype, L)
 
@@ -161,8 +173,11 @@ class ReplayStateCache:
         return self._layers[index]
 
     def bytes_per_slot(self) -> int:
-        """Bytes one slot (sequence) occupies over all layers: checkpoints, rings, cursor and arrival counter."""
-        return sum(layer.nbytes_per_slot() for layer in self._layers)
+        """Bytes one slot (sequence) occupies over all layers: checkpoints, rings, cursors, arrival counters and the
+        per-step scratch shared by the layers."""
+        layers = self._layers
+        return sum(layer.nbytes_per_slot() for layer in layers) + (
+            layers[0].nbytes_per_slot(include_shared=True) - layers[0].nbytes_per_slot())
 
     # ------------------------------------------------------------------ slot lifecycle
     def reset_slots(self, slot_ids: torch.Tensor | Sequence[int], layers: Sequence[int] | None = None) -> None:
@@ -200,7 +215,7 @@ def mamba2_bytes_per_slot(nheads: int, head_dim: int, d_state: int, ngroups: int
     """Per-layer, per-slot bytes of a Mamba-2 replay cache (for memory planning without allocating)."""
     state = nheads * head_dim * d_state * state_format.bytes_per_element
     rings = buffer_len * (nheads * head_dim * act_bytes + nheads * 4 + ngroups * d_state * act_bytes)
-    return int(state + rings + 8)
+    return int(state + rings + 8)  # + 8: cursor and arrival counter (the shared scratch is not per layer)
 
 
 def delta_bytes_per_slot(family: str, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,

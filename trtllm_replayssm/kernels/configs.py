@@ -80,10 +80,34 @@ def mamba2_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dty
     return KernelConfig(
         family="mamba2",
         source="mamba2_decode.cu",
-        kernels=("mamba2_state_update_kernel", "mamba2_replay_decode_kernel"),
+        kernels=("mamba2_state_update_kernel", "mamba2_flush_decode_kernel", "mamba2_replay_prep_kernel",
+                 "mamba2_replay_main_kernel"),
         params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta),
                 ("state_t", CUDA_TYPE[state_dtype]), ("act_t", CUDA_TYPE[act_dtype])),
     )
+
+
+def _delta_rule_config(family: str, key_dim: int, value_dim: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
+                       rows_per_cta: int) -> KernelConfig:
+    return KernelConfig(
+        family=family,
+        source="delta_rule_decode.cu",
+        kernels=("delta_state_update_kernel", "delta_replay_decode_kernel"),
+        params=(("dk", key_dim), ("dv", value_dim), ("vtile", rows_per_cta), ("kda", int(family == "kda")),
+                ("state_t", CUDA_TYPE[state_dtype]), ("act_t", CUDA_TYPE[act_dtype])),
+    )
+
+
+def gdn_config(key_dim: int, value_dim: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
+               rows_per_cta: int) -> KernelConfig:
+    """The Gated DeltaNet decode module (baseline + replay kernels; one log-gate per value head)."""
+    return _delta_rule_config("gdn", key_dim, value_dim, state_dtype, act_dtype, rows_per_cta)
+
+
+def kda_config(key_dim: int, value_dim: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
+               rows_per_cta: int) -> KernelConfig:
+    """The Kimi Delta Attention decode module (baseline + replay kernels; one log-gate per key channel)."""
+    return _delta_rule_config("kda", key_dim, value_dim, state_dtype, act_dtype, rows_per_cta)
 
 
 def configs_for_spec(spec, state_dtype: torch.dtype | str, act_dtype: torch.dtype | str = torch.bfloat16,

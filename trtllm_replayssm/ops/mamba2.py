@@ -25,10 +25,10 @@ _I32 = ctypes.c_int
 # Mirrors `struct Mamba2Params` in plugins/mamba2_decode.cu (same order; natural alignment).
 _Mamba2Params = make_struct("Mamba2Params", [
     ("state", _P), ("x_ring", _P), ("dt_ring", _P), ("B_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P), ("dt_bias", _P),
+    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P), ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
-    ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64),
+    ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64), ("s_coef_slot", _I64),
     ("s_x_b", _I64), ("s_x_h", _I64), ("s_dt_b", _I64), ("s_dt_h", _I64), ("s_B_b", _I64), ("s_B_g", _I64),
     ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
     ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
@@ -39,47 +39,57 @@ _Mamba2Params = make_struct("Mamba2Params", [
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
 
 
-def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                 idx, pad_slot_id, force_flush, out) -> ctypes.Structure:
+def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                 dt_softplus, idx, pad_slot_id, force_flush, out) -> ctypes.Structure:
     L = x_ring.shape[2] if x_ring is not None else 1
     return _Mamba2Params(
-        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive),
+        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
         ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(x_ring, 0), stride(x_ring, 1), stride(dt_ring, 0), stride(dt_ring, 1),
-        stride(B_ring, 0), stride(B_ring, 1),
+        stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         stride(z, 0), stride(z, 1), out.stride(0), out.stride(1),
         x.shape[1], B.shape[1], L, pad_slot_id, int(dt_softplus), int(dt.dtype == torch.float32), int(force_flush), 0)
 
 
-def _launch(kernel_name: str, params: ctypes.Structure, state: torch.Tensor, x: torch.Tensor) -> None:
+def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor, x: torch.Tensor,
+            ngroups: int) -> None:
+    """Launch the named kernels of one module in order: ``*_prep_kernel`` on (batch, ngroups), the rest on tiles."""
     batch, nheads, head_dim = x.shape
     d_state = state.shape[-1]
     tile = rows_per_cta(head_dim, d_state, batch * nheads, x.device, ROWS_PER_CTA_OVERRIDE)
     config = mamba2_config(head_dim, d_state, state.dtype, x.dtype, tile)
-    launch(get_kernel(config, kernel_name, x.device), (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
+    block = (32 * NUM_WARPS, 1, 1)
+    for name in kernel_names:
+        grid = (batch, ngroups, 1) if name.endswith("_prep_kernel") else (head_dim // tile, nheads, batch)
+        launch(get_kernel(config, name, x.device), grid, block, params)
 
 
 # ---------------------------------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("replayssm::mamba2_replay_decode",
-                         mutates_args=("state", "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "out"))
+                         mutates_args=("state", "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step",
+                                       "out"))
 def _replay_decode_op(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
-                      cursor: torch.Tensor, arrive: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                      cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor,
+                      x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                       B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
                       dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
                       pad_slot_id: int, force_flush: bool, out: torch.Tensor) -> None:
+    # CPU: the float32 reference (coef/step are GPU-only scratch).
     ref.replay_step_(state, x_ring, dt_ring, B_ring, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                      state_batch_indices, pad_slot_id, force_flush, out)
 
 
 @_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                        state_batch_indices, pad_slot_id, force_flush, out) -> None:
+def _replay_decode_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                        dt_softplus, state_batch_indices, pad_slot_id, force_flush, out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                          state_batch_indices, pad_slot_id, force_flush, out)
-    _launch("mamba2_replay_decode_kernel", params, state, x)
+    params = _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                          dt_softplus, state_batch_indices, pad_slot_id, False, out)
+    kernels = ("mamba2_flush_decode_kernel",) if force_flush else ("mamba2_replay_prep_kernel",
+                                                                    "mamba2_replay_main_kernel")
+    _launch(kernels, params, state, x, B.shape[1])
 
 
 @_replay_decode_op.register_fake
@@ -100,9 +110,9 @@ def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_
                        out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+    params = _fill_params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                           state_batch_indices, pad_slot_id, False, out)
-    _launch("mamba2_state_update_kernel", params, state, x)
+    _launch(("mamba2_state_update_kernel",), params, state, x, B.shape[1])
 
 
 @_state_update_op.register_fake
@@ -166,9 +176,11 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.B_ring", layer.B_ring, (slots, B.shape[1], L, N), (x.dtype,), dev, inner_contiguous=2)
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
     force = force_flush_for(mode, x.shape[0], H, dev)
     torch.ops.replayssm.mamba2_replay_decode(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor,
-                                             layer.arrive, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx,
+                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx,
                                              pad_slot_id, force, out)
     return out
 
