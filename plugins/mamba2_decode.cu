@@ -50,15 +50,26 @@ namespace {
 
 constexpr int kEpl = N / rssm::kWarpSize;     // state columns per lane
 constexpr int kRowsPerWarp = PT / rssm::kNumWarps;
-constexpr int kChunkL = 16;                     // ring entries staged in shared memory per fold chunk
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
-static_assert(PT % rssm::kNumWarps == 0 && P % PT == 0, "row tile must divide head_dim and be a multiple of 4");
+static_assert(PT % rssm::kNumWarps == 0 && P % PT == 0 && PT <= rssm::kThreads,
+              "row tile must divide head_dim, be a multiple of 4 and at most 128");
 
-using StateTile = float[kRowsPerWarp][kEpl];
+// The state tile stays in registers in its storage format while its loads are in flight (half the registers for
+// 16-bit states); rows are widened to fp32 one at a time when used.
+using RawVec = rssm::VecTraits<state_t, kEpl>;
+using RawTile = typename RawVec::Raw[kRowsPerWarp][RawVec::kChunks];
+
+// Per-row output staging: the warps reduce S·C per row, thread i < PT finishes row i (coalesced stores).
+struct OutStage {
+  float dot[PT];    // Σ_n S[row, n] C[n]
+  float extra[PT];  // D x (+ ring terms of a non-flush replay step)
+  float gate[PT];   // silu(z) or 1
+  float x[PT];      // current x
+};
 
 struct Tile {
   int b, slot, head, group, row0, warp, lane;
-  state_t* state;  // first element of this CTA's rows
+  state_t* state;  // this lane's first element of this warp's rows
 };
 
 __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
@@ -82,107 +93,137 @@ __device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int
   return p.dt_softplus ? rssm::softplus_thr20(dt) : dt;
 }
 
-__device__ __forceinline__ void load_state(const Tile& t, StateTile& acc) {
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) rssm::load_vec<state_t, kEpl, true>(t.state + r * N, acc[r]);
-}
-
-__device__ __forceinline__ void store_state(const Tile& t, const StateTile& acc) {
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) rssm::store_vec<state_t, kEpl>(t.state + r * N, acc[r]);
-}
-
-__device__ __forceinline__ const act_t* group_vec(const Mamba2Params& p, const void* base, long long sb, long long sg,
-                                                  int b, int g) {
-  return static_cast<const act_t*>(base) + b * sb + g * sg;
-}
-
-__device__ __forceinline__ void load_x_rows(const Mamba2Params& p, const Tile& t, float (&x_rows)[kRowsPerWarp]) {
-  const act_t* x = static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h + t.row0 + t.warp * kRowsPerWarp;
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) x_rows[r] = rssm::to_float(x[r]);
-}
-
-// partial[r] holds this lane's share of row r's output; reduce, add D x, gate with silu(z), lane 0 stores.
-__device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile& t, float (&partial)[kRowsPerWarp],
-                                              const float (&x_rows)[kRowsPerWarp]) {
-  const long long rows = t.row0 + t.warp * kRowsPerWarp;
-  act_t* out = static_cast<act_t*>(p.out) + t.b * p.s_out_b + t.head * p.s_out_h + rows;
-  const act_t* z = p.z ? static_cast<const act_t*>(p.z) + t.b * p.s_z_b + t.head * p.s_z_h + rows : nullptr;
-  const float d = p.D ? p.D[t.head] : 0.f;
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) partial[r] = rssm::warp_sum(partial[r]);
-  if (t.lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float y = partial[r] + d * x_rows[r];
-      if (z) y *= rssm::siluf(rssm::to_float(z[r]));
-      out[r] = rssm::from_float<act_t>(y);
-    }
-  }
-}
-
-// y = S · C for the (updated) tile in registers.
-__device__ __forceinline__ void output_from_state(const Mamba2Params& p, const Tile& t, const StateTile& acc,
-                                                  const float (&cv)[kEpl], const float (&x_rows)[kRowsPerWarp]) {
-  float partial[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    partial[r] = 0.f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) partial[r] = fmaf(acc[r][e], cv[e], partial[r]);
-  }
-  finish_output(p, t, partial, x_rows);
-}
-
-// One recurrence step on the tile: S = exp(A Δ) S + Δ x Bᵀ (the baseline update; also a fold with an empty ring).
-__device__ __forceinline__ void single_step(StateTile& acc, float decay, float delta, const float (&bv)[kEpl],
-                                            const float (&x_rows)[kRowsPerWarp]) {
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const float u = delta * x_rows[r];
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(decay, acc[r][e], u * bv[e]);
-  }
-}
-
-// Fold ring entries 0..w-1 plus the current token (entry w) into the tile: S = decay S + Σ_j s_j x_j B_jᵀ.
-// `s` points to the weights s_0..s_w (shared or global). All threads of the CTA must call it (it synchronises).
-__device__ __forceinline__ void fold_ring(const Mamba2Params& p, const Tile& t, StateTile& acc, const float* s,
-                                          float decay, int w) {
-  __shared__ float s_B[kChunkL][N];
-  __shared__ float s_xs[kChunkL][PT];
-  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
-  const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head;
-  const act_t* B_cur = group_vec(p, p.B, p.s_B_b, p.s_B_g, t.b, t.group);
-  const act_t* x_cur = static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h;
+__device__ __forceinline__ void load_raw(const Tile& t, RawTile& raw) {
+  const auto* src = reinterpret_cast<const typename RawVec::Raw*>(t.state);
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
-  for (int j0 = 0; j0 <= w; j0 += kChunkL) {
-    const int count = min(kChunkL, w + 1 - j0);
-    __syncthreads();  // the previous chunk is consumed
-    for (int i = threadIdx.x; i < count * N; i += rssm::kThreads) {
-      const int j = j0 + i / N, n = i % N;
-      s_B[i / N][n] = rssm::to_float(j < w ? B_ring[(long long)j * N + n] : B_cur[n]);
+    for (int c = 0; c < RawVec::kChunks; ++c) {
+      if constexpr (RawVec::kChunk == 16) raw[r][c] = __ldcs(src + r * (N / RawVec::kPerChunk) + c);
+      else raw[r][c] = src[r * (N / RawVec::kPerChunk) + c];
     }
-    for (int i = threadIdx.x; i < count * PT; i += rssm::kThreads) {
-      const int j = j0 + i / PT, row = t.row0 + i % PT;
-      s_xs[i / PT][i % PT] = s[j] * rssm::to_float(j < w ? x_ring[(long long)j * P + row] : x_cur[row]);
-    }
-    __syncthreads();
-    for (int jj = 0; jj < count; ++jj) {
+}
+
+__device__ __forceinline__ void unpack_row(const RawTile& raw, int r, float (&v)[kEpl]) {
+  static_assert(RawVec::kChunk >= 4, "raw chunks must hold whole 32-bit words");
+#pragma unroll
+  for (int c = 0; c < RawVec::kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < RawVec::kPerChunk; ++i) v[c * RawVec::kPerChunk + i] = rssm::raw_elem<state_t>(raw[r][c], i);
+}
+
+__device__ __forceinline__ const act_t* group_vec(const void* base, long long sb, long long sg, int b, int g) {
+  return static_cast<const act_t*>(base) + b * sb + g * sg;
+}
+
+__device__ __forceinline__ const act_t* x_of(const Mamba2Params& p, const Tile& t) {
+  return static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h;
+}
+
+// Thread i < PT stages row i's x, D x (+ Σ_{j<=w} coef_j x_j when `coef` is given) and its gate.
+__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Tile& t, OutStage& st, const float* coef,
+                                             int w) {
+  const int i = threadIdx.x;
+  if (i >= PT) return;
+  const int row = t.row0 + i;
+  const float x = rssm::to_float(x_of(p, t)[row]);
+  float extra = p.D ? p.D[t.head] * x : 0.f;
+  if (coef) {
+    const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + row;
+    extra = fmaf(coef[w], x, extra);
+#pragma unroll
+    for (int j = 0; j < rssm::kMaxL; ++j)
+      if (j < w) extra = fmaf(coef[j], rssm::to_float(x_ring[(long long)j * P]), extra);
+  }
+  st.x[i] = x;
+  st.extra[i] = extra;
+  st.gate[i] = p.z ? rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + t.head * p.s_z_h + row]))
+                   : 1.f;
+}
+
+// Warp-reduce row r's S·C into the stage.
+__device__ __forceinline__ void stage_row_dot(const Tile& t, int r, const float (&v)[kEpl], const float (&cv)[kEpl],
+                                              OutStage& st) {
+  float dot = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
+  dot = rssm::warp_sum(dot);
+  if (t.lane == 0) st.dot[t.warp * kRowsPerWarp + r] = dot;
+}
+
+// y[row] = (scale · S·C + extra) · gate for the CTA's rows.
+__device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile& t, float scale, const OutStage& st) {
+  __syncthreads();
+  const int i = threadIdx.x;
+  if (i < PT) {
+    const float y = fmaf(scale, st.dot[i], st.extra[i]) * st.gate[i];
+    static_cast<act_t*>(p.out)[t.b * p.s_out_b + t.head * p.s_out_h + t.row0 + i] = rssm::from_float<act_t>(y);
+  }
+}
+
+__device__ __forceinline__ void store_row(const Tile& t, int r, const float (&v)[kEpl]) {
+  rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
+}
+
+// One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged.
+__device__ __forceinline__ void single_step_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
+                                                 OutStage& st) {
+  float bv[kEpl], cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
+  const float delta = current_delta(p, t.b, t.head);
+  const float decay = __expf(p.A[t.head] * delta);
+  stage_extras(p, t, st, nullptr, 0);
+  __syncthreads();  // st.x ready
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float v[kEpl];
+    unpack_row(raw, r, v);
+    const float u = delta * st.x[t.warp * kRowsPerWarp + r];
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) v[e] = fmaf(decay, v[e], u * bv[e]);
+    store_row(t, r, v);
+    stage_row_dot(t, r, v, cv, st);
+  }
+}
+
+// Fold ring entries 0..w-1 plus the current token (entry w): S = decay S + Σ_j s_j x_j B_jᵀ; stores S, stages S·C
+// and D x. `s` holds s_0..s_w (shared or global). Every thread of the CTA calls it (it synchronises).
+__device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw, const float* s,
+                                          float decay, int w, OutStage& st) {
+  __shared__ act_t s_B[rssm::kMaxL][N];
+  __shared__ float s_xs[rssm::kMaxL][PT];
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
+  const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head;
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
+  const act_t* x_cur = x_of(p, t);
+  for (int i = threadIdx.x; i < (w + 1) * N; i += rssm::kThreads) {
+    const int j = i / N, n = i % N;
+    s_B[j][n] = j < w ? B_ring[(long long)j * N + n] : B_cur[n];
+  }
+  for (int i = threadIdx.x; i < (w + 1) * PT; i += rssm::kThreads) {
+    const int j = i / PT, row = t.row0 + i % PT;
+    s_xs[j][i % PT] = s[j] * rssm::to_float(j < w ? x_ring[(long long)j * P + row] : x_cur[row]);
+  }
+  float cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
+  stage_extras(p, t, st, nullptr, 0);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float v[kEpl];
+    unpack_row(raw, r, v);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) v[e] *= decay;
+    for (int j = 0; j <= w; ++j) {
+      const float xs = s_xs[j][t.warp * kRowsPerWarp + r];
       float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e) bv[e] = s_B[jj][t.lane * kEpl + e];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float xs = s_xs[jj][t.warp * kRowsPerWarp + r];
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(xs, bv[e], acc[r][e]);
-      }
+      for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
     }
+    store_row(t, r, v);
+    stage_row_dot(t, r, v, cv, st);
   }
 }
 
@@ -201,16 +242,11 @@ __device__ __forceinline__ float decay_weights(float delta_lane, float a, float&
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
-  StateTile acc;
-  load_state(t, acc);
-  float bv[kEpl], cv[kEpl], x_rows[kRowsPerWarp];
-  rssm::load_vec<act_t, kEpl>(group_vec(p, p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
-  rssm::load_vec<act_t, kEpl>(group_vec(p, p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
-  load_x_rows(p, t, x_rows);
-  const float delta = current_delta(p, t.b, t.head);
-  single_step(acc, __expf(p.A[t.head] * delta), delta, bv, x_rows);
-  store_state(t, acc);
-  output_from_state(p, t, acc, cv, x_rows);
+  RawTile raw;
+  load_raw(t, raw);
+  __shared__ OutStage st;
+  single_step_rows(p, t, raw, st);
+  finish_output(p, t, 1.f, st);
 }
 
 // Adaptive small-batch mode: every row flushes. With an empty ring (the steady state) this is the baseline step;
@@ -218,22 +254,18 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
-  StateTile acc;
-  load_state(t, acc);
+  RawTile raw;
+  load_raw(t, raw);
   const int w = p.cursor[t.slot];
-  float bv[kEpl], cv[kEpl], x_rows[kRowsPerWarp];
-  rssm::load_vec<act_t, kEpl>(group_vec(p, p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
-  rssm::load_vec<act_t, kEpl>(group_vec(p, p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
-  load_x_rows(p, t, x_rows);
-  const float delta = current_delta(p, t.b, t.head);
+  __shared__ OutStage st;
   if (w == 0) {
-    single_step(acc, __expf(p.A[t.head] * delta), delta, bv, x_rows);
+    single_step_rows(p, t, raw, st);
   } else {
     __shared__ float s_w[rssm::kMaxL];
     __shared__ float s_decay;
     if (t.warp == 0) {
       const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
-      const float d = t.lane < w ? dt_ring[t.lane] : (t.lane == w ? delta : 0.f);
+      const float d = t.lane < w ? dt_ring[t.lane] : (t.lane == w ? current_delta(p, t.b, t.head) : 0.f);
       float decay;
       const float s = decay_weights(d, p.A[t.head], decay);
       if (t.lane <= w) s_w[t.lane] = s;
@@ -241,10 +273,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
     }
     __syncthreads();
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0);
-    fold_ring(p, t, acc, s_w, s_decay, w);
+    fold_rows(p, t, raw, s_w, s_decay, w, st);
   }
-  store_state(t, acc);
-  output_from_state(p, t, acc, cv, x_rows);
+  finish_output(p, t, 1.f, st);
 }
 
 // Replay step 1, grid (batch, ngroups): per (row, group) the B·C products, per head the decay weights into the
@@ -258,12 +289,12 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_prep_
   const bool flush = p.force_flush || w >= p.L - 1;
   const int heads_per_group = p.nheads / p.ngroups;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
-  const act_t* B_cur = group_vec(p, p.B, p.s_B_b, p.s_B_g, b, g);
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, b, g);
 
   __shared__ float s_bc[rssm::kMaxL];
   if (!flush) {
     float cv[kEpl];
-    rssm::load_vec<act_t, kEpl>(group_vec(p, p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
+    rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
 #pragma unroll
     for (int k = 0; k < rssm::kMaxL / rssm::kNumWarps; ++k) {
       const int j = warp + k * rssm::kNumWarps;
@@ -304,44 +335,35 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_prep_
 
 // Replay step 2, grid (P / PT, nheads, batch): non-flush rows read the checkpoint tile and never write it;
 // flush rows fold the ring into a new checkpoint. Appends x for non-flush rows.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_replay_main_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_main_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
-  StateTile acc;
-  load_state(t, acc);
+  RawTile raw;
+  load_raw(t, raw);
   const int info = p.step[t.slot];
   const bool flush = info < 0;
   const int w = flush ? -info - 1 : info;
   const float* coef = p.coef + t.slot * p.s_coef_slot + (long long)t.head * (p.L + 1);
   const float decay = coef[p.L];
-  float cv[kEpl], x_rows[kRowsPerWarp];
-  rssm::load_vec<act_t, kEpl>(group_vec(p, p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
-  load_x_rows(p, t, x_rows);
-
+  __shared__ OutStage st;
   if (flush) {
-    fold_ring(p, t, acc, coef, decay, w);
-    store_state(t, acc);
-    output_from_state(p, t, acc, cv, x_rows);
+    fold_rows(p, t, raw, coef, decay, w, st);
+    finish_output(p, t, 1.f, st);
     return;
   }
-  // y = decay (S0·C) + Σ_{j<=w} coef_j x_j ; lane j supplies ring entry j (lane w: the current token).
-  const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head;
-  const int rows = t.row0 + t.warp * kRowsPerWarp;
-  float xj[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-    xj[r] = t.lane < w ? rssm::to_float(x_ring[(long long)t.lane * P + rows + r]) : (t.lane == w ? x_rows[r] : 0.f);
-  const float c = t.lane <= w ? coef[t.lane] : 0.f;
-  float partial[kRowsPerWarp];
+  // y = decay (S0·C) + Σ_{j<=w} coef_j x_j + D x: ring terms per row (thread i), S0·C per row (warps).
+  stage_extras(p, t, st, coef, w);
+  float cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    float dot = 0.f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) dot = fmaf(acc[r][e], cv[e], dot);
-    partial[r] = fmaf(decay, dot, c * xj[r]);
+    float v[kEpl];
+    unpack_row(raw, r, v);
+    stage_row_dot(t, r, v, cv, st);
   }
-  finish_output(p, t, partial, x_rows);
-  act_t* x_dst = static_cast<act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + (long long)w * P + t.row0;
-  const act_t* x_cur = static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h + t.row0;
-  for (int i = threadIdx.x; i < PT; i += rssm::kThreads) x_dst[i] = x_cur[i];
+  finish_output(p, t, decay, st);
+  if (threadIdx.x < PT) {
+    act_t* x_dst = static_cast<act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + (long long)w * P;
+    x_dst[t.row0 + threadIdx.x] = rssm::from_float<act_t>(st.x[threadIdx.x]);
+  }
 }

@@ -61,6 +61,27 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ src, float (&dst)
   }
 }
 
+// Widens element i of a raw vector register (the words of a 4/8/16-byte load) with bit operations only, so the
+// register array never has its address taken (which can push it to local memory).
+template <typename T> __device__ __forceinline__ float word_elem(unsigned int word, int i);
+template <> __device__ __forceinline__ float word_elem<float>(unsigned int word, int) { return __uint_as_float(word); }
+template <> __device__ __forceinline__ float word_elem<__half>(unsigned int word, int i) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(i ? word >> 16 : word & 0xffffu)));
+}
+template <> __device__ __forceinline__ float word_elem<__nv_bfloat16>(unsigned int word, int i) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(i ? word >> 16 : word & 0xffffu)));
+}
+__device__ __forceinline__ unsigned int raw_word(const uint4& r, int k) { return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w; }
+__device__ __forceinline__ unsigned int raw_word(const uint2& r, int k) { return k == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned int raw_word(unsigned int r, int) { return r; }
+
+// Element i of a raw chunk holding elements of T (T of 2 or 4 bytes; chunks of at least 4 bytes).
+template <typename T, typename Raw>
+__device__ __forceinline__ float raw_elem(const Raw& raw, int i) {
+  constexpr int kPerWord = 4 / int(sizeof(T));
+  return word_elem<T>(raw_word(raw, i / kPerWord), i % kPerWord);
+}
+
 // Narrows E floats to T and stores them (same alignment rule as load_vec).
 template <typename T, int E>
 __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src)[E]) {

@@ -118,9 +118,13 @@ def configs_for_spec(spec, state_dtype: torch.dtype | str, act_dtype: torch.dtyp
     if spec.family == "mamba2":
         return unique(mamba2_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t)
                       for t in tile_choices(dims.head_dim, dims.d_state))
-    from trtllm_replayssm.kernels import delta_configs  # GDN / KDA
-
-    return delta_configs.configs_for_dims(spec.family, dims, state_dtype, act_dtype)
+    if spec.family == "gdn":
+        key_dim, value_dim, make = dims.head_k_dim, dims.head_v_dim, gdn_config
+    elif spec.family == "kda":
+        key_dim, value_dim, make = dims.head_dim, dims.head_dim, kda_config
+    else:
+        raise ValueError(f"spec.family: expected mamba2, gdn or kda, got {spec.family!r}")
+    return unique(make(key_dim, value_dim, state_dtype, act_dtype, t) for t in tile_choices(value_dim, key_dim))
 
 
 def unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:

@@ -1,0 +1,308 @@
+// Gated DeltaNet (KDA=0: one log-gate per value head) and Kimi Delta Attention (KDA=1: one log-gate per key channel)
+// single-token decode: the baseline state update and the ReplaySSM replay decode, from one source.
+//
+// Compile-time constants (NVRTC -D): DK (key dim K), DV (value dim V), VTILE (state rows per CTA), KDA, STATE_T, ACT_T.
+// Grid: (V / VTILE, HV, batch); 128 threads. Each warp owns VTILE/4 rows of the (V x K) state of one value head; each
+// lane owns K/32 consecutive key channels. Value head hv uses key head hv / (HV/H). Every state row is touched by one warp only.
+//
+// Step of a row at cursor w (q~ = scale l2norm(q), k = l2norm(k), g = the token's log-gate, alpha = e^g, beta in (0,1),
+// G = g_ring[w-1] the cumulative log-gate of the ring (0 if w = 0), G_j = g_ring[j]; GDN broadcasts g, G over channels):
+//   kd_j = e^{g + G - G_j} ⊙ k_j                            ring keys decayed to after the current token (exponent <= 0)
+//   a_q[v] = S0[v]·(e^{g+G} ⊙ q~) + Σ_{j<w} (kd_j·q~) u_j[v]     (= S_h Diag(alpha) q~, S_h the state before the token)
+//   a_k[v] = S0[v]·(e^{g+G} ⊙ k)  + Σ_{j<w} (kd_j·k)  u_j[v]
+//   u[v] = beta (v[v] - a_k[v]),  o[v] = a_q[v] + u[v] (k·q~)
+//   non-flush (w < L-1): append u, k (one copy per key head) and G + g at ring position w; cursor <- w + 1
+//   flush (w == L-1 or force_flush): S[v] = e^{g+G} ⊙ S0[v] + Σ_{j<w} u_j[v] kd_j + u[v] k, stored; cursor <- 0
+// The baseline is the same step with an empty ring (w = 0, always a flush). S0 is read once, into registers, and the
+// flush folds from those registers (no second pass over the checkpoint).
+#include "replayssm_common.cuh"
+
+#if !defined(DK) || !defined(DV) || !defined(VTILE) || !defined(KDA)
+#error "define DK (key dim), DV (value dim), VTILE (rows per CTA) and KDA (0: GDN, 1: KDA)"
+#endif
+
+using state_t = STATE_T;
+using act_t = ACT_T;
+
+// Kernel parameters (one by-value struct; mirrored by trtllm_replayssm/ops/gdn.py:_DeltaParams).
+struct DeltaParams {
+  void* state;            // [slots, HV, V, K]
+  void* u_ring;           // [slots, HV, L, V]       (replay only)
+  void* k_ring;           // [slots, H, L, K]        (replay only)
+  float* g_ring;          // [slots, HV, L(, K)]     (replay only)
+  int* cursor;            // [slots]                 (replay only)
+  int* arrive;            // [slots]                 (replay only)
+  const void* q;          // [b, H, K]
+  const void* k;          // [b, H, K]
+  const void* v;          // [b, HV, V]
+  const void* gate;       // GDN: a [b, HV]; KDA: raw gate [b, HV, K]   (act dtype or fp32, see gate_is_f32)
+  const void* beta;       // [b, HV] logits                             (act dtype or fp32, see beta_is_f32)
+  const float* A_log;     // [HV]
+  const float* dt_bias;   // GDN: [HV]; KDA: [HV, K]
+  const int* slot_idx;    // [b]
+  void* out;              // [b, HV, V]
+  long long s_state_slot, s_state_head;
+  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head;
+  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
+  float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
+  int num_k_heads, num_v_heads, L, pad_slot_id;
+  int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
+};
+
+namespace {
+
+constexpr int kK = DK;
+constexpr int kV = DV;
+constexpr bool kPerChannel = KDA != 0;
+constexpr int kEpl = kK / rssm::kWarpSize;       // key channels per lane
+constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
+constexpr int kTile = VTILE;                      // state rows per CTA
+constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
+constexpr float kL2Eps = 1e-6f;
+constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
+static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
+static_assert(kTile % rssm::kNumWarps == 0 && kV % kTile == 0, "row tile must divide V and be a multiple of 4");
+static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output lane per row)");
+
+// Replay staging: per-entry coefficients, ring values of the tile rows, decayed ring keys (flush only).
+struct ReplaySmem {
+  float cq[rssm::kMaxL];                 // kd_j · q~
+  float ck[rssm::kMaxL];                 // kd_j · k
+  float u[rssm::kMaxL][kTile + 1];          // u_j[row] (padded: lane j reads row r conflict-free)
+  alignas(16) float kd[rssm::kMaxL][kK];  // kd_j (flush rows only)
+};
+static_assert(sizeof(ReplaySmem) <= 48 * 1024, "static shared memory limit");
+
+__device__ __forceinline__ float load_scalar(const void* base, long long off, int is_f32) {
+  return is_f32 ? static_cast<const float*>(base)[off] : rssm::to_float(static_cast<const act_t*>(base)[off]);
+}
+
+// The current token's log-gate g (per channel of this lane for KDA, scalar for GDN), clamped to kLogGateFloor.
+__device__ __forceinline__ void current_log_gate(const DeltaParams& p, int b, int hv, int col0, float (&g)[kGates]) {
+  const float a_head = __expf(p.A_log[hv]);
+  const long long off = b * p.s_gate_b + hv * p.s_gate_h;
+  if constexpr (kPerChannel) {
+    float x[kGates], bias[kGates];
+    if (p.gate_is_f32) rssm::load_vec<float, kGates>(static_cast<const float*>(p.gate) + off + col0, x);
+    else rssm::load_vec<act_t, kGates>(static_cast<const act_t*>(p.gate) + off + col0, x);
+    rssm::load_vec<float, kGates>(p.dt_bias + (long long)hv * kK + col0, bias);
+#pragma unroll
+    for (int e = 0; e < kGates; ++e) {
+      const float t = x[e] + bias[e];
+      const float lg = p.has_lower_bound ? p.lower_bound * rssm::sigmoidf(a_head * t) : -a_head * rssm::softplus_thr20(t);
+      g[e] = fmaxf(lg, kLogGateFloor);
+    }
+  } else {
+    const float t = load_scalar(p.gate, off, p.gate_is_f32) + p.dt_bias[hv];
+    g[0] = fmaxf(-a_head * rssm::softplus_thr20(t), kLogGateFloor);
+  }
+}
+
+// One decode step of this CTA's row tile. kReplay = false: baseline (no ring, no cursor; `sm` unused).
+template <bool kReplay>
+__device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm) {
+  const int b = blockIdx.z;
+  const int slot = p.slot_idx[b];
+  if (slot == p.pad_slot_id) return;
+  const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int row0 = blockIdx.x * kTile;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int col0 = lane * kEpl, wrow0 = warp * kRows;  // wrow0: first tile row of this warp
+  state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
+
+  // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
+  float acc[kRows][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+
+  int w = 0;
+  bool flush = true;
+  if constexpr (kReplay) {
+    w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: a corrupt cursor can never index outside the ring
+    flush = p.force_flush || w == p.L - 1;
+  }
+
+  // Current token: l2-normalised q (times scale) and k of key head h, this lane's channels.
+  float qn[kEpl], kn[kEpl];
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, qn);
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, kn);
+  float qq = 0.f, kk = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    qq = fmaf(qn[e], qn[e], qq);
+    kk = fmaf(kn[e], kn[e], kk);
+  }
+  const float q_mul = p.scale * rsqrtf(rssm::warp_sum(qq) + kL2Eps), k_mul = rsqrtf(rssm::warp_sum(kk) + kL2Eps);
+  float kq = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    qn[e] *= q_mul;
+    kn[e] *= k_mul;
+    kq = fmaf(kn[e], qn[e], kq);
+  }
+  kq = rssm::warp_sum(kq);
+
+  // lg = g + G: log-decay of the checkpoint to after the current token.
+  float lg[kGates];
+  current_log_gate(p, b, hv, col0, lg);
+  const float* g_ring = nullptr;
+  if constexpr (kReplay) {
+    g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+    if (w > 0) {
+      if constexpr (kPerChannel) {
+        float big_g[kEpl];
+        rssm::load_vec<float, kEpl>(g_ring + (long long)(w - 1) * kK + col0, big_g);
+#pragma unroll
+        for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
+      } else {
+        lg[0] += g_ring[w - 1];
+      }
+    }
+  }
+  const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+  const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
+  const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
+
+  float cq = 0.f, ck = 0.f;  // lane j < w: kd_j · q~, kd_j · k
+  if constexpr (kReplay) {
+    const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+    for (int i = threadIdx.x; i < w * kTile; i += rssm::kThreads)
+      sm->u[i / kTile][i % kTile] = rssm::to_float(u_ring[(long long)(i / kTile) * kV + i % kTile]);
+    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + col0;
+    for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
+      float kd[kEpl];
+      rssm::load_vec<act_t, kEpl>(k_ring + (long long)j * kK, kd);
+      if constexpr (kPerChannel) {
+        float gj[kEpl];
+        rssm::load_vec<float, kEpl>(g_ring + (long long)j * kK + col0, gj);
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[kPerChannel ? e : 0] - gj[e]);
+      } else {
+        const float decay = __expf(lg[0] - g_ring[j]);
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) kd[e] *= decay;
+      }
+      float dq = 0.f, dk = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) {
+        dq = fmaf(kd[e], qn[e], dq);
+        dk = fmaf(kd[e], kn[e], dk);
+      }
+      dq = rssm::warp_sum(dq);
+      dk = rssm::warp_sum(dk);
+      if (lane == 0) {
+        sm->cq[j] = dq;
+        sm->ck[j] = dk;
+      }
+      if (flush) {
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) sm->kd[j][col0 + e] = kd[e];
+      }
+    }
+    __syncthreads();  // every thread has read the cursor; staging done
+    if (threadIdx.x == 0)
+      rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, flush ? 0 : w + 1);
+    if (lane < w) {
+      cq = sm->cq[lane];
+      ck = sm->ck[lane];
+    }
+  }
+
+  // Per row: a_q, a_k from the checkpoint registers plus the ring term of entry `lane`; then u and o.
+  float decay[kGates];
+#pragma unroll
+  for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
+  float xq[kEpl], xk[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    xq[e] = decay[kPerChannel ? e : 0] * qn[e];
+    xk[e] = decay[kPerChannel ? e : 0] * kn[e];
+  }
+  float u_rows[kRows];
+  float o_lane = 0.f, u_lane = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float aq = 0.f, ak = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      aq = fmaf(acc[r][e], xq[e], aq);
+      ak = fmaf(acc[r][e], xk[e], ak);
+    }
+    if constexpr (kReplay) {
+      if (lane < w) {
+        const float uj = sm->u[lane][wrow0 + r];
+        aq = fmaf(cq, uj, aq);
+        ak = fmaf(ck, uj, ak);
+      }
+    }
+    aq = rssm::warp_sum(aq);
+    ak = rssm::warp_sum(ak);
+    const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
+    u_rows[r] = u;
+    if (lane == r) {
+      o_lane = fmaf(u, kq, aq);
+      u_lane = u;
+    }
+  }
+  if (lane < kRows) {
+    const int row = row0 + wrow0 + lane;
+    static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row] = rssm::from_float<act_t>(o_lane);
+    if constexpr (kReplay) {
+      if (!flush) {
+        act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + (long long)w * kV;
+        u_dst[row] = rssm::from_float<act_t>(u_lane);
+      }
+    }
+  }
+
+  if (!flush) {  // replay only: append k (once per key head) and the cumulative gate at ring position w
+    if (blockIdx.x == 0 && warp == 0) {
+      if (hv % group == 0) {
+        act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
+        rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
+      }
+      float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+      if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_dst + (long long)w * kK + col0, lg);
+      else if (lane == 0) g_dst[w] = lg[0];
+    }
+    return;
+  }
+
+  // Flush: S = e^{g+G} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, folded in the registers that hold S0.
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay[kPerChannel ? e : 0];
+  if constexpr (kReplay) {
+    for (int j = 0; j < w; ++j) {
+      float kd[kEpl];
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) kd[e] = sm->kd[j][col0 + e];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float uj = sm->u[j][wrow0 + r];
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[e], acc[r][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e]);
+    rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  }
+}
+
+}  // namespace
+
+// Baseline: u = beta (v - S Diag(alpha) k), S = S Diag(alpha) + u kᵀ, o = S q~. Reads and writes the state every step.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_state_update_kernel(const DeltaParams p) {
+  delta_step<false>(p, nullptr);
+}
+
+// Replay decode: rows at their own cursors in one launch; flush rows fold the ring, the others never write the state.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_decode_kernel(const DeltaParams p) {
+  __shared__ ReplaySmem sm;
+  delta_step<true>(p, &sm);
+}

@@ -1,0 +1,233 @@
+"""Gated DeltaNet decode ops: ``torch.ops.replayssm.gdn_replay_decode`` and ``torch.ops.replayssm.gdn_state_update``.
+
+The custom ops mutate their cache/output arguments in place and return nothing (CUDA-graph capturable, with fake
+impls for torch.compile). CUDA tensors run the NVRTC-compiled kernels of ``plugins/delta_rule_decode.cu`` (KDA=0) on
+the current stream; CPU tensors run the float32 reference (``reference/gdn.py``), which is also the CPU fallback.
+Callers use :func:`replay_decode` and :func:`state_update`, which validate arguments before any launch.
+
+In-kernel math (as the reference): q, k l2-normalised (``x / sqrt(sum x^2 + 1e-6)``), ``scale`` (default K^-0.5) on q,
+``g = -exp(A_log) softplus(a + dt_bias)`` (threshold 20) clamped to -128, ``beta = sigmoid(b)``. The gate ring holds
+the cumulative log-gate, so every decay factor has a non-positive exponent: no gate value can overflow.
+
+The launch helpers here (parameter struct, tile choice, shared validation) also serve ``ops/kda.py``.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache
+from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config
+from trtllm_replayssm.kernels.loader import get_kernel, launch
+from trtllm_replayssm.ops import _checks as chk
+from trtllm_replayssm.ops._launch import force_flush_for, make_struct, ptr, rows_per_cta, stride
+from trtllm_replayssm.reference import gdn as ref
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_longlong
+_I32 = ctypes.c_int
+_F32 = ctypes.c_float
+# Mirrors `struct DeltaParams` in plugins/delta_rule_decode.cu (same order; natural alignment).
+_DeltaParams = make_struct("DeltaParams", [
+    ("state", _P), ("u_ring", _P), ("k_ring", _P), ("g_ring", _P), ("cursor", _P), ("arrive", _P),
+    ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P), ("A_log", _P), ("dt_bias", _P),
+    ("slot_idx", _P), ("out", _P),
+    ("s_state_slot", _I64), ("s_state_head", _I64),
+    ("s_ur_slot", _I64), ("s_ur_head", _I64), ("s_kr_slot", _I64), ("s_kr_head", _I64),
+    ("s_gr_slot", _I64), ("s_gr_head", _I64),
+    ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
+    ("s_gate_b", _I64), ("s_gate_h", _I64), ("s_beta_b", _I64), ("s_beta_h", _I64), ("s_out_b", _I64),
+    ("s_out_h", _I64),
+    ("scale", _F32), ("lower_bound", _F32),
+    ("num_k_heads", _I32), ("num_v_heads", _I32), ("L", _I32), ("pad_slot_id", _I32),
+    ("gate_is_f32", _I32), ("beta_is_f32", _I32), ("has_lower_bound", _I32), ("force_flush", _I32),
+])
+
+SUPPORTED_KEY_DIMS = (64, 128, 256)
+MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
+# Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
+ROWS_PER_CTA_OVERRIDE: Optional[int] = None
+
+
+def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, gate, beta, A_log, dt_bias, scale: float,
+                lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out) -> ctypes.Structure:
+    """The kernel parameter struct (``u_ring`` None for the baseline kernel)."""
+    L = u_ring.shape[2] if u_ring is not None else 1
+    return _DeltaParams(
+        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive),
+        ptr(q), ptr(k), ptr(v), ptr(gate), ptr(beta), ptr(A_log), ptr(dt_bias), ptr(idx), ptr(out),
+        state.stride(0), state.stride(1), stride(u_ring, 0), stride(u_ring, 1), stride(k_ring, 0), stride(k_ring, 1),
+        stride(g_ring, 0), stride(g_ring, 1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), gate.stride(0), gate.stride(1),
+        beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
+        float(scale), 0.0 if lower_bound is None else float(lower_bound),
+        q.shape[1], v.shape[1], L, pad_slot_id,
+        int(gate.dtype == torch.float32), int(beta.dtype == torch.float32), int(lower_bound is not None),
+        int(force_flush))
+
+
+def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device) -> int:
+    """Rows per CTA: the shared launch heuristic, capped at MAX_ROWS_PER_CTA."""
+    tile = rows_per_cta(value_dim, key_dim, work_items, device, ROWS_PER_CTA_OVERRIDE)
+    if tile > MAX_ROWS_PER_CTA:
+        raise ValueError(f"rows_per_cta: expected at most {MAX_ROWS_PER_CTA} rows per CTA, got {tile}")
+    return tile
+
+
+def launch_delta(family: str, kernel_name: str, params: ctypes.Structure, state: torch.Tensor,
+                 q: torch.Tensor, v: torch.Tensor) -> None:
+    """Launch one delta-rule kernel over grid (V / tile, HV, batch)."""
+    batch, v_heads, value_dim = v.shape
+    key_dim = q.shape[2]
+    tile = row_tile(value_dim, key_dim, batch * v_heads, v.device)
+    make = gdn_config if family == "gdn" else kda_config
+    config = make(key_dim, value_dim, state.dtype, q.dtype, tile)
+    launch(get_kernel(config, kernel_name, v.device), (value_dim // tile, v_heads, batch), (32 * NUM_WARPS, 1, 1),
+           params)
+
+
+def resolve_scale(scale: float | None, key_dim: int) -> float:
+    """``scale`` as a finite float (default ``key_dim ** -0.5``)."""
+    value = ref.resolve_scale(scale, key_dim)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"scale: expected a finite float, got {scale}")
+    return value
+
+
+def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
+    """Checks shared by GDN and KDA; returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
+    chk.check_tensor("state", state, (None, None, None, None), chk.FLOAT_DTYPES, inner_contiguous=2)
+    slots, HV, V, K = state.shape
+    dev = state.device
+    if K not in SUPPORTED_KEY_DIMS:
+        raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
+    if V % NUM_WARPS:
+        raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
+        raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
+    chk.check_tensor("q", q, (None, None, K), chk.ACT_DTYPES, dev)
+    batch, H = q.shape[:2]
+    if H == 0 or HV % H:
+        raise ValueError(f"q: key heads (dim 1) must divide the value heads of the state ({HV}), got {H}")
+    chk.check_tensor("k", k, (batch, H, K), (q.dtype,), dev)
+    chk.check_tensor("v", v, (batch, HV, V), (q.dtype,), dev)
+    if out is None:
+        out = torch.empty_like(v)
+    chk.check_tensor("out", out, (batch, HV, V), (q.dtype,), dev)
+    if dev.type == "cuda":
+        epl = K // 32
+        for name, t in (("state", state), ("q", q), ("k", k)):
+            chk.check_aligned(name, t, epl)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    return idx, out, (slots, H, HV, V, K)
+
+
+def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool) -> None:
+    """Ring/cursor tensors of ``layer`` against the step's dims (slots, H, HV, V, K)."""
+    slots, H, HV, V, K = dims
+    L, dev = layer.buffer_len, layer.state.device
+    chk.check_tensor("layer.u_ring", layer.u_ring, (slots, HV, L, V), (act_dtype,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.k_ring", layer.k_ring, (slots, H, L, K), (act_dtype,), dev, inner_contiguous=2)
+    gate_shape, inner = ((slots, HV, L, K), 2) if per_channel_gate else ((slots, HV, L), 1)
+    chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
+    chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
+    if dev.type == "cuda":
+        chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)
+        if per_channel_gate:
+            chk.check_aligned("layer.g_ring", layer.g_ring, K // 32)
+
+
+# ---------------------------------------------------------------------------------------------------- custom ops
+@torch.library.custom_op("replayssm::gdn_replay_decode",
+                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"))
+def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+                      cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
+                      state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool,
+                      out: torch.Tensor) -> None:
+    ref.replay_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, a, b, A_log, dt_bias, scale,
+                     state_batch_indices, pad_slot_id, force_flush, out)
+
+
+@_replay_decode_op.register_kernel("cuda")
+def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale,
+                        state_batch_indices, pad_slot_id, force_flush, out) -> None:
+    if q.shape[0] == 0:
+        return
+    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale, None,
+                         state_batch_indices, pad_slot_id, force_flush, out)
+    launch_delta("gdn", "delta_replay_decode_kernel", params, state, q, v)
+
+
+@_replay_decode_op.register_fake
+def _replay_decode_fake(*args, **kwargs) -> None:
+    return None
+
+
+@torch.library.custom_op("replayssm::gdn_state_update", mutates_args=("state", "out"))
+def _state_update_op(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                     b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
+                     state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
+    ref.state_update_(state, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id, out)
+
+
+@_state_update_op.register_kernel("cuda")
+def _state_update_cuda(state, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id, out) -> None:
+    if q.shape[0] == 0:
+        return
+    params = fill_params(state, None, None, None, None, None, q, k, v, a, b, A_log, dt_bias, scale, None,
+                         state_batch_indices, pad_slot_id, False, out)
+    launch_delta("gdn", "delta_state_update_kernel", params, state, q, v)
+
+
+@_state_update_op.register_fake
+def _state_update_fake(*args, **kwargs) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+def _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id):
+    idx, out, dims = validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
+    _, _, HV, _, _ = dims
+    dev, batch = state.device, q.shape[0]
+    chk.check_tensor("a", a, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0)
+    chk.check_tensor("b", b, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0)
+    chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
+    chk.check_tensor("dt_bias", dt_bias, (HV,), (torch.float32,), dev)
+    return idx, out, dims
+
+
+def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                  b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
+                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                  out: torch.Tensor | None = None, mode: str = "auto") -> torch.Tensor:
+    """One ReplaySSM GDN decode step for a batch of rows at their own cursors; returns ``out`` [b, HV, V].
+
+    ``layer``: a :class:`~trtllm_replayssm.cache.GDNLayerCache`. ``q, k`` [b,H,K], ``v`` [b,HV,V] (activation dtype),
+    raw ``a, b`` [b,HV] (activation dtype or fp32), ``A_log, dt_bias`` [HV] fp32. ``mode``: ``auto`` (flush every
+    step when the batch cannot fill the GPU), ``replay`` or ``flush``.
+    """
+    if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
+        raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
+    chk.check_mode(mode)
+    idx, out, dims = _validate_step(layer.state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    validate_rings(layer, dims, q.dtype, per_channel_gate=False)
+    force = force_flush_for(mode, q.shape[0], dims[2], layer.state.device)
+    torch.ops.replayssm.gdn_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
+                                          layer.arrive, q, k, v, a, b, A_log, dt_bias,
+                                          resolve_scale(scale, dims[4]), idx, pad_slot_id, force, out)
+    return out
+
+
+def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                 b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
+                 state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Baseline GDN step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``."""
+    idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    torch.ops.replayssm.gdn_state_update(state, q, k, v, a, b, A_log, dt_bias, resolve_scale(scale, dims[4]), idx,
+                                         pad_slot_id, out)
+    return out

@@ -1,0 +1,158 @@
+"""Kimi Delta Attention decode references: float64 sequential recurrence (ground truth) and the float32 ReplaySSM step.
+
+KDA is the gated delta rule with one decay per key channel. In the ``[.., HV, V, K]`` state layout, per token:
+``u = beta (v - S Diag(alpha) k)``, ``S <- S Diag(alpha) + u k^T``, ``o = S (scale q)`` with q, k l2-normalised,
+``beta = sigmoid(beta_raw)`` and the log-gate ``g = log(alpha)`` from the raw gate input (fla-core's in-kernel gate):
+
+* plain: ``g = -exp(A_log) * softplus(g_raw + dt_bias)`` (softplus threshold 20);
+* lower-bounded ("safe gate"): ``g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))``, in ``(lower_bound, 0)``.
+
+The replay ring ``g_ring [slots,HV,L,K]`` keeps the inclusive cumulative per-channel log-gate since the checkpoint, so
+every decay factor ``e^{G - G_j}`` has a non-positive exponent (bounded for any gate; no pre-decayed keys). The step
+math is the delta-rule core of ``gdn.py`` with a ``[.., K]`` gate.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_replayssm.reference.gdn import (
+    FLOAT_DTYPES,
+    LOG_GATE_FLOOR,
+    check_heads,
+    check_rank,
+    check_scalars,
+    check_tensor,
+    delta_rule_replay_,
+    delta_rule_sequential_step,
+    delta_rule_update_,
+    resolve_scale,
+)
+
+
+def check_lower_bound(lower_bound: object) -> None:
+    """``lower_bound`` must be None or a finite negative float (a log-gate floor)."""
+    if lower_bound is None:
+        return
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
+        raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
+    if not (math.isfinite(lower_bound) and lower_bound < 0):
+        raise ValueError(f"lower_bound: expected a finite negative log-gate bound, got {lower_bound}")
+
+
+def log_gate(
+    g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None = None  # noqa: N803
+) -> torch.Tensor:
+    """Per-channel log-gate ``[.., HV, K]`` from ``g_raw [.., HV, K]``, ``A_log [HV]``, ``dt_bias [HV, K] | [HV*K]``.
+
+    Computed in the promoted dtype of the inputs; see the module docstring for the two gate forms.
+    """
+    num_heads, dim_k = g_raw.shape[-2:]
+    x = g_raw + dt_bias.reshape(num_heads, dim_k)
+    a = torch.exp(A_log).unsqueeze(-1)
+    if lower_bound is None:
+        return -a * F.softplus(x, threshold=20.0)
+    return lower_bound * torch.sigmoid(a * x)
+
+
+def sequential_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None = None,  # noqa: N803
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 ground truth for one KDA token over a batch of rows: returns ``(out [b,HV,V], new state [b,HV,V,K])``.
+
+    ``state [b,HV,V,K]``, ``q, k [b,H,K]``, ``v [b,HV,V]``, raw ``g_raw [b,HV,K]``, beta logit ``beta_raw [b,HV]``,
+    ``A_log [HV]``, ``dt_bias [HV,K]`` (or ``[HV*K]``); any float dtypes.
+    """
+    f64 = torch.float64
+    g = log_gate(g_raw.to(f64), A_log.to(f64), dt_bias.to(f64), lower_bound)
+    return delta_rule_sequential_step(
+        state, q, k, v, g, torch.sigmoid(beta_raw.to(f64)), resolve_scale(scale, q.shape[-1])
+    )
+
+
+def _step_gates(
+    g_raw: torch.Tensor, beta_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+    lower_bound: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 ``(log_gate [b,HV,K] clamped to LOG_GATE_FLOOR, beta [b,HV])``."""
+    f32 = torch.float32
+    g = log_gate(g_raw.to(f32), A_log.to(f32), dt_bias.to(f32), lower_bound).clamp_min(LOG_GATE_FLOOR)
+    return g, torch.sigmoid(beta_raw.to(f32))
+
+
+def _check_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None,  # noqa: N803
+    state_batch_indices: torch.Tensor, out: torch.Tensor,
+) -> tuple[int, int, int, int, int, int]:
+    """Validate the step inputs shared by baseline and replay; return ``(batch, H, HV, K, V, slots)``."""
+    check_lower_bound(lower_bound)
+    batch, heads, dim_k = check_rank("q", q, 3).shape
+    dev = q.device
+    check_tensor("q", q, q.shape, FLOAT_DTYPES, dev)
+    check_tensor("k", k, q.shape, (q.dtype,), dev)
+    _, v_heads, dim_v = check_rank("v", v, 3).shape
+    check_heads(heads, v_heads)
+    check_tensor("v", v, (batch, v_heads, dim_v), (q.dtype,), dev)
+    check_tensor("g_raw", g_raw, (batch, v_heads, dim_k), FLOAT_DTYPES, dev)
+    check_tensor("beta_raw", beta_raw, (batch, v_heads), FLOAT_DTYPES, dev)
+    check_tensor("A_log", A_log, (v_heads,), FLOAT_DTYPES, dev)
+    if not isinstance(dt_bias, torch.Tensor):
+        raise TypeError(f"dt_bias: expected a torch.Tensor, got {type(dt_bias).__name__}")
+    bias_shape = (v_heads, dim_k) if dt_bias.dim() == 2 else (v_heads * dim_k,)
+    check_tensor("dt_bias", dt_bias, bias_shape, FLOAT_DTYPES, dev)
+    slots = check_rank("state", state, 4).shape[0]
+    check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, dev)
+    check_tensor("state_batch_indices", state_batch_indices, (batch,), (torch.int32,), dev)
+    check_tensor("out", out, (batch, v_heads, dim_v), FLOAT_DTYPES, dev)
+    return batch, heads, v_heads, dim_k, dim_v, slots
+
+
+def state_update_(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, scale: float | None,  # noqa: N803
+    state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
+) -> None:
+    """Float32 KDA baseline step in place: read S, update, write S (state dtype) and ``out``; pad rows untouched."""
+    check_scalars(pad_slot_id)
+    _check_step(state, q, k, v, g_raw, beta_raw, A_log, dt_bias, lower_bound, state_batch_indices, out)
+    g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
+    scale = resolve_scale(scale, q.shape[-1])
+    delta_rule_update_(state, q, k, v, g, beta, scale, state_batch_indices, pad_slot_id, out)
+
+
+def replay_step_(
+    state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, scale: float | None,  # noqa: N803
+    state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
+) -> None:
+    """Float32 KDA ReplaySSM step in place on the cache (state, rings, cursor) and ``out``; the ops' CPU fallback.
+
+    Cache: ``state [slots,HV,V,K]`` fp32/fp16/bf16, ``u_ring [slots,HV,L,V]`` and ``k_ring [slots,H,L,K]`` in the
+    activation dtype, ``g_ring [slots,HV,L,K]`` fp32 (inclusive cumulative per-channel log-gate since the checkpoint),
+    ``cursor [slots]`` int32. Step: ``q, k [b,H,K]``, ``v [b,HV,V]``, ``g_raw [b,HV,K]``, ``beta_raw [b,HV]``,
+    ``A_log [HV]``, ``dt_bias [HV,K]``, ``lower_bound`` (None: plain gate), ``scale`` (None: K^-0.5),
+    ``state_batch_indices [b]`` int32. A row flushes when its cursor is L-1 or ``force_flush``.
+    """
+    check_scalars(pad_slot_id, force_flush)
+    _, heads, v_heads, dim_k, dim_v, slots = _check_step(
+        state, q, k, v, g_raw, beta_raw, A_log, dt_bias, lower_bound, state_batch_indices, out
+    )
+    ring_len = check_rank("u_ring", u_ring, 4).shape[2]
+    if ring_len < 1:
+        raise ValueError(f"u_ring: expected a ring length (dim 2) >= 1, got shape {tuple(u_ring.shape)}")
+    dev = q.device
+    check_tensor("u_ring", u_ring, (slots, v_heads, ring_len, dim_v), (q.dtype,), dev)
+    check_tensor("k_ring", k_ring, (slots, heads, ring_len, dim_k), (q.dtype,), dev)
+    check_tensor("g_ring", g_ring, (slots, v_heads, ring_len, dim_k), (torch.float32,), dev)
+    check_tensor("cursor", cursor, (slots,), (torch.int32,), dev)
+    g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
+    delta_rule_replay_(
+        state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),
+        state_batch_indices, pad_slot_id, force_flush, out,
+    )
