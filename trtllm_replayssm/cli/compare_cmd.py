@@ -1,0 +1,121 @@
+"""``trtllm-replayssm compare``: whole-model decode-step latency, baseline SSM op vs ReplaySSM."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+def _batches(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}")
+    return out
+
+
+def _tokens_cell(check: dict) -> str:
+    if not check:
+        return "-"
+    if check["tokens_equal"]:
+        return "yes"
+    if check["mismatch_rows"]:
+        return f"NO ({check['mismatch_rows']}/{check['rows']} rows)"
+    return f"yes, {check['near_tie_rows']} near-tie rows"
+
+
+def _table(report: dict) -> "object":
+    from rich.table import Table
+
+    from trtllm_replayssm.compare import speedups
+
+    table = Table(title=f"decode step, {report['device']} ({report['engine']})")
+    for col in ("model", "layers", "batch", "baseline µs", "replay µs", "speed-up", "baseline tok/s", "replay tok/s",
+                "SSM share base", "SSM share replay", "tokens equal", "max |Δlogits|"):
+        table.add_column(col, justify="left" if col in ("model", "layers") else "right")
+    checks = {(c["model"], c["batch"]): c for c in report["checks"]}
+    for r in speedups(report["records"]):
+        c = checks.get((r["model"], r["batch"]), {})
+        table.add_row(r["model"], r["layers"], str(r["batch"]), f"{r['baseline_us']:.1f}", f"{r['replay_us']:.1f}",
+                      f"{r['speedup']:.3f}x", f"{r['baseline_tok_s']:.0f}", f"{r['replay_tok_s']:.0f}", f"{r['baseline_ssm_share']:.1%}",
+                      f"{r['replay_ssm_share']:.1%}", _tokens_cell(c),
+                      f"{c.get('max_abs_dlogits', float('nan')):.2e}")
+    return table
+
+
+def _bench_table(bench: dict) -> "object":
+    from rich.table import Table
+
+    table = Table(title=f"trtllm-bench, {bench['device']} (metrics as reported)")
+    for col in ("model", "impl", "batch", "mode", "metrics"):
+        table.add_column(col, justify="right" if col == "batch" else "left")
+    for r in bench["records"]:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r["metrics"].items())) or "see report"
+        table.add_row(r["model"], r["impl"], str(r["batch"]), r["mode"], metrics)
+    return table
+
+
+@click.command("compare")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...")
+@click.option("--batch", "batches", default="1,8,64,256,512", callback=_batches, show_default=True,
+              help="Comma-separated batch sizes.")
+@click.option("--steps", default=64, show_default=True, type=int,
+              help="Decode steps per batch (>= 3 * buffer-len for the fp32 token check).")
+@click.option("--gpu-layers", type=int, default=None,
+              help="Run a contiguous slice of K layers (the real layer pattern) of a model too large for one GPU.")
+@click.option("--state-dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
+@click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
+              help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
+@click.option("--buffer-len", "-L", default=16, show_default=True, type=int, help="Ring length L.")
+@click.option("--prompt-len", default=16, show_default=True, type=int)
+@click.option("--mode", "replay_mode", type=click.Choice(["auto", "replay", "flush"]), default="auto",
+              show_default=True, help="Replay op mode (auto: flush every step at low batch x heads).")
+@click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
+@click.option("--bundle", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Bundle from `trtllm-replayssm build`: with TensorRT-LLM installed, also run trtllm-bench.")
+@click.option("-o", "--out-dir", default="compare_out", show_default=True, type=click.Path(file_okay=False))
+def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, gpu_layers: int | None,
+                state_dtype: str, act_dtype: str | None, buffer_len: int, prompt_len: int, replay_mode: str,
+                device: str | None, bundle: str | None, out_dir: str) -> None:
+    """Decode-step latency of MODEL (preset name, config.json or HF model directory) with the baseline SSM op and
+    with ReplaySSM: table, OUT_DIR/compare.json and OUT_DIR/compare_speedup.png."""
+    from rich.console import Console
+
+    from trtllm_replayssm.compare import (CompareSettings, TokenMismatchError, run_compare, run_trtllm_bench,
+                                          trtllm_available)
+
+    console = Console()
+    try:
+        settings = CompareSettings(batches=batches, steps=steps, state_dtype=state_dtype, act_dtype=act_dtype,
+                                   buffer_len=buffer_len, prompt_len=prompt_len, gpu_layers=gpu_layers,
+                                   device=device, replay_mode=replay_mode)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    mismatch = None
+    try:
+        report = run_compare(list(models), settings, out_dir)
+    except TokenMismatchError as err:
+        mismatch = err
+        report = json.loads((Path(out_dir) / "compare.json").read_text())
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    console.print(_table(report))
+    for model, notes in report["notes"].items():
+        for note in notes:
+            console.print(f"[dim]{model}: {note}[/dim]")
+    if bundle and trtllm_available():
+        for model in models:
+            bench = run_trtllm_bench(model, bundle, batches, Path(out_dir) / "trtllm")
+            path = Path(out_dir) / "trtllm" / f"{Path(model).name}_trtllm_bench.json"
+            path.write_text(json.dumps(bench, indent=2) + "\n")
+            console.print(_bench_table(bench))
+            console.print(f"trtllm-bench reports: {path}")
+    else:
+        why = "no --bundle given" if not bundle else "TensorRT-LLM is not installed"
+        console.print(f"Ran the reference decoder ({why}); trtllm-bench was not run.")
+    console.print(f"wrote {Path(out_dir) / 'compare.json'} and {Path(out_dir) / 'compare_speedup.png'}")
+    if mismatch is not None:
+        raise click.ClickException(str(mismatch))

@@ -1,0 +1,227 @@
+"""Building blocks shared by the reference decoders: norms, MLPs, causal conv1d, attention with a static KV cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``unit_offset`` scales by ``1 + weight`` (Qwen3.5 / Gemma style, weight initialised to 0)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
+        return (y * w).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over groups of ``group_size`` channels with a SiLU gate ``z``.
+
+    ``norm_before_gate=False`` (Mamba-2 / Nemotron-H): ``norm(x * silu(z)) * w``;
+    ``True`` (Qwen3.5 GDN): ``norm(x) * w * silu(z)``.
+    """
+
+    def __init__(self, dim: int, group_size: int, eps: float, norm_before_gate: bool) -> None:
+        super().__init__()
+        if dim % group_size:
+            raise ValueError(f"group_size: expected a divisor of dim={dim}, got {group_size}")
+        self.group_size = group_size
+        self.eps = eps
+        self.norm_before_gate = norm_before_gate
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf, zf = x.float(), z.float()
+        if not self.norm_before_gate:
+            xf = xf * F.silu(zf)
+        g = xf.unflatten(-1, (-1, self.group_size))
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = g.flatten(-2) * self.weight.float()
+        if self.norm_before_gate:
+            y = y * F.silu(zf)
+        return y.to(x.dtype)
+
+
+class ReluSqMLP(nn.Module):
+    """Nemotron-H MLP: ``down(relu(up(x))^2)``."""
+
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.relu(self.up_proj(x)).square())
+
+
+class SwiGLUMLP(nn.Module):
+    """Qwen MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DenseExpertMoE(nn.Module):
+    """A MoE layer run as one dense expert of the same per-token width (routed top-k width plus shared expert),
+    optionally inside a latent down/up projection (LatentMoE). Not loadable from a routed checkpoint."""
+
+    def __init__(self, hidden: int, width: int, shared: int, latent: int, act: str) -> None:
+        super().__init__()
+        inner = latent or hidden
+        self.latent_in = nn.Linear(hidden, latent, bias=False) if latent else None
+        self.latent_out = nn.Linear(latent, hidden, bias=False) if latent else None
+        self.expert = ReluSqMLP(inner, width) if act == "relu2" else SwiGLUMLP(inner, width)
+        self.shared = (ReluSqMLP(hidden, shared) if act == "relu2" else SwiGLUMLP(hidden, shared)) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.latent_in is not None:
+            y = self.latent_out(self.expert(self.latent_in(x)))
+        else:
+            y = self.expert(x)
+        return y + self.shared(x) if self.shared is not None else y
+
+
+# ---------------------------------------------------------------------- causal depthwise conv1d
+def conv_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv of ``x [b, T, C]`` with ``weight [C, 1, K]``; returns (pre-activation output [b,T,C],
+    conv state [b, C, K-1] = the last K-1 inputs, zero-padded on the left)."""
+    k = weight.shape[-1]
+    xt = x.transpose(1, 2)
+    padded = F.pad(xt, (k - 1, 0))
+    y = F.conv1d(padded, weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=x.shape[-1])
+    return y.transpose(1, 2), padded[:, :, padded.shape[-1] - (k - 1):].contiguous()
+
+
+def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """One decode step of the causal conv: ``x [b, C]``; shifts ``conv_state [b, C, K-1]`` in place (graph safe)."""
+    window = torch.cat([conv_state, x.unsqueeze(-1).to(conv_state.dtype)], dim=-1)
+    y = (window.float() * weight[:, 0, :].float()).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    conv_state.copy_(window[:, :, 1:])
+    return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------- attention
+@dataclass
+class KVCache:
+    """Static KV cache of one attention layer: ``k, v [b, max_len, kv_heads, head_dim]``, ``pos [b]`` (int64,
+    the number of cached tokens, advanced in place on the device)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: torch.Tensor
+
+    @classmethod
+    def allocate(cls, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> "KVCache":
+        shape = (batch, max_len, kv_heads, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(batch, dtype=torch.long, device=device))
+
+    def reset(self) -> None:
+        self.k.zero_()
+        self.v.zero_()
+        self.pos.zero_()
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, hd]``; ``pos`` broadcasts to
+    ``x.shape[:-2]``."""
+    if rotary_dim == 0:
+        return x
+    half = rotary_dim // 2
+    inv = theta ** (-torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.float().unsqueeze(-1) * inv  # [..., half]
+    cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)
+    xr = x[..., :rotary_dim].float()
+    x1, x2 = xr[..., :half], xr[..., half:]
+    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([rot.to(x.dtype), x[..., rotary_dim:]], dim=-1)
+
+
+class Attention(nn.Module):
+    """GQA attention with a static KV cache. Nemotron-H: no RoPE, no norms. Qwen3.5: per-head q/k RMSNorm
+    (1+w), partial RoPE and a sigmoid output gate packed with q in ``q_proj``."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, qwen: bool, rotary_dim: int,
+                 rope_theta: float, eps: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.qwen, self.rotary_dim, self.rope_theta = qwen, rotary_dim, rope_theta
+        self.q_proj = nn.Linear(hidden, heads * head_dim * (2 if qwen else 1), bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        if qwen:
+            self.q_norm = RMSNorm(head_dim, eps, unit_offset=True)
+            self.k_norm = RMSNorm(head_dim, eps, unit_offset=True)
+
+    def _qkv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lead = h.shape[:-1]
+        q = self.q_proj(h)
+        gate = None
+        if self.qwen:
+            q, gate = q.view(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(*lead, self.heads * self.head_dim)
+        q = q.reshape(*lead, self.heads, self.head_dim)
+        k = self.k_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        v = self.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        if self.qwen:
+            q, k = self.q_norm(q), self.k_norm(k)
+            q = _rope(q, pos, self.rotary_dim, self.rope_theta)
+            k = _rope(k, pos, self.rotary_dim, self.rope_theta)
+        return q, k, v, gate
+
+    def _out(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+    def prefill(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """``h [b, T, D]`` from position 0: causal attention, fills ``kv[:, :T]`` and sets ``pos = T``."""
+        b, t, _ = h.shape
+        pos = torch.arange(t, device=h.device).expand(b, t)
+        q, k, v, gate = self._qkv(h, pos)
+        kv.k[:, :t].copy_(k)
+        kv.v[:, :t].copy_(v)
+        kv.pos.fill_(t)
+        rep = self.heads // self.kv_heads
+        o = F.scaled_dot_product_attention(q.transpose(1, 2).float(),
+                                           k.transpose(1, 2).repeat_interleave(rep, 1).float(),
+                                           v.transpose(1, 2).repeat_interleave(rep, 1).float(), is_causal=True)
+        return self._out(o.transpose(1, 2).reshape(b, t, -1).to(h.dtype), gate)
+
+    def decode(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
+        b = h.shape[0]
+        q, k, v, gate = self._qkv(h, kv.pos)
+        rows = torch.arange(b, device=h.device)
+        kv.k.index_put_((rows, kv.pos), k)
+        kv.v.index_put_((rows, kv.pos), v)
+        rep = self.heads // self.kv_heads
+        # matmuls in the cache dtype (fp32 accumulation), softmax in fp32
+        qg = q.view(b, self.kv_heads, rep, self.head_dim)
+        scores = torch.einsum("bkgd,btkd->bkgt", qg, kv.k).float() * self.head_dim ** -0.5
+        valid = torch.arange(kv.k.shape[1], device=h.device).unsqueeze(0) <= kv.pos.unsqueeze(1)  # [b, max_len]
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        o = torch.einsum("bkgt,btkd->bkgd", scores.softmax(-1).to(kv.v.dtype), kv.v).reshape(b, -1)
+        kv.pos.add_(1)
+        return self._out(o.to(h.dtype), gate)
