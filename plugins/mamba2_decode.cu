@@ -60,7 +60,7 @@ using RawVec = rssm::VecTraits<state_t, kEpl>;
 using RawTile = typename RawVec::Raw[kRowsPerWarp][RawVec::kChunks];
 
 // Per-row output staging: the warps reduce S·C per row, thread i < PT finishes row i (coalesced stores).
-struct OutStage {
+struct __align__(16) OutStage {
   float dot[PT];    // Σ_n S[row, n] C[n]
   float extra[PT];  // D x (+ ring terms of a non-flush replay step)
   float gate[PT];   // silu(z) or 1
@@ -191,8 +191,8 @@ __device__ __forceinline__ void single_step_rows(const Mamba2Params& p, const Ti
 // and D x. `s` holds s_0..s_w (shared or global). Every thread of the CTA calls it (it synchronises).
 __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw, const float* s,
                                           float decay, int w, OutStage& st) {
-  __shared__ act_t s_B[rssm::kMaxL][N];
-  __shared__ float s_xs[rssm::kMaxL][PT];
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
+  __shared__ __align__(16) float s_xs[rssm::kMaxL][PT];
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
   const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head;
   const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
