@@ -278,13 +278,16 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
   finish_output(p, t, 1.f, st);
 }
 
-// Replay step 1, grid (batch, ngroups): per (row, group) the B·C products, per head the decay weights into the
-// per-slot scratch; appends Δ (per head) and B (per group) for non-flush rows; advances the cursor.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_prep_kernel(const Mamba2Params p) {
+// Replay step 1, grid (batch, ngroups), one warp per head of the group (4..16 warps): per (row, group) the B·C
+// products, per head the decay weights into the per-slot scratch; appends Δ (per head) and B (per group) for
+// non-flush rows; advances the cursor. Lets the main kernel launch at once (programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
+  asm volatile("griddepcontrol.launch_dependents;");
   const int b = blockIdx.x, g = blockIdx.y;
   const int slot = p.slot_idx[b];
   if (slot == p.pad_slot_id) return;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int nwarps = blockDim.x / rssm::kWarpSize;
   const int w = p.cursor[slot];
   const bool flush = p.force_flush || w >= p.L - 1;
   const int heads_per_group = p.nheads / p.ngroups;
@@ -295,25 +298,21 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_prep_
   if (!flush) {
     float cv[kEpl];
     rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
+    for (int j = warp; j <= w; j += nwarps) {
+      float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>((j < w ? B_ring + (long long)j * N : B_cur) + lane * kEpl, bv);
+      float dot = 0.f;
 #pragma unroll
-    for (int k = 0; k < rssm::kMaxL / rssm::kNumWarps; ++k) {
-      const int j = warp + k * rssm::kNumWarps;
-      if (j <= w) {
-        float bv[kEpl];
-        rssm::load_vec<act_t, kEpl>((j < w ? B_ring + (long long)j * N : B_cur) + lane * kEpl, bv);
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[e], cv[e], dot);
-        dot = rssm::warp_sum(dot);
-        if (lane == 0) s_bc[j] = dot;
-      }
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == 0) s_bc[j] = dot;
     }
     act_t* B_dst = static_cast<act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group + (long long)w * N;
-    for (int i = threadIdx.x; i < N; i += rssm::kThreads) B_dst[i] = B_cur[i];
+    for (int i = threadIdx.x; i < N; i += blockDim.x) B_dst[i] = B_cur[i];
   }
   __syncthreads();  // s_bc ready; every thread has read the cursor
 
-  for (int hh = warp; hh < heads_per_group; hh += rssm::kNumWarps) {
+  for (int hh = warp; hh < heads_per_group; hh += nwarps) {
     const int h = g * heads_per_group + hh;
     float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
     const float delta_w = current_delta(p, b, h);
@@ -338,6 +337,10 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_prep_
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_main_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
+  // Launched as a programmatic dependent of the prep kernel: the CTA is resident and has its slot while the prep
+  // kernel finishes; waiting before the state loads measured faster than waiting after them (the wait stalls on
+  // outstanding loads).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   RawTile raw;
   load_raw(t, raw);
   const int info = p.step[t.slot];

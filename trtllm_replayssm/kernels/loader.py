@@ -84,10 +84,32 @@ def get_kernel(config: KernelConfig, name: str, device: torch.device):
 
 
 def launch(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure,
-           stream: torch.cuda.Stream | None = None, shared_bytes: int = 0) -> None:
-    """Launch ``function`` with one by-value struct parameter on ``stream`` (default: torch's current stream)."""
+           stream: torch.cuda.Stream | None = None, shared_bytes: int = 0, programmatic: bool = False) -> None:
+    """Launch ``function`` with one by-value struct parameter on ``stream`` (default: torch's current stream).
+
+    ``programmatic``: programmatic dependent launch: the kernel may start while the previous kernel on the stream
+    still runs; it must execute ``griddepcontrol.wait`` before reading that kernel's results.
+    """
     driver = _driver()
     stream = stream if stream is not None else torch.cuda.current_stream()
     args = (ctypes.c_void_p * 1)(ctypes.addressof(params))  # kernelParams[0] -> the struct bytes
-    _check(driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
-                                 stream.cuda_stream, ctypes.addressof(args), 0), "cuLaunchKernel")
+    if not programmatic:
+        _check(driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                                     stream.cuda_stream, ctypes.addressof(args), 0), "cuLaunchKernel")
+        return
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared_bytes
+    config.hStream = stream.cuda_stream
+    config.attrs = [_programmatic_attr()]
+    config.numAttrs = 1
+    _check(driver.cuLaunchKernelEx(config, function, ctypes.addressof(args), 0), "cuLaunchKernelEx")
+
+
+def _programmatic_attr():
+    driver = _driver()
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    return attr

@@ -1,0 +1,197 @@
+"""Kernel-benchmark byte model (peers.md §1.1), cold-L2 pool sizing, config checks, and report/plot generation.
+
+Reports are generated from a synthetic records list built here (never written to benchmarks/results).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from trtllm_replayssm.bench import byte_model as bm
+from trtllm_replayssm.bench import report
+from trtllm_replayssm.bench.kernels import KernelBenchConfig
+from trtllm_replayssm.bench.shapes import BenchShape, select_shapes, shape_from_preset
+from trtllm_replayssm.bench.timing import pools_for_cold_l2
+from trtllm_replayssm.cli.bench_cmd import bench_cmd
+
+MIB = 1 << 20
+NH64 = BenchShape("mamba2", "nh64", heads=64, head_dim=64, key_dim=128, key_heads=8)
+
+
+# ------------------------------------------------------------------------------------------------ hand-computed bytes
+def test_mamba2_nh64_fp32_by_hand():
+    # S = 64*64*128*4; record = x 64*64*2 + B 8*128*2 + dt 64*4; io = x + dt + B,C + y + index
+    S, rec, io = 2 * MIB, 8192 + 2048 + 256, 8192 + 256 + 4096 + 8192 + 4
+    assert bm.state_bytes(NH64, "fp32") == S
+    assert bm.ring_record_bytes(NH64) == rec
+    assert bm.io_bytes(NH64) == io
+    assert bm.baseline_bytes(NH64, "fp32") == 2 * S + io == 4215044
+    # L = 16: read S, mean 7.5 ring entries, 15 appends per 16 steps, one S write per 16 steps
+    assert bm.replay_bytes(NH64, "fp32", 16) == pytest.approx(S + 7.5 * rec + rec * 15 / 16 + S / 16 + io)
+    assert bm.replay_bytes(NH64, "fp32", 16) == pytest.approx(2337524)
+
+
+def test_gdn_and_kda_records_by_hand():
+    qwen4b = shape_from_preset("qwen3.5-4b")  # H 16, HV 32, K = V = 128
+    assert bm.ring_record_bytes(qwen4b) == 32 * 128 * 2 + 16 * 128 * 2 + 32 * 4
+    assert bm.io_bytes(qwen4b) == 2 * 16 * 128 * 2 + 32 * 128 * 2 + 32 * 2 + 32 * 2 + 32 * 128 * 2 + 4
+    kimi = shape_from_preset("kimi-linear-48b")  # 32 heads x 128, per-channel fp32 gate ring
+    assert bm.ring_record_bytes(kimi) == 32 * 128 * 2 + 32 * 128 * 2 + 32 * 128 * 4
+    assert bm.state_bytes(kimi, "bf16") == 32 * 128 * 128 * 2
+
+
+# (shape, state dtype, full ring / S, baseline MiB/step, replay MiB/step, ideal speed-up): peers.md §1.1 at L = 16.
+# The table also counts z (our model omits it: Nemotron gates in the norm) and reads L/2 ring entries on average
+# (ours: exactly (L-1)/2 for cursors 0..L-1): agreement within 1.5%.
+TABLE = [
+    (NH64, "fp32", 0.080, 4.03, 2.24, 1.80),
+    (NH64, "bf16", 0.160, 2.03, 1.18, 1.73),
+    ("nemotron-3-super-120b", "fp32", 0.072, 8.05, 4.46, 1.81),
+    ("nemotron-3-super-120b", "bf16", 0.145, 4.05, 2.33, 1.74),
+    ("qwen3.5-4b", "fp32", 0.095, 4.02, 2.25, 1.79),
+    ("qwen3.5-122b", "fp32", 0.079, 8.04, 4.46, 1.80),
+    ("qwen3.5-122b", "bf16", 0.158, 4.04, 2.33, 1.73),
+]
+
+
+@pytest.mark.parametrize("shape,sd,ring,base,replay,speedup", TABLE)
+def test_matches_peers_table(shape, sd, ring, base, replay, speedup):
+    shape = shape if isinstance(shape, BenchShape) else shape_from_preset(shape)
+    assert 16 * bm.ring_record_bytes(shape) / bm.state_bytes(shape, sd) == pytest.approx(ring, abs=0.0006)
+    assert bm.baseline_bytes(shape, sd) / MIB == pytest.approx(base, rel=0.015)
+    assert bm.replay_bytes(shape, sd, 16) / MIB == pytest.approx(replay, rel=0.015)
+    assert bm.ideal_speedup(shape, sd, 16) == pytest.approx(speedup, abs=0.011)
+
+
+def test_replay_with_one_entry_ring_is_baseline():
+    for model in ("nemotron-3-nano-4b", "qwen3.5-122b", "glm-5.3-flash"):
+        shape = shape_from_preset(model)
+        assert bm.replay_bytes(shape, "bf16", 1) == bm.baseline_bytes(shape, "bf16")
+
+
+def test_impl_formulas():
+    S32, S16, io = bm.state_bytes(NH64, "fp32"), bm.state_bytes(NH64, "bf16"), bm.io_bytes(NH64)
+    rec = bm.ring_record_bytes(NH64)
+    assert bm.step_bytes("replay", NH64, "fp32", 16, "flush") == 2 * S32 + io
+    assert bm.step_bytes("replay", NH64, "fp32", 16, "replay") == bm.replay_bytes(NH64, "fp32", 16)
+    for impl in ("baseline", "flashinfer_ssu", "mamba_ssm_ssu", "fla_kda"):
+        assert bm.step_bytes(impl, NH64, "bf16", 16) == 2 * S16 + io
+    assert bm.step_bytes("fla_gdn", NH64, "bf16", 16) == S16 + S32 + io  # reads bf16, writes a new fp32 state
+    # FlashInfer window 16: replayed count cycles 1..16 (mean 8.5), one append per step, one flush per 16 steps
+    assert bm.step_bytes("flashinfer_checkpointing_ssu", NH64, "fp32", 16) == pytest.approx(
+        S32 + 8.5 * rec + rec + S32 / 16 + io)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: bm.step_bytes("nope", NH64, "fp32", 16), "impl"),
+    (lambda: bm.step_bytes("replay", NH64, "fp32", 16, "auto"), "mode"),
+    (lambda: bm.state_bytes(NH64, "fp8"), "state_dtype"),
+    (lambda: bm.replay_bytes(NH64, "fp32", 0), "buffer_len"),
+    (lambda: bm.checkpointing_ssu_bytes(NH64, "fp32", 0), "window"),
+])
+def test_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------------------------- pools, shapes, config
+def test_pools_for_cold_l2():
+    l2 = 60 * 10**6
+    assert pools_for_cold_l2(8 * MIB, l2) == 29  # floor(240e6 / 8 MiB) + 1
+    assert 29 * 8 * MIB > 4 * l2 and 28 * 8 * MIB <= 4 * l2
+    assert pools_for_cold_l2(2 * 10**9, l2) == 4  # never fewer than 4
+    with pytest.raises(ValueError, match="pool_bytes"):
+        pools_for_cold_l2(0, l2)
+
+
+def test_shapes_from_presets():
+    nano = shape_from_preset("nemotron-3-nano-4b")
+    assert (nano.heads, nano.head_dim, nano.key_dim, nano.key_heads) == (96, 80, 128, 8)
+    q122 = shape_from_preset("qwen3.5-122b")
+    assert (q122.heads, q122.head_dim, q122.key_dim, q122.key_heads) == (64, 128, 128, 16)
+    assert [s.model for s in select_shapes(["kda"], None)] == ["kimi-linear-48b", "glm-5.3-flash"]
+    with pytest.raises(ValueError, match="models"):
+        select_shapes(["mamba2"], ["qwen3.5-4b"])
+    with pytest.raises(ValueError, match="family"):
+        select_shapes(["rwkv"], None)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="batches"):
+        KernelBenchConfig(families=["mamba2"], batches=[0])
+    with pytest.raises(ValueError, match="buffer_len"):
+        KernelBenchConfig(families=["mamba2"], buffer_len=17)
+    with pytest.raises(ValueError, match="replays"):
+        KernelBenchConfig(families=["mamba2"], replays=5)
+    assert len(KernelBenchConfig(families=["mamba2", "gdn"]).shapes) == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cli_without_cuda_exits_clearly():
+    result = CliRunner().invoke(bench_cmd, ["kernels", "--quick"])
+    assert result.exit_code == 1
+    assert "needs a CUDA GPU" in result.output
+
+
+def test_cli_rejects_bad_batch():
+    result = CliRunner().invoke(bench_cmd, ["kernels", "--batch", "8,x"])
+    assert result.exit_code == 2
+    assert "comma-separated integers" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------------- reports
+def _rec(impl: str, batch: int, us: float, mode: str | None = None, sd: str = "fp32") -> dict:
+    return {"family": "mamba2", "model": "nemotron-3-super-120b", "impl": impl, "batch": batch, "state_dtype": sd,
+            "L": 16, "median_us": us, "model_gbps": 1000.0, "pct_of_copy": 25.0, "mode": mode,
+            "bytes_per_call": 1.0}
+
+
+def _synthetic() -> dict:
+    records = [
+        _rec("replay", 1, 6.0, "replay"), _rec("replay", 1, 5.0, "flush"), _rec("replay", 1, 5.0, "auto"),
+        _rec("baseline", 1, 5.0), _rec("flashinfer_ssu", 1, 4.0), _rec("flashinfer_checkpointing_ssu", 1, 8.0),
+        _rec("replay", 256, 300.0, "replay"), _rec("baseline", 256, 540.0), _rec("flashinfer_ssu", 256, 600.0),
+        _rec("flashinfer_checkpointing_ssu", 256, 330.0),
+    ]
+    return {"device": "synthetic", "date": "2026-01-01", "copy_ceiling_gbps": 4000.0, "buffer_len": 16,
+            "peer_versions": {"flashinfer-python": "x"}, "records": records,
+            "skipped": [{"impl": "mamba_ssm_ssu", "model": "nemotron-3-super-120b", "state_dtype": "fp32",
+                         "batch": 1, "reason": "not installed"}]}
+
+
+def test_speedups_use_auto_mode_and_best_peer():
+    rows = {r["batch"]: r for r in report.speedups(_synthetic())}
+    assert rows[1]["replay_us"] == 5.0  # auto, not the forced replay mode
+    assert rows[1]["vs_baseline"] == pytest.approx(1.0)
+    assert rows[1]["vs_best_peer"] == pytest.approx(0.8) and rows[1]["best_peer"] == "flashinfer_ssu"
+    assert rows[256]["vs_baseline"] == pytest.approx(1.8)
+    assert rows[256]["vs_best_peer"] == pytest.approx(1.1) and rows[256]["best_peer"] == "flashinfer_checkpointing_ssu"
+
+
+def test_markdown_and_plot(tmp_path):
+    results = _synthetic()
+    md = report.summary_markdown(results)
+    assert "## nemotron-3-super-120b (mamba2), fp32 state" in md
+    assert "| replay/auto | 5.0 (25%) | — |" in md
+    assert "| **speed-up vs baseline** | 1.00× | 1.80× |" in md
+    assert "1.10× (flashinfer_checkpointing_ssu)" in md
+    assert "mamba_ssm_ssu nemotron-3-super-120b fp32 b=1: not installed" in md
+    jp, mdp, png = report.write_reports(results, tmp_path / "r.json")
+    assert json.loads(jp.read_text())["records"] == results["records"]
+    assert report.load_results(jp)["device"] == "synthetic"
+    assert mdp.read_text() == md
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validate_results_names_missing_keys():
+    bad = _synthetic()
+    del bad["copy_ceiling_gbps"]
+    with pytest.raises(ValueError, match="copy_ceiling_gbps"):
+        report.validate_results(bad)
+    bad = _synthetic()
+    del bad["records"][0]["median_us"]
+    with pytest.raises(ValueError, match=r"records\[0\].*median_us"):
+        report.validate_results(bad)

@@ -1,0 +1,188 @@
+"""Kernel benchmark runner: every (model, state dtype, batch) case for our replay / baseline ops and the peers.
+
+Protocol (peers.md §3): copy ceiling measured first in the same run; cold L2 by rotating independent pools whose
+total exceeds 4x L2, all inside one CUDA graph of L steps x pools back-to-back calls (whole L-cycles for the replay
+kernels, staggered cursors); median of >= 15 graph replays; slot pool of batch + 1 with a random slot permutation.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import platform
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import byte_model, ours, peers, timing
+from .inputs import delta_step, mamba2_step
+from .peers import PeerCase, PeerUnavailable
+from .shapes import BenchShape, select_shapes
+
+DEFAULT_BATCHES: tuple[int, ...] = (1, 8, 64, 256, 512)
+DEFAULT_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded with mode flush and auto
+
+
+@dataclass
+class KernelBenchConfig:
+    """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1)."""
+
+    families: list[str]
+    models: list[str] | None = None
+    batches: list[int] = field(default_factory=lambda: list(DEFAULT_BATCHES))
+    state_dtypes: list[str] = field(default_factory=lambda: list(DEFAULT_STATE_DTYPES))
+    buffer_len: int = 16
+    peers: bool = True
+    replays: int = timing.MIN_REPLAYS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ValueError(f"batches: expected positive ints, got {self.batches!r}")
+        for sd in self.state_dtypes:
+            byte_model.dtype_bytes(sd)
+        if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= 16:
+            raise ValueError(f"buffer_len: expected an int in [1, 16], got {self.buffer_len!r}")
+        if self.replays < timing.MIN_REPLAYS:
+            raise ValueError(f"replays: expected >= {timing.MIN_REPLAYS}, got {self.replays}")
+        self.shapes: list[BenchShape] = select_shapes(self.families, self.models)
+
+
+@dataclass
+class Record:
+    """One timed (impl, case). ``bytes_per_call`` comes from the byte model for all `batch` rows."""
+
+    family: str
+    model: str
+    impl: str
+    batch: int
+    state_dtype: str
+    L: int
+    median_us: float
+    bytes_per_call: float
+    model_gbps: float
+    pct_of_copy: float
+    mode: str | None = None  # ours: requested mode; resolved_mode is what the op ran
+    resolved_mode: str | None = None
+    variant: str = ""
+    n_pools: int = 0
+    calls_per_graph: int = 0
+    finite: bool | None = None
+    notes: str = ""
+
+
+def _modes(batch: int, heads: int, device: torch.device) -> list[str]:
+    """Modes recorded for our replay: all three at small batch or wherever ``auto`` would flush, else ``replay``."""
+    if batch <= BOTH_MODES_MAX_BATCH:
+        return ["replay", "flush", "auto"]
+    try:
+        auto_flushes = ours.resolved_mode("auto", batch, heads, device) == "flush"
+    except PeerUnavailable:  # ops not importable: the replay case records the reason
+        auto_flushes = False
+    return ["replay", "flush", "auto"] if auto_flushes else ["replay"]
+
+
+def _cycle(calls: list[Callable[[], None]], steps: int) -> list[Callable[[], None]]:
+    """`steps` decode steps of every pool, pools interleaved (each pool advances one whole cycle per graph)."""
+    return [fn for _ in range(steps) for fn in calls]
+
+
+def _finite(outputs: list[torch.Tensor]) -> bool | None:
+    if not outputs:
+        return None
+    return all(bool(torch.isfinite(o.float()).all()) for o in outputs)
+
+
+def _time_case(case: PeerCase, steps: int, replays: int) -> tuple[float, str]:
+    """Median µs per call; with alternatives (e.g. algorithms) the fastest one and its name."""
+    if case.alternatives:
+        best = min(((timing.time_calls(_cycle(c, steps), replays), name) for name, c in case.alternatives.items()))
+        return best
+    return timing.time_calls(_cycle(case.calls, steps), replays), case.variant
+
+
+def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = None,
+                     log: Callable[[str], None] = print,
+                     progress: Callable[[dict], None] | None = None) -> dict:
+    """Run the benchmark and return the results dict (``device``, ``date``, ``copy_ceiling_gbps``, versions,
+    ``records``, ``skipped``). `progress` receives the partial results after every case (e.g. to save them)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the kernel benchmark needs a CUDA device; torch.cuda.is_available() is False")
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    copy_gbps = timing.copy_ceiling_gbps(device)
+    l2 = timing.l2_bytes(device)
+    log(f"{props.name}: copy ceiling {copy_gbps:.0f} GB/s, L2 {l2 / 1e6:.0f} MB, {props.multi_processor_count} SMs")
+    results = {
+        "device": props.name,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "copy_ceiling_gbps": copy_gbps,
+        "l2_bytes": l2,
+        "sm_count": props.multi_processor_count,
+        "buffer_len": config.buffer_len,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "peer_versions": peers.peer_versions(),
+        "records": [],
+        "skipped": [],
+    }
+    for shape in config.shapes:
+        for sd in config.state_dtypes:
+            for batch in config.batches:
+                recs = _run_case(config, shape, sd, batch, copy_gbps, l2, results["skipped"], device, log)
+                results["records"] += [asdict(r) for r in recs]
+                if progress is not None:
+                    progress(results)
+    return results
+
+
+def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int, copy_gbps: float, l2: int,
+              skipped: list[dict], device: torch.device, log: Callable[[str], None]) -> list[Record]:
+    L = config.buffer_len
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{config.seed}/{shape.model}/{sd}/{batch}".encode()))
+    step = (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, device)
+    n_pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
+    for mode in _modes(batch, shape.heads, device):
+        builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, sd, step, n_pools, L, m, gen,
+                                                                           device)))
+    builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, sd, step, n_pools, gen, device)))
+    if config.peers:
+        for impl in peers.PEERS_BY_FAMILY[shape.family]:
+            builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
+                                                                          device)))
+    out: list[Record] = []
+    for impl, mode, build in builders:
+        where = dict(family=shape.family, model=shape.model, impl=impl, batch=batch, state_dtype=sd, mode=mode)
+        try:
+            case = build()
+            us, variant = _time_case(case, L, config.replays)
+        except PeerUnavailable as exc:
+            skipped.append({**where, "reason": str(exc)})
+            log(f"  skip {impl} {shape.model} {sd} b={batch}: {exc}")
+            continue
+        except Exception as exc:  # a failing impl must not lose the rest of the run; record why
+            skipped.append({**where, "reason": f"error: {type(exc).__name__}: {exc}"})
+            log(f"  FAIL {impl} {shape.model} {sd} b={batch}: {type(exc).__name__}: {exc}")
+            _release()
+            continue
+        resolved = ours.resolved_mode(mode, batch, shape.heads, device) if impl == "replay" else None
+        nbytes = batch * byte_model.step_bytes(impl, shape, sd, L, resolved)
+        gbps = nbytes / (us * 1e-6) / 1e9
+        rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,
+                     mode=mode, resolved_mode=resolved, variant=variant, n_pools=n_pools,
+                     calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes)
+        out.append(rec)
+        log(f"  {shape.model:22s} {sd} b={batch:<4d} {impl + ('/' + mode if mode else ''):34s} "
+            f"{us:9.2f} us {gbps:7.0f} GB/s {rec.pct_of_copy:5.1f}% of copy")
+        del case
+        _release()
+    return out
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -1,0 +1,333 @@
+"""Adapters for the peer kernels run side by side (peers.md §2): FlashInfer, mamba-ssm (Triton SSU), fla-core.
+
+Each adapter builds, for one (shape, batch, state dtype), a list of step callables (one per independent pool, each
+one decode step of `batch` rows) or raises :class:`PeerUnavailable` with the reason (not importable, unsupported
+shape). Peers are optional: importing this module imports none of them.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .inputs import DeltaStep, Mamba2Step, random_state, slot_indices
+from .shapes import BenchShape
+
+MAMBA_SSM_SRC_ENV = "REPLAYSSM_MAMBA_SSM_SRC"
+DEFAULT_MAMBA_SSM_SRC = Path(".whl/mamba_ssm_src")
+FLASHINFER_SSU_ALGORITHMS = ("auto", "simple", "vertical")
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer cannot run this case; ``str(exc)`` is the recorded reason."""
+
+
+@dataclass
+class PeerCase:
+    """Step callables of one peer for one case: ``calls[p]`` runs one decode step on pool p."""
+
+    impl: str
+    calls: list[Callable[[], None]]
+    variant: str = ""
+    notes: str = ""
+    outputs: list[torch.Tensor] = field(default_factory=list)  # checked for finiteness after timing
+    # alternative variants to time, the fastest is kept (e.g. FlashInfer SSU algorithms): name -> calls
+    alternatives: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+
+
+def _import(name: str) -> types.ModuleType:
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # ImportError, or a missing shared library / CUDA init error inside the package
+        raise PeerUnavailable(f"import {name} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def peer_versions() -> dict[str, str | None]:
+    """Installed versions of the peer packages (None when absent)."""
+    out = {dist: _version(dist) for dist in ("flashinfer-python", "apache-tvm-ffi", "fla-core", "mamba-ssm")}
+    src = _mamba_ssm_src()
+    if out["mamba-ssm"] is None and src is not None:
+        info = src / "PKG-INFO"  # the sdist's metadata, unpacked next to the sources
+        lines = info.read_text().splitlines() if info.is_file() else []
+        ver = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Version:")), "unknown version")
+        out["mamba-ssm"] = f"{ver} (Triton SSU from the sdist)"
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- Mamba-2 views
+
+
+@dataclass
+class _TiedMamba2:
+    """peers.md §3.2 tie_hdim views: dt (b,H,P) strides (H,1,0); A (H,P,N); D, dt_bias (H,P); all fp32."""
+
+    dt: torch.Tensor
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+
+
+def _tied(shape: BenchShape, step: Mamba2Step) -> _TiedMamba2:
+    b, H, P, N = step.x.shape[0], shape.heads, shape.head_dim, shape.key_dim
+    return _TiedMamba2(
+        dt=step.dt[:, :, None].expand(b, H, P),
+        A=step.A[:, None, None].expand(H, P, N),
+        D=step.D[:, None].expand(H, P),
+        dt_bias=step.dt_bias[:, None].expand(H, P),
+    )
+
+
+def _pools(n_pools: int, batch: int, gen: torch.Generator, device: torch.device) -> list[torch.Tensor]:
+    return [slot_indices(batch, gen, device) for _ in range(n_pools)]
+
+
+# ------------------------------------------------------------------------------------------------------ FlashInfer
+
+
+def flashinfer_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
+                   gen: torch.Generator, device: torch.device) -> PeerCase:
+    """``flashinfer.mamba.selective_state_update`` (STP), each of auto/simple/vertical timed; the fastest is kept."""
+    if shape.family != "mamba2":
+        raise PeerUnavailable(f"flashinfer_ssu is a Mamba-2 kernel, not {shape.family}")
+    if shape.head_dim % 64 and _version("flashinfer-python") in ("0.7.0", "0.7.0.post1"):
+        raise PeerUnavailable(f"selective_state_update (FlashInfer {_version('flashinfer-python')}) does not compile "
+                              f"for head_dim {shape.head_dim}: static_assert DIM_PER_CTA % ROWS_PER_PASS == 0 in its "
+                              f"MTP-simple kernel (later 0.7.x releases fix head dims that are not multiples of 64)")
+    fim = _import("flashinfer.mamba")
+    tied = _tied(shape, step)
+    out = torch.empty_like(step.x)
+    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    idx = _pools(n_pools, batch, gen, device)
+
+    def make(algorithm: str) -> list[Callable[[], None]]:
+        def call(p: int) -> Callable[[], None]:
+            return lambda: fim.selective_state_update(
+                states[p], step.x, tied.dt, tied.A, step.B, step.C, tied.D, z=None, dt_bias=tied.dt_bias,
+                dt_softplus=True, state_batch_indices=idx[p], pad_slot_id=-1, out=out, algorithm=algorithm)
+        return [call(p) for p in range(n_pools)]
+
+    alts = {}
+    for algorithm in FLASHINFER_SSU_ALGORITHMS:
+        calls = make(algorithm)
+        try:
+            calls[0]()  # JIT load / unsupported-configuration errors surface here
+        except Exception as exc:  # one algorithm may be unsupported for a shape; keep the others
+            alts[algorithm] = exc
+            continue
+        alts[algorithm] = calls
+    ok = {k: v for k, v in alts.items() if not isinstance(v, Exception)}
+    if not ok:
+        raise PeerUnavailable("; ".join(f"{k}: {type(v).__name__}: {v}" for k, v in alts.items()))
+    failed = {k: f"{type(v).__name__}: {v}" for k, v in alts.items() if isinstance(v, Exception)}
+    notes = "; ".join(f"algorithm {k} failed ({v})" for k, v in failed.items())
+    first = next(iter(ok))
+    return PeerCase("flashinfer_ssu", ok[first], variant=first, notes=notes, outputs=[out], alternatives=ok)
+
+
+@functools.cache
+def _tracker_kernel():
+    """A one-launch Triton kernel advancing FlashInfer's ring trackers for single-token decode (like vLLM's)."""
+    triton = _import("triton")
+    tl = _import("triton.language")
+
+    @triton.jit
+    def advance(idx_ptr, ring_start_ptr, prev_ptr, n, window, ring_len, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        slot = tl.load(idx_ptr + offs, mask=mask, other=0)
+        prev = tl.load(prev_ptr + slot, mask=mask, other=0)
+        start = tl.load(ring_start_ptr + slot, mask=mask, other=0)
+        flush = prev + 1 > window
+        tl.store(ring_start_ptr + slot, tl.where(flush, (start + prev) % ring_len, start), mask=mask)
+        tl.store(prev_ptr + slot, tl.where(flush, 1, prev + 1), mask=mask)
+
+    return advance
+
+
+def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
+                                 window: int, gen: torch.Generator, device: torch.device) -> PeerCase:
+    """``flashinfer.mamba.checkpointing_ssu`` (ring API of 0.7.x, T = 1, R = window + 1), autotuned once under
+    ``flashinfer.autotune(True)``; the per-call tracker update (one small Triton kernel) is part of each step."""
+    if shape.family != "mamba2":
+        raise PeerUnavailable(f"flashinfer_checkpointing_ssu is a Mamba-2 kernel, not {shape.family}")
+    H, P, N, G = shape.heads, shape.head_dim, shape.key_dim, shape.key_heads
+    if P % 32:
+        raise PeerUnavailable(f"checkpointing_ssu (FlashInfer 0.7.0.post1) does not compile for head_dim {P}: its "
+                              f"split tactics need head_dim / 2 to be a multiple of 16 (peers.md §4.1)")
+    fi = _import("flashinfer")
+    fim = _import("flashinfer.mamba")
+    advance = _tracker_kernel()
+    R = window + 1
+    slots = batch + 1
+    x4 = step.x[:, None]
+    B4, C4 = step.B[:, None], step.C[:, None]
+    dt4 = step.dt[:, None, :, None].expand(batch, 1, H, P)
+    tied = _tied(shape, step)
+    out = torch.empty_like(x4)
+    scratch = fim.allocate_checkpointing_ssu_scratch(batch, H, 1, window, step.x.dtype, device)
+    idx = _pools(n_pools, batch, gen, device)
+    act = step.x.dtype
+    dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    pools = []
+    for p in range(n_pools):
+        prev0 = torch.zeros(slots, dtype=torch.int32, device=device)
+        prev0[idx[p].long()] = torch.arange(batch, dtype=torch.int32, device=device) % window  # staggered fill
+        pools.append({
+            "state": random_state(slots, shape, state_dtype, gen, device),
+            "x_cache": torch.empty(slots, H, R, P, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
+            "B_cache": torch.empty(slots, G, R, N, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
+            "dt_cache": torch.empty(slots, H, R, device=device).uniform_(1e-3, 1e-1, generator=dev_gen),
+            "ring_start": torch.zeros(slots, dtype=torch.int32, device=device),
+            "prev": prev0,
+            "prev0": prev0.clone(),
+        })
+    block = 256
+    grid = ((batch + block - 1) // block,)
+
+    def call(p: int) -> Callable[[], None]:
+        pool = pools[p]
+
+        def run() -> None:
+            fim.checkpointing_ssu(
+                pool["state"], pool["x_cache"], pool["B_cache"], pool["dt_cache"], pool["ring_start"], pool["prev"],
+                x4, dt4, tied.A, B4, C4, out, D=tied.D, z=None, dt_bias=tied.dt_bias, dt_softplus=True,
+                state_batch_indices=idx[p], pad_slot_id=-1, cb_scaled=scratch[0], cumAdt_vec=scratch[1],
+                cb_old=scratch[2], algorithm="auto")
+            advance[grid](idx[p], pool["ring_start"], pool["prev"], batch, window, R, BLOCK=block)
+        return run
+
+    calls = [call(p) for p in range(n_pools)]
+    try:
+        with fi.autotune(True):
+            calls[0]()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        raise PeerUnavailable(f"checkpointing_ssu failed for P={P}, H={H}, G={G}: {type(exc).__name__}: {exc}") \
+            from exc
+    for pool in pools:  # restore the staggered trackers after the tuning call
+        pool["ring_start"].zero_()
+        pool["prev"].copy_(pool["prev0"])
+    return PeerCase("flashinfer_checkpointing_ssu", calls, variant=f"autotuned, R={R}",
+                    notes="tracker update (1 Triton launch) in the timed step", outputs=[out])
+
+
+# ------------------------------------------------------------------------------------------------------- mamba-ssm
+
+
+def _mamba_ssm_src() -> Path | None:
+    root = Path(os.environ.get(MAMBA_SSM_SRC_ENV, DEFAULT_MAMBA_SSM_SRC))
+    return root if (root / "mamba_ssm" / "ops" / "triton" / "selective_state_update.py").is_file() else None
+
+
+def _import_mamba_ssm_ssu() -> Callable[..., torch.Tensor]:
+    """Import mamba-ssm's Triton SSU without its CUDA extension (peers.md §2.3): register a bare namespace module
+    ``mamba_ssm`` pointing at the unpacked source so the real top-level ``__init__`` never runs."""
+    if "mamba_ssm" not in sys.modules:
+        src = _mamba_ssm_src()
+        if src is None:
+            raise PeerUnavailable(f"mamba_ssm source not found (set {MAMBA_SSM_SRC_ENV} to the unpacked sdist root)")
+        pkg = types.ModuleType("mamba_ssm")
+        pkg.__path__ = [str(src / "mamba_ssm")]
+        sys.modules["mamba_ssm"] = pkg
+    return _import("mamba_ssm.ops.triton.selective_state_update").selective_state_update
+
+
+def mamba_ssm_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
+                  gen: torch.Generator, device: torch.device) -> PeerCase:
+    """mamba-ssm 2.3.2.post1 Triton ``selective_state_update`` (allocates its output every call)."""
+    if shape.family != "mamba2":
+        raise PeerUnavailable(f"mamba_ssm_ssu is a Mamba-2 kernel, not {shape.family}")
+    ssu = _import_mamba_ssm_ssu()
+    tied = _tied(shape, step)
+    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    idx = _pools(n_pools, batch, gen, device)
+    calls = [
+        (lambda p=p: ssu(states[p], step.x, tied.dt, tied.A, step.B, step.C, D=tied.D, z=None, dt_bias=tied.dt_bias,
+                         dt_softplus=True, state_batch_indices=idx[p]))
+        for p in range(n_pools)
+    ]
+    return PeerCase("mamba_ssm_ssu", calls, variant="triton (hand-tuned BLOCK_M 4, 4 warps)")
+
+
+# -------------------------------------------------------------------------------------------------------- fla-core
+
+
+def fla_gdn(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_pools: int,
+            gen: torch.Generator, device: torch.device) -> PeerCase:
+    """fla-core ``fused_recurrent_gated_delta_rule`` (public API: out of place, no slot pool, writes fp32 state),
+    with the gate, beta sigmoid and q/k l2-norm fused in-kernel like our op."""
+    if shape.family != "gdn":
+        raise PeerUnavailable(f"fla_gdn is a GDN kernel, not {shape.family}")
+    fn = _import("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    q, k, v = step.q[:, None], step.k[:, None], step.v[:, None]
+    a, b = step.a[:, None], step.b[:, None]
+    states = [random_state(batch, shape, state_dtype, gen, device) for _ in range(n_pools)]  # [b, HV, V, K]
+    calls = [
+        (lambda p=p: fn(q, k, v, g=a, beta=b, initial_state=states[p], output_final_state=True,
+                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=step.A_log,
+                        dt_bias=step.dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True))
+        for p in range(n_pools)
+    ]
+    return PeerCase("fla_gdn", calls, variant="public API, out of place",
+                    notes="fla-core 0.6.0 has no pool-indexed GDN decode; new fp32 final_state per call")
+
+
+def fla_kda(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_pools: int,
+            gen: torch.Generator, device: torch.device) -> PeerCase:
+    """fla-core ``fused_recurrent_kda_fwd`` in its in-place pooled form (``ssm_state_indices``, V-first state), with
+    the gate, beta sigmoid and q/k l2-norm fused in-kernel like our op."""
+    if shape.family != "kda":
+        raise PeerUnavailable(f"fla_kda is a KDA kernel, not {shape.family}")
+    fn = _import("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
+    q, k, v = step.q[:, None].contiguous(), step.k[:, None].contiguous(), step.v[:, None].contiguous()
+    a, b = step.a[:, None].contiguous(), step.b[:, None].contiguous()
+    dt_bias = step.dt_bias.reshape(-1).contiguous()  # [HV*K]
+    out = torch.empty_like(v)
+    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    idx = _pools(n_pools, batch, gen, device)
+    calls = [
+        (lambda p=p: fn(q, k, v, a, b, A_log=step.A_log, dt_bias=dt_bias, initial_state=states[p],
+                        inplace_final_state=True, state_v_first=True, ssm_state_indices=idx[p],
+                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                        out=out))
+        for p in range(n_pools)
+    ]
+    return PeerCase("fla_kda", calls, variant="fused_recurrent_kda_fwd in place, pooled", outputs=[out])
+
+
+MAMBA2_PEERS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu")
+GDN_PEERS = ("fla_gdn",)
+KDA_PEERS = ("fla_kda",)
+PEERS_BY_FAMILY: dict[str, tuple[str, ...]] = {"mamba2": MAMBA2_PEERS, "gdn": GDN_PEERS, "kda": KDA_PEERS}
+
+
+def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep,
+               n_pools: int, buffer_len: int, gen: torch.Generator, device: torch.device) -> PeerCase:
+    """Build the step callables of peer `impl` or raise PeerUnavailable."""
+    if impl == "flashinfer_ssu":
+        return flashinfer_ssu(shape, batch, state_dtype, step, n_pools, gen, device)
+    if impl == "flashinfer_checkpointing_ssu":
+        return flashinfer_checkpointing_ssu(shape, batch, state_dtype, step, n_pools, buffer_len, gen, device)
+    if impl == "mamba_ssm_ssu":
+        return mamba_ssm_ssu(shape, batch, state_dtype, step, n_pools, gen, device)
+    if impl == "fla_gdn":
+        return fla_gdn(shape, batch, state_dtype, step, n_pools, gen, device)
+    if impl == "fla_kda":
+        return fla_kda(shape, batch, state_dtype, step, n_pools, gen, device)
+    raise ValueError(f"impl: expected one of {sum(PEERS_BY_FAMILY.values(), ())}, got {impl!r}")

@@ -1,0 +1,78 @@
+"""`trtllm-replayssm bench kernels`: the cold-L2 kernel benchmark of our ops against the peers (peers.md §3)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+import click
+
+QUICK_BATCHES = [8, 256]
+QUICK_STATE_DTYPES = "fp32"
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _int_csv(_ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        out = [int(v) for v in _csv(value)]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param=param) from None
+    if not out or any(b < 1 for b in out):
+        raise click.BadParameter(f"expected positive integers, got {value!r}", param=param)
+    return out
+
+
+@click.group("bench")
+def bench_cmd() -> None:
+    """Benchmarks (kernel level)."""
+
+
+@bench_cmd.command("kernels")
+@click.option("--family", "families", default="mamba2,gdn,kda", show_default=True,
+              help="Comma-separated families: mamba2, gdn, kda.")
+@click.option("--models", default=None, help="Comma-separated model presets (default: every benchmark model).")
+@click.option("--batch", "batches", default=None, callback=_int_csv,
+              help="Comma-separated batch sizes [default: 1,8,64,256,512; --quick: 8,256].")
+@click.option("--state-dtype", "state_dtypes", default=None,
+              help="Comma-separated state dtypes fp32,bf16,fp16 [default: fp32,bf16; --quick: fp32].")
+@click.option("--buffer-len", default=16, show_default=True, type=int, help="Ring length L (FlashInfer window).")
+@click.option("--peers/--no-peers", default=True, show_default=True, help="Also time FlashInfer, mamba-ssm, fla-core.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Results JSON [default: benchmarks/results/kernels-<UTC time>.json]; .md and .png written beside.")
+@click.option("--quick", is_flag=True, help="Fewer cases (defaults above) for a smoke run.")
+def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: str | None,
+            buffer_len: int, peers: bool, output: Path | None, quick: bool) -> None:
+    """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
+    import torch
+
+    from trtllm_replayssm.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
+    from trtllm_replayssm.bench.report import write_reports
+
+    if batches is None:
+        batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
+    dtypes = _csv(state_dtypes) if state_dtypes else _csv(QUICK_STATE_DTYPES if quick else "fp32,bf16")
+    try:
+        config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
+                                   batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not torch.cuda.is_available():
+        raise click.ClickException("bench kernels needs a CUDA GPU (torch.cuda.is_available() is False); "
+                                   "run it on the GPU host")
+    if output is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
+        output = Path("benchmarks/results") / f"kernels-{stamp}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+
+    def save_partial(partial: dict) -> None:  # a crash mid-run keeps the cases done so far
+        output.write_text(json.dumps(partial, indent=1))
+
+    results = run_kernel_bench(config, log=click.echo, progress=save_partial)
+    jp, md, png = write_reports(results, output)
+    click.echo(md.read_text())
+    click.echo(f"wrote {jp}, {md}" + (f", {png}" if png else ""))
