@@ -18,9 +18,10 @@ print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'n
 
 if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-core, mamba-ssm's Triton SSU
   PEERS=/tmp/replayssm_peers
-  rm -rf "$PEERS" && mkdir -p "$PEERS/flashinfer/data/aot"
+  rm -rf "$PEERS"  # pip --target skips packages whose folder exists: install first, then add the AOT modules
   python3 -m pip install --quiet --no-index --no-deps --target "$PEERS" .whl/flashinfer_python-*.whl \
     .whl/apache_tvm_ffi-*.whl .whl/fla_core-*.whl
+  mkdir -p "$PEERS/flashinfer/data/aot"
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
     .whl/flashinfer_aot.tar.xz "$PEERS/flashinfer/data/aot"
   export PYTHONPATH="$PEERS:$PYTHONPATH" REPLAYSSM_MAMBA_SSM_SRC="$PWD/.whl/mamba_ssm_src"
@@ -36,18 +37,26 @@ if has tests; then
   done
 fi
 if has bench; then  # fp32 state at every batch first, then bf16 state at serving batches (separate files)
-  timeout "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 \
+  # BENCH_ARGS narrows the run, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0 skips bf16.
+  timeout "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
     -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1; echo "bench fp32 rc=$?"
-  timeout "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
-    -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "bench bf16 rc=$?"
-  tail -n 3 "$OUT/bench_fp32.log" "$OUT/bench_bf16.log"
+  if [ "${BENCH_BF16:-1}" = 1 ]; then
+    timeout "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
+      ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "bench bf16 rc=$?"
+  fi
+  tail -n 3 "$OUT"/bench_*.log
 fi
-if has compare; then
+if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
+  batches=${COMPARE_BATCH:-1,8,64,256}
   timeout "${COMPARE_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-nano-4b qwen3.5-4b \
-    --batch 1,8,64,256 -o "$OUT/compare-full" > "$OUT/compare.log" 2>&1; echo "compare rc=$?"
-  timeout "${COMPARE_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-super-120b qwen3.5-122b \
-    --gpu-layers 12 --batch 1,8,64,256 -o "$OUT/compare-slices" > "$OUT/compare_slices.log" 2>&1
-  echo "compare slices rc=$?"; tail -n 30 "$OUT/compare.log" "$OUT/compare_slices.log"
+    --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-full" > "$OUT/compare.log" 2>&1
+  echo "compare rc=$?"; tail -n 25 "$OUT/compare.log"
+  if [ "${COMPARE_SLICES:-1}" = 1 ]; then
+    timeout "${COMPARE_SLICES_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-super-120b qwen3.5-122b \
+      --gpu-layers 12 --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-slices" \
+      > "$OUT/compare_slices.log" 2>&1
+    echo "compare slices rc=$?"; tail -n 25 "$OUT/compare_slices.log"
+  fi
 fi
 for f in "$OUT"/kernels-h200-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.bench.report import load_results, \
