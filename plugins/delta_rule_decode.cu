@@ -15,6 +15,12 @@
 //   flush (w == L-1 or force_flush): S[v] = e^{g+G} ⊙ S0[v] + Σ_{j<w} u_j[v] kd_j + u[v] k, stored; cursor <- 0
 // The baseline is the same step with an empty ring (w = 0, always a flush). S0 is read once, into registers, and the
 // flush folds from those registers (no second pass over the checkpoint).
+//
+// Kernels: `delta_state_update_kernel` (baseline), `delta_flush_decode_kernel` (adaptive small-batch mode: every row
+// flushes; with an empty ring it is the baseline step), and the replay as two launches: `delta_replay_prep_kernel`
+// (grid (batch, HV): the ring coefficients kd_j·q~, kd_j·k into a per-slot scratch, appends k and the gate, advances
+// the cursor) and `delta_replay_main_kernel` (grid (V / VTILE, HV, batch), a programmatic dependent launch: streams
+// the state tile with a short dependency chain; flush rows fold).
 #include "replayssm_common.cuh"
 
 #if !defined(DK) || !defined(DV) || !defined(VTILE) || !defined(KDA)
@@ -32,6 +38,8 @@ struct DeltaParams {
   float* g_ring;          // [slots, HV, L(, K)]     (replay only)
   int* cursor;            // [slots]                 (replay only)
   int* arrive;            // [slots]                 (replay only)
+  float* coef;            // [slots, HV, 2L] scratch: kd_j·q~ (j < L), kd_j·k (L + j)
+  int* step;              // [slots] scratch: w of the step, or -(w + 1) for a flush
   const void* q;          // [b, H, K]
   const void* k;          // [b, H, K]
   const void* v;          // [b, HV, V]
@@ -42,7 +50,7 @@ struct DeltaParams {
   const int* slot_idx;    // [b]
   void* out;              // [b, HV, V]
   long long s_state_slot, s_state_head;
-  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head;
+  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_slot;
   long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
@@ -98,7 +106,61 @@ __device__ __forceinline__ void current_log_gate(const DeltaParams& p, int b, in
   }
 }
 
-// One decode step of this CTA's row tile. kReplay = false: baseline (no ring, no cursor; `sm` unused).
+// Current token: l2-normalised q (times scale) and k of key head h (this lane's channels); returns k·q~ (warp-wide).
+__device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
+                                               float (&kn)[kEpl]) {
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, qn);
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, kn);
+  float qq = 0.f, kk = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    qq = fmaf(qn[e], qn[e], qq);
+    kk = fmaf(kn[e], kn[e], kk);
+  }
+  const float q_mul = p.scale * rsqrtf(rssm::warp_sum(qq) + kL2Eps), k_mul = rsqrtf(rssm::warp_sum(kk) + kL2Eps);
+  float kq = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    qn[e] *= q_mul;
+    kn[e] *= k_mul;
+    kq = fmaf(kn[e], qn[e], kq);
+  }
+  return rssm::warp_sum(kq);
+}
+
+// lg = g + G: log-decay of the checkpoint to after the current token (G = g_ring[w-1], 0 for an empty ring).
+__device__ __forceinline__ void checkpoint_log_decay(const DeltaParams& p, int b, int hv, int col0, const float* g_ring,
+                                                     int w, float (&lg)[kGates]) {
+  current_log_gate(p, b, hv, col0, lg);
+  if (g_ring == nullptr || w == 0) return;
+  if constexpr (kPerChannel) {
+    float big_g[kEpl];
+    rssm::load_vec<float, kEpl>(g_ring + (long long)(w - 1) * kK + col0, big_g);
+#pragma unroll
+    for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
+  } else {
+    lg[0] += g_ring[w - 1];
+  }
+}
+
+// Ring key j decayed to after the current token: kd = e^{lg - G_j} ⊙ k_j (exponent <= 0).
+__device__ __forceinline__ void decayed_key(const DeltaParams& p, const act_t* k_ring, const float* g_ring, int j,
+                                            int col0, const float (&lg)[kGates], float (&kd)[kEpl]) {
+  rssm::load_vec<act_t, kEpl>(k_ring + (long long)j * kK + col0, kd);
+  if constexpr (kPerChannel) {
+    float gj[kEpl];
+    rssm::load_vec<float, kEpl>(g_ring + (long long)j * kK + col0, gj);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
+  } else {
+    const float decay = __expf(lg[0] - g_ring[j]);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) kd[e] *= decay;
+  }
+}
+
+// One flushing decode step of this CTA's row tile. kReplay = false: the baseline (no ring, no cursor; `sm` unused);
+// true: the adaptive-mode flush, which first folds the ring entries a row still holds (none in the steady state).
 template <bool kReplay>
 __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm) {
   const int b = blockIdx.z;
@@ -116,72 +178,26 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
   for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
 
   int w = 0;
-  bool flush = true;
-  if constexpr (kReplay) {
-    w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: a corrupt cursor can never index outside the ring
-    flush = p.force_flush || w == p.L - 1;
-  }
+  if constexpr (kReplay) w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
 
-  // Current token: l2-normalised q (times scale) and k of key head h, this lane's channels.
   float qn[kEpl], kn[kEpl];
-  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, qn);
-  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, kn);
-  float qq = 0.f, kk = 0.f;
-#pragma unroll
-  for (int e = 0; e < kEpl; ++e) {
-    qq = fmaf(qn[e], qn[e], qq);
-    kk = fmaf(kn[e], kn[e], kk);
-  }
-  const float q_mul = p.scale * rsqrtf(rssm::warp_sum(qq) + kL2Eps), k_mul = rsqrtf(rssm::warp_sum(kk) + kL2Eps);
-  float kq = 0.f;
-#pragma unroll
-  for (int e = 0; e < kEpl; ++e) {
-    qn[e] *= q_mul;
-    kn[e] *= k_mul;
-    kq = fmaf(kn[e], qn[e], kq);
-  }
-  kq = rssm::warp_sum(kq);
-
-  // lg = g + G: log-decay of the checkpoint to after the current token.
+  const float kq = normalized_qk(p, b, h, col0, qn, kn);
+  const float* g_ring = kReplay ? p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head : nullptr;
   float lg[kGates];
-  current_log_gate(p, b, hv, col0, lg);
-  const float* g_ring = nullptr;
-  if constexpr (kReplay) {
-    g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-    if (w > 0) {
-      if constexpr (kPerChannel) {
-        float big_g[kEpl];
-        rssm::load_vec<float, kEpl>(g_ring + (long long)(w - 1) * kK + col0, big_g);
-#pragma unroll
-        for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
-      } else {
-        lg[0] += g_ring[w - 1];
-      }
-    }
-  }
+  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
   const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
   const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
   float cq = 0.f, ck = 0.f;  // lane j < w: kd_j · q~, kd_j · k
-  if constexpr (kReplay) {
+  if (kReplay && w > 0) {  // uniform per CTA: rows with an empty ring skip the staging and the cursor write
     const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
     for (int i = threadIdx.x; i < w * kTile; i += rssm::kThreads)
       sm->u[i / kTile][i % kTile] = rssm::to_float(u_ring[(long long)(i / kTile) * kV + i % kTile]);
-    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + col0;
+    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
     for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
       float kd[kEpl];
-      rssm::load_vec<act_t, kEpl>(k_ring + (long long)j * kK, kd);
-      if constexpr (kPerChannel) {
-        float gj[kEpl];
-        rssm::load_vec<float, kEpl>(g_ring + (long long)j * kK + col0, gj);
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[kPerChannel ? e : 0] - gj[e]);
-      } else {
-        const float decay = __expf(lg[0] - g_ring[j]);
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) kd[e] *= decay;
-      }
+      decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
       float dq = 0.f, dk = 0.f;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) {
@@ -194,14 +210,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
         sm->cq[j] = dq;
         sm->ck[j] = dk;
       }
-      if (flush) {
 #pragma unroll
-        for (int e = 0; e < kEpl; ++e) sm->kd[j][col0 + e] = kd[e];
-      }
+      for (int e = 0; e < kEpl; ++e) sm->kd[j][col0 + e] = kd[e];
     }
     __syncthreads();  // every thread has read the cursor; staging done
-    if (threadIdx.x == 0)
-      rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, flush ? 0 : w + 1);
+    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
     if (lane < w) {
       cq = sm->cq[lane];
       ck = sm->ck[lane];
@@ -219,7 +232,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
     xk[e] = decay[kPerChannel ? e : 0] * kn[e];
   }
   float u_rows[kRows];
-  float o_lane = 0.f, u_lane = 0.f;
+  float o_lane = 0.f;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     float aq = 0.f, ak = 0.f;
@@ -228,52 +241,26 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
       aq = fmaf(acc[r][e], xq[e], aq);
       ak = fmaf(acc[r][e], xk[e], ak);
     }
-    if constexpr (kReplay) {
-      if (lane < w) {
-        const float uj = sm->u[lane][wrow0 + r];
-        aq = fmaf(cq, uj, aq);
-        ak = fmaf(ck, uj, ak);
-      }
+    if (kReplay && lane < w) {
+      const float uj = sm->u[lane][wrow0 + r];
+      aq = fmaf(cq, uj, aq);
+      ak = fmaf(ck, uj, ak);
     }
     aq = rssm::warp_sum(aq);
     ak = rssm::warp_sum(ak);
     const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
     u_rows[r] = u;
-    if (lane == r) {
-      o_lane = fmaf(u, kq, aq);
-      u_lane = u;
-    }
+    if (lane == r) o_lane = fmaf(u, kq, aq);
   }
-  if (lane < kRows) {
-    const int row = row0 + wrow0 + lane;
-    static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row] = rssm::from_float<act_t>(o_lane);
-    if constexpr (kReplay) {
-      if (!flush) {
-        act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + (long long)w * kV;
-        u_dst[row] = rssm::from_float<act_t>(u_lane);
-      }
-    }
-  }
-
-  if (!flush) {  // replay only: append k (once per key head) and the cumulative gate at ring position w
-    if (blockIdx.x == 0 && warp == 0) {
-      if (hv % group == 0) {
-        act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
-        rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
-      }
-      float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-      if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_dst + (long long)w * kK + col0, lg);
-      else if (lane == 0) g_dst[w] = lg[0];
-    }
-    return;
-  }
+  if (lane < kRows)
+    static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
 
   // Flush: S = e^{g+G} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, folded in the registers that hold S0.
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay[kPerChannel ? e : 0];
-  if constexpr (kReplay) {
+  if (kReplay && w > 0) {
     for (int j = 0; j < w; ++j) {
       float kd[kEpl];
 #pragma unroll
@@ -301,8 +288,174 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_state_update_
   delta_step<false>(p, nullptr);
 }
 
-// Replay decode: rows at their own cursors in one launch; flush rows fold the ring, the others never write the state.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_decode_kernel(const DeltaParams p) {
+// Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_kernel(const DeltaParams p) {
   __shared__ ReplaySmem sm;
   delta_step<true>(p, &sm);
+}
+
+// Replay step 1, grid (batch, HV): the ring coefficients kd_j·q~ and kd_j·k (j < w) of this value head into the
+// per-slot scratch; for non-flush rows appends k (once per key head) and the cumulative gate at ring position w;
+// advances the cursor. Lets the main kernel launch at once (programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_kernel(const DeltaParams p) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int b = blockIdx.x, hv = blockIdx.y;
+  const int slot = p.slot_idx[b];
+  if (slot == p.pad_slot_id) return;
+  const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
+  const bool flush = p.force_flush || w == p.L - 1;
+  float qn[kEpl], kn[kEpl];
+  (void)normalized_qk(p, b, h, col0, qn, kn);
+  float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  float lg[kGates];
+  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
+  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  float* coef = p.coef + slot * p.s_coef_slot + (long long)hv * 2 * p.L;
+  for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
+    float kd[kEpl];
+    decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
+    float dq = 0.f, dk = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      dq = fmaf(kd[e], qn[e], dq);
+      dk = fmaf(kd[e], kn[e], dk);
+    }
+    dq = rssm::warp_sum(dq);
+    dk = rssm::warp_sum(dk);
+    if (lane == 0) {
+      coef[j] = dq;
+      coef[p.L + j] = dk;
+    }
+  }
+  if (!flush && warp == 0) {
+    if (hv % group == 0) {
+      act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
+      rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
+    }
+    if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
+    else if (lane == 0) g_ring[w] = lg[0];
+  }
+  __syncthreads();  // every thread has read the cursor
+  if (threadIdx.x == 0) {
+    if (hv == 0) p.step[slot] = flush ? -(w + 1) : w;
+    rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, flush ? 0 : w + 1);
+  }
+}
+
+namespace {
+
+// Per-row staging of the main kernel: warps reduce the checkpoint dots, thread i < VTILE finishes row i.
+struct MainSmem {
+  float aq[kTile], ak[kTile];  // S0[row]·(e^{lg} ⊙ q~), S0[row]·(e^{lg} ⊙ k)
+  float rq[kTile], rk[kTile];  // Σ_{j<w} (kd_j·q~) u_j[row], Σ_{j<w} (kd_j·k) u_j[row]
+  float v[kTile], u[kTile];
+  float uj[rssm::kMaxL][kTile + 1];        // flush: u_j[row]
+  alignas(16) float kd[rssm::kMaxL][kK];  // flush: kd_j
+};
+static_assert(sizeof(MainSmem) <= 48 * 1024, "static shared memory limit");
+
+}  // namespace
+
+// Replay step 2, grid (V / VTILE, HV, batch): a_q, a_k from the checkpoint tile plus the ring terms; non-flush rows
+// never write the checkpoint and append u; flush rows fold the ring into a new checkpoint (read once).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_main_kernel(const DeltaParams p) {
+  const int b = blockIdx.z;
+  const int slot = p.slot_idx[b];
+  if (slot == p.pad_slot_id) return;
+  const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int row0 = blockIdx.x * kTile;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int col0 = lane * kEpl, wrow0 = warp * kRows;
+  state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends are complete
+  float acc[kRows][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  const int info = p.step[slot];
+  const bool flush = info < 0;
+  const int w = flush ? -info - 1 : info;
+
+  __shared__ MainSmem sm;
+  const float* coef = p.coef + slot * p.s_coef_slot + (long long)hv * 2 * p.L;
+  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+  const int i = threadIdx.x;
+  if (i < kTile) {  // ring terms of row i (coalesced over rows)
+    float rq = 0.f, rk = 0.f;
+#pragma unroll
+    for (int j = 0; j < rssm::kMaxL; ++j) {
+      if (j < w) {
+        const float uj = rssm::to_float(u_ring[(long long)j * kV + i]);
+        rq = fmaf(coef[j], uj, rq);
+        rk = fmaf(coef[p.L + j], uj, rk);
+        if (flush) sm.uj[j][i] = uj;
+      }
+    }
+    sm.rq[i] = rq;
+    sm.rk[i] = rk;
+    sm.v[i] = rssm::to_float(static_cast<const act_t*>(p.v)[b * p.s_v_b + hv * p.s_v_h + row0 + i]);
+  }
+  float qn[kEpl], kn[kEpl];
+  const float kq = normalized_qk(p, b, h, col0, qn, kn);
+  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  float lg[kGates], decay[kGates];
+  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
+#pragma unroll
+  for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
+  const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+  if (flush) {  // decayed ring keys for the fold, one warp per entry
+    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    for (int j = warp; j < w; j += rssm::kNumWarps) {
+      float kd[kEpl];
+      decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) sm.kd[j][col0 + e] = kd[e];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float aq = 0.f, ak = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      const float d = decay[kPerChannel ? e : 0];
+      aq = fmaf(acc[r][e], d * qn[e], aq);
+      ak = fmaf(acc[r][e], d * kn[e], ak);
+    }
+    aq = rssm::warp_sum(aq);
+    ak = rssm::warp_sum(ak);
+    if (lane == 0) {
+      sm.aq[wrow0 + r] = aq;
+      sm.ak[wrow0 + r] = ak;
+    }
+  }
+  __syncthreads();
+  if (i < kTile) {
+    const float aq = sm.aq[i] + sm.rq[i], ak = sm.ak[i] + sm.rk[i];
+    const float u = beta * (sm.v[i] - ak);
+    static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + i] = rssm::from_float<act_t>(fmaf(u, kq, aq));
+    if (flush) {
+      sm.u[i] = u;
+    } else {
+      act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + (long long)w * kV;
+      u_dst[row0 + i] = rssm::from_float<act_t>(u);
+    }
+  }
+  if (!flush) return;
+  __syncthreads();
+  // Flush: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, folded in the registers that hold S0.
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay[kPerChannel ? e : 0];
+    for (int j = 0; j < w; ++j) {
+      const float uj = sm.uj[j][wrow0 + r];
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, sm.kd[j][col0 + e], acc[r][e]);
+    }
+    const float u = sm.u[wrow0 + r];
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u, kn[e], acc[r][e]);
+    rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  }
 }

@@ -71,9 +71,15 @@ class Mamba2LayerCache(_LayerCache):
 
 @dataclass
 class GDNLayerCache(_LayerCache):
+    """``coef`` [slots, HV, 2L] fp32 and ``step`` [slots] int32: per-step scratch shared by all layers (the replay's
+    prep launch writes the ring coefficients, its main launch reads them)."""
+
     u_ring: torch.Tensor
     k_ring: torch.Tensor
     g_ring: torch.Tensor
+    coef: torch.Tensor
+    step: torch.Tensor
+    shared_scratch: ClassVar[tuple[str, ...]] = ("coef", "step")
 
     @property
     def buffer_len(self) -> int:
@@ -149,12 +155,15 @@ class ReplayStateCache:
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
         gate_shape = (slots, num_v_heads, L) if family == "gdn" else (slots, num_v_heads, L, head_k_dim)
+        coef = torch.zeros(slots, num_v_heads, 2 * L, dtype=torch.float32, device=device)
+        step = torch.zeros(slots, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
             cursor=cursor[i], arrive=arrive[i],
             u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
             k_ring=torch.zeros(slots, num_k_heads, L, head_k_dim, dtype=act_dtype, device=device),
             g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
+            coef=coef, step=step,
         ) for i in range(num_layers)]
         return cls(family, layers, cursor, arrive, fmt, act_dtype, L)
 

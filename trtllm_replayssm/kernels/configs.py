@@ -92,7 +92,8 @@ def _delta_rule_config(family: str, key_dim: int, value_dim: int, state_dtype: t
     return KernelConfig(
         family=family,
         source="delta_rule_decode.cu",
-        kernels=("delta_state_update_kernel", "delta_replay_decode_kernel"),
+        kernels=("delta_state_update_kernel", "delta_flush_decode_kernel", "delta_replay_prep_kernel",
+                 "delta_replay_main_kernel"),
         params=(("dk", key_dim), ("dv", value_dim), ("vtile", rows_per_cta), ("kda", int(family == "kda")),
                 ("state_t", CUDA_TYPE[state_dtype]), ("act_t", CUDA_TYPE[act_dtype])),
     )

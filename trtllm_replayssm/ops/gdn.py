@@ -32,11 +32,11 @@ _F32 = ctypes.c_float
 # Mirrors `struct DeltaParams` in plugins/delta_rule_decode.cu (same order; natural alignment).
 _DeltaParams = make_struct("DeltaParams", [
     ("state", _P), ("u_ring", _P), ("k_ring", _P), ("g_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P), ("A_log", _P), ("dt_bias", _P),
+    ("coef", _P), ("step", _P), ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P), ("A_log", _P), ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64),
     ("s_ur_slot", _I64), ("s_ur_head", _I64), ("s_kr_slot", _I64), ("s_kr_head", _I64),
-    ("s_gr_slot", _I64), ("s_gr_head", _I64),
+    ("s_gr_slot", _I64), ("s_gr_head", _I64), ("s_coef_slot", _I64),
     ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
     ("s_gate_b", _I64), ("s_gate_h", _I64), ("s_beta_b", _I64), ("s_beta_h", _I64), ("s_out_b", _I64),
     ("s_out_h", _I64),
@@ -51,15 +51,16 @@ MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
 
 
-def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, gate, beta, A_log, dt_bias, scale: float,
-                lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out) -> ctypes.Structure:
+def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
+                scale: float, lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool,
+                out) -> ctypes.Structure:
     """The kernel parameter struct (``u_ring`` None for the baseline kernel)."""
     L = u_ring.shape[2] if u_ring is not None else 1
     return _DeltaParams(
-        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive),
+        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
         ptr(q), ptr(k), ptr(v), ptr(gate), ptr(beta), ptr(A_log), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(u_ring, 0), stride(u_ring, 1), stride(k_ring, 0), stride(k_ring, 1),
-        stride(g_ring, 0), stride(g_ring, 1),
+        stride(g_ring, 0), stride(g_ring, 1), stride(coef, 0),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), gate.stride(0), gate.stride(1),
         beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
         float(scale), 0.0 if lower_bound is None else float(lower_bound),
@@ -76,16 +77,28 @@ def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device
     return tile
 
 
-def launch_delta(family: str, kernel_name: str, params: ctypes.Structure, state: torch.Tensor,
+def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
-    """Launch one delta-rule kernel over grid (V / tile, HV, batch)."""
+    """Launch delta-rule kernels in order: ``*_prep_kernel`` on (batch, HV), the state kernels on (V / tile, HV,
+    batch); ``*_main_kernel`` as a programmatic dependent launch of the prep kernel."""
     batch, v_heads, value_dim = v.shape
     key_dim = q.shape[2]
     tile = row_tile(value_dim, key_dim, batch * v_heads, v.device)
     make = gdn_config if family == "gdn" else kda_config
     config = make(key_dim, value_dim, state.dtype, q.dtype, tile)
-    launch(get_kernel(config, kernel_name, v.device), (value_dim // tile, v_heads, batch), (32 * NUM_WARPS, 1, 1),
-           params)
+    block = (32 * NUM_WARPS, 1, 1)
+    for name in kernel_names:
+        function = get_kernel(config, name, v.device)
+        if name.endswith("_prep_kernel"):
+            launch(function, (batch, v_heads, 1), block, params)
+        else:
+            launch(function, (value_dim // tile, v_heads, batch), block, params,
+                   programmatic=name.endswith("_main_kernel"))
+
+
+def replay_kernels(force_flush: bool) -> tuple[str, ...]:
+    """Kernels of one replay step: the flush kernel in the adaptive flush mode, else prep + main."""
+    return ("delta_flush_decode_kernel",) if force_flush else ("delta_replay_prep_kernel", "delta_replay_main_kernel")
 
 
 def resolve_scale(scale: float | None, key_dim: int) -> float:
@@ -134,6 +147,8 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.coef", layer.coef, (slots, HV, 2 * L), (torch.float32,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
     if dev.type == "cuda":
         chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)
         if per_channel_gate:
@@ -142,9 +157,11 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
 
 # ---------------------------------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("replayssm::gdn_replay_decode",
-                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"))
+                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step",
+                                       "out"))
 def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-                      cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor,
+                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
                       state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool,
                       out: torch.Tensor) -> None:
@@ -153,13 +170,13 @@ def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.T
 
 
 @_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale,
-                        state_batch_indices, pad_slot_id, force_flush, out) -> None:
+def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log, dt_bias,
+                        scale, state_batch_indices, pad_slot_id, force_flush, out) -> None:
     if q.shape[0] == 0:
         return
-    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale, None,
-                         state_batch_indices, pad_slot_id, force_flush, out)
-    launch_delta("gdn", "delta_replay_decode_kernel", params, state, q, v)
+    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log, dt_bias,
+                         scale, None, state_batch_indices, pad_slot_id, force_flush, out)
+    launch_delta("gdn", replay_kernels(force_flush), params, state, q, v)
 
 
 @_replay_decode_op.register_fake
@@ -178,9 +195,9 @@ def _state_update_op(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 def _state_update_cuda(state, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id, out) -> None:
     if q.shape[0] == 0:
         return
-    params = fill_params(state, None, None, None, None, None, q, k, v, a, b, A_log, dt_bias, scale, None,
+    params = fill_params(state, None, None, None, None, None, None, None, q, k, v, a, b, A_log, dt_bias, scale, None,
                          state_batch_indices, pad_slot_id, False, out)
-    launch_delta("gdn", "delta_state_update_kernel", params, state, q, v)
+    launch_delta("gdn", ("delta_state_update_kernel",), params, state, q, v)
 
 
 @_state_update_op.register_fake
@@ -217,7 +234,7 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     validate_rings(layer, dims, q.dtype, per_channel_gate=False)
     force = force_flush_for(mode, q.shape[0], dims[2], layer.state.device)
     torch.ops.replayssm.gdn_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                                          layer.arrive, q, k, v, a, b, A_log, dt_bias,
+                                          layer.arrive, layer.coef, layer.step, q, k, v, a, b, A_log, dt_bias,
                                           resolve_scale(scale, dims[4]), idx, pad_slot_id, force, out)
     return out
 

@@ -16,15 +16,18 @@ import torch
 from trtllm_replayssm.cache import KDALayerCache
 from trtllm_replayssm.ops import _checks as chk
 from trtllm_replayssm.ops._launch import force_flush_for
-from trtllm_replayssm.ops.gdn import fill_params, launch_delta, resolve_scale, validate_common, validate_rings
+from trtllm_replayssm.ops.gdn import (fill_params, launch_delta, replay_kernels, resolve_scale, validate_common,
+                                      validate_rings)
 from trtllm_replayssm.reference import kda as ref
 
 
 # ---------------------------------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("replayssm::kda_replay_decode",
-                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"))
+                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step",
+                                       "out"))
 def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-                      cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor,
+                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                       lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor,
                       pad_slot_id: int, force_flush: bool, out: torch.Tensor) -> None:
@@ -33,13 +36,13 @@ def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.T
 
 
 @_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, g, beta, A_log, dt_bias, lower_bound,
-                        scale, state_batch_indices, pad_slot_id, force_flush, out) -> None:
+def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
+                        lower_bound, scale, state_batch_indices, pad_slot_id, force_flush, out) -> None:
     if q.shape[0] == 0:
         return
-    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, g, beta, A_log, dt_bias, scale,
-                         lower_bound, state_batch_indices, pad_slot_id, force_flush, out)
-    launch_delta("kda", "delta_replay_decode_kernel", params, state, q, v)
+    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
+                         scale, lower_bound, state_batch_indices, pad_slot_id, force_flush, out)
+    launch_delta("kda", replay_kernels(force_flush), params, state, q, v)
 
 
 @_replay_decode_op.register_fake
@@ -60,9 +63,9 @@ def _state_update_cuda(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, sca
                        out) -> None:
     if q.shape[0] == 0:
         return
-    params = fill_params(state, None, None, None, None, None, q, k, v, g, beta, A_log, dt_bias, scale, lower_bound,
-                         state_batch_indices, pad_slot_id, False, out)
-    launch_delta("kda", "delta_state_update_kernel", params, state, q, v)
+    params = fill_params(state, None, None, None, None, None, None, None, q, k, v, g, beta, A_log, dt_bias, scale,
+                         lower_bound, state_batch_indices, pad_slot_id, False, out)
+    launch_delta("kda", ("delta_state_update_kernel",), params, state, q, v)
 
 
 @_state_update_op.register_fake
@@ -107,7 +110,7 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     validate_rings(layer, dims, q.dtype, per_channel_gate=True)
     force = force_flush_for(mode, q.shape[0], dims[2], layer.state.device)
     torch.ops.replayssm.kda_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                                          layer.arrive, q, k, v, g, beta, A_log, dt_bias,
+                                          layer.arrive, layer.coef, layer.step, q, k, v, g, beta, A_log, dt_bias,
                                           None if lower_bound is None else float(lower_bound),
                                           resolve_scale(scale, dims[4]), idx, pad_slot_id, force, out)
     return out
