@@ -73,12 +73,12 @@ class Record:
     notes: str = ""
 
 
-def _modes(batch: int, heads: int, device: torch.device) -> list[str]:
+def _modes(family: str, batch: int, heads: int, state_dtype: str, device: torch.device) -> list[str]:
     """Modes recorded for our replay: all three at small batch or wherever ``auto`` would flush, else ``replay``."""
     if batch <= BOTH_MODES_MAX_BATCH:
         return ["replay", "flush", "auto"]
     try:
-        auto_flushes = ours.resolved_mode("auto", batch, heads, device) == "flush"
+        auto_flushes = ours.resolved_mode(family, "auto", batch, heads, state_dtype, device) == "flush"
     except PeerUnavailable:  # ops not importable: the replay case records the reason
         auto_flushes = False
     return ["replay", "flush", "auto"] if auto_flushes else ["replay"]
@@ -146,7 +146,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
     step = (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, device)
     n_pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
     builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
-    for mode in _modes(batch, shape.heads, device):
+    for mode in _modes(shape.family, batch, shape.heads, sd, device):
         builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, sd, step, n_pools, L, m, gen,
                                                                            device)))
     builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, sd, step, n_pools, gen, device)))
@@ -169,7 +169,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
             log(f"  FAIL {impl} {shape.model} {sd} b={batch}: {type(exc).__name__}: {exc}")
             _release()
             continue
-        resolved = ours.resolved_mode(mode, batch, shape.heads, device) if impl == "replay" else None
+        resolved = ours.resolved_mode(shape.family, mode, batch, shape.heads, sd, device) if impl == "replay" else None
         nbytes = batch * byte_model.step_bytes(impl, shape, sd, L, resolved)
         gbps = nbytes / (us * 1e-6) / 1e9
         rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,

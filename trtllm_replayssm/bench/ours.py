@@ -23,13 +23,15 @@ def _ops(family: str):  # -> module trtllm_replayssm.ops.<family>
         raise PeerUnavailable(f"trtllm_replayssm.ops.{family} not importable: {type(exc).__name__}: {exc}") from exc
 
 
-def resolved_mode(mode: str, batch: int, heads: int, device: torch.device) -> str:
+def resolved_mode(family: str, mode: str, batch: int, heads: int, state_dtype: str, device: torch.device) -> str:
     """``replay`` or ``flush``: what the op does for `mode` at this batch (the ops' adaptive rule for ``auto``)."""
     try:
+        from ..kernels.configs import dtype_from_name
         from ..ops._launch import force_flush_for
     except Exception as exc:
         raise PeerUnavailable(f"trtllm_replayssm.ops not importable: {type(exc).__name__}: {exc}") from exc
-    return "flush" if force_flush_for(mode, batch, heads, device) else "replay"
+    flush = force_flush_for(family, mode, batch, heads, dtype_from_name(state_dtype), device)
+    return "flush" if flush else "replay"
 
 
 def _new_cache(shape: BenchShape, slots: int, state_dtype: str, buffer_len: int, device: torch.device):

@@ -232,7 +232,7 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     chk.check_mode(mode)
     idx, out, dims = _validate_step(layer.state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
     validate_rings(layer, dims, q.dtype, per_channel_gate=False)
-    force = force_flush_for(mode, q.shape[0], dims[2], layer.state.device)
+    force = force_flush_for("gdn", mode, q.shape[0], dims[2], layer.state.dtype, layer.state.device)
     torch.ops.replayssm.gdn_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
                                           layer.arrive, layer.coef, layer.step, q, k, v, a, b, A_log, dt_bias,
                                           resolve_scale(scale, dims[4]), idx, pad_slot_id, force, out)

@@ -108,7 +108,7 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     idx, out, dims = _validate_step(layer.state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
     validate_rings(layer, dims, q.dtype, per_channel_gate=True)
-    force = force_flush_for(mode, q.shape[0], dims[2], layer.state.device)
+    force = force_flush_for("kda", mode, q.shape[0], dims[2], layer.state.dtype, layer.state.device)
     torch.ops.replayssm.kda_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
                                           layer.arrive, layer.coef, layer.step, q, k, v, g, beta, A_log, dt_bias,
                                           None if lower_bound is None else float(lower_bound),

@@ -192,7 +192,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
-    force = force_flush_for(mode, x.shape[0], H, dev)
+    force = force_flush_for("mamba2", mode, x.shape[0], H, layer.state.dtype, dev)
     torch.ops.replayssm.mamba2_replay_decode(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor,
                                              layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx,
                                              pad_slot_id, force, out)
