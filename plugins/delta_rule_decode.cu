@@ -159,6 +159,20 @@ __device__ __forceinline__ void decayed_key(const DeltaParams& p, const act_t* k
   }
 }
 
+// Warp-collective: kd·q~ and kd·k of one decayed ring key (every lane gets both).
+__device__ __forceinline__ void ring_key_dots(const float (&kd)[kEpl], const float (&qn)[kEpl], const float (&kn)[kEpl],
+                                              float& dq, float& dk) {
+  dq = 0.f;
+  dk = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    dq = fmaf(kd[e], qn[e], dq);
+    dk = fmaf(kd[e], kn[e], dk);
+  }
+  dq = rssm::warp_sum(dq);
+  dk = rssm::warp_sum(dk);
+}
+
 // One flushing decode step of this CTA's row tile. kReplay = false: the baseline (no ring, no cursor; `sm` unused);
 // true: the adaptive-mode flush, which first folds the ring entries a row still holds (none in the steady state).
 template <bool kReplay>
@@ -198,14 +212,8 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
     for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
       float kd[kEpl];
       decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-      float dq = 0.f, dk = 0.f;
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) {
-        dq = fmaf(kd[e], qn[e], dq);
-        dk = fmaf(kd[e], kn[e], dk);
-      }
-      dq = rssm::warp_sum(dq);
-      dk = rssm::warp_sum(dk);
+      float dq, dk;
+      ring_key_dots(kd, qn, kn, dq, dk);
       if (lane == 0) {
         sm->cq[j] = dq;
         sm->ck[j] = dk;
@@ -316,14 +324,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_k
   for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
     float kd[kEpl];
     decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-    float dq = 0.f, dk = 0.f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) {
-      dq = fmaf(kd[e], qn[e], dq);
-      dk = fmaf(kd[e], kn[e], dk);
-    }
-    dq = rssm::warp_sum(dq);
-    dk = rssm::warp_sum(dk);
+    float dq, dk;
+    ring_key_dots(kd, qn, kn, dq, dk);
     if (lane == 0) {
       coef[j] = dq;
       coef[p.L + j] = dk;

@@ -24,6 +24,7 @@ import torch
 from trtllm_replayssm.models import (DecodeRun, HybridConfig, HybridLM, from_preset, greedy_decode, load_hf_config,
                                      time_ssm_only)
 from trtllm_replayssm.models.weights import from_pretrained
+from trtllm_replayssm.plotting import pyplot, save_figure
 
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ACT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -207,10 +208,7 @@ def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot_speedup(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """PNG: decode-step speed-up (baseline / replay) vs batch size, one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = speedups(records)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -228,12 +226,7 @@ def plot_speedup(records: list[dict[str, Any]], path: str | Path, title: str = "
     ax.set_title(title or "ReplaySSM vs baseline, whole decode step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
 
 
 def build_report(results: list[ModelResult], settings: CompareSettings, engine: str) -> dict[str, Any]:

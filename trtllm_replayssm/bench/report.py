@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from trtllm_replayssm.plotting import pyplot, save_figure
 
 PEER_IMPLS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda")
 REQUIRED_KEYS = ("device", "date", "copy_ceiling_gbps", "records")
@@ -108,10 +109,7 @@ def summary_markdown(results: dict) -> str:
 
 def plot_speedups(results: dict, path: str | Path) -> Path:
     """PNG: one panel per model, replay speed-up vs batch over our baseline (solid) and the best peer (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = speedups(results)
     if not rows:
@@ -136,12 +134,7 @@ def plot_speedups(results: dict, path: str | Path) -> Path:
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
     fig.suptitle(f"ReplaySSM decode speed-up — {results['device']}")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
 
 
 def write_reports(results: dict, json_path: str | Path) -> tuple[Path, Path, Path | None]:
