@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+
 from trtllm_replayssm.plotting import pyplot, save_figure
 
 PEER_IMPLS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda")
