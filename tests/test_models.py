@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trtllm_replayssm.models import HybridConfig, HybridLM, from_pretrained, greedy_decode, load_hf_config
+from trtllm_replayssm.models import HybridConfig, HybridLM, from_pretrained, greedy_decode
 from trtllm_replayssm.models.config import from_preset
 
 NEMOTRON_HF = {

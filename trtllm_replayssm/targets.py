@@ -16,7 +16,8 @@ def resolve_target(gpu: str) -> str:
         return GPU_TARGETS[key]
     if key in SUPPORTED_ARCHS:
         return key
-    raise ValueError(f"gpu: unknown GPU {gpu!r}; expected one of {sorted(GPU_TARGETS)} or an arch in {list(SUPPORTED_ARCHS)}")
+    raise ValueError(f"gpu: unknown GPU {gpu!r}; expected one of {sorted(GPU_TARGETS)} "
+                     f"or an arch in {list(SUPPORTED_ARCHS)}")
 
 
 def arch_for_capability(major: int, minor: int) -> str:

@@ -26,7 +26,8 @@ def catalog_configs(presets: Iterable[str] | None = None,
 
     names = list(presets) if presets is not None else list_presets()
     pairs = list(dtype_pairs)
-    return unique(cfg for name in names for state, act in pairs for cfg in configs_for_spec(get_preset(name), state, act))
+    return unique(cfg for name in names for state, act in pairs
+                  for cfg in configs_for_spec(get_preset(name), state, act))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ _I32 = ctypes.c_int
 # Mirrors `struct Mamba2Params` in plugins/mamba2_decode.cu (same order; natural alignment).
 _Mamba2Params = make_struct("Mamba2Params", [
     ("state", _P), ("x_ring", _P), ("dt_ring", _P), ("B_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P), ("dt_bias", _P),
+    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
+    ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
     ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64), ("s_coef_slot", _I64),
@@ -194,8 +195,8 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
     force = force_flush_for("mamba2", mode, x.shape[0], H, layer.state.dtype, dev)
     torch.ops.replayssm.mamba2_replay_decode(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor,
-                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx,
-                                             pad_slot_id, force, out)
+                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z, dt_bias,
+                                             dt_softplus, idx, pad_slot_id, force, out)
     return out
 
 
