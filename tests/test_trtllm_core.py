@@ -3,8 +3,10 @@ import pytest
 import torch
 
 from trtllm_replayssm.trtllm_core import (PAD_SLOT_ID, bind_layer_cache, check_trtllm_version, decode_slot_ids,
-                                          gdn_materialize_slots, gdn_split_qkv, is_single_token_decode, per_head,
-                                          prefill_handoff, split_batch)
+                                          gdn_materialize_slots, gdn_split_qkv, is_single_token_decode,
+                                          kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
+                                          kda_packed_conv_weight, kda_split_qkv, per_head, prefill_handoff,
+                                          split_batch)
 
 
 def test_split_batch_contexts_first():
@@ -107,3 +109,81 @@ def test_gdn_materialize_matches_sequential_recurrence():
     torch.testing.assert_close(state[2], s0[2])
     torch.testing.assert_close(state[0], s0[0])
     assert layer.cursor.tolist() == [0, 0, 0]
+
+
+def test_kda_packed_conv_weight_matches_per_section_depthwise_conv():
+    torch.manual_seed(0)
+    D, W = 6, 4
+    ws = [torch.randn(D, 1, W) for _ in range(3)]
+    packed = kda_packed_conv_weight(*ws)
+    assert packed.shape == (3 * D, W)
+    window = torch.randn(2, 3 * D, W)  # [b, 3D, W]: conv pool window (W-1) + current token
+    out = (window * packed).sum(-1)
+    for i, w in enumerate(ws):
+        ref = torch.nn.functional.conv1d(window[:, i * D:(i + 1) * D], w, groups=D)[..., -1]
+        torch.testing.assert_close(out[:, i * D:(i + 1) * D], ref)
+    with pytest.raises(ValueError, match="equal shapes"):
+        kda_packed_conv_weight(ws[0], ws[1], torch.randn(D, 1, W + 1))
+    with pytest.raises(ValueError, match="k_weight"):
+        kda_packed_conv_weight(ws[0], torch.randn(D, 2, W), ws[2])
+
+
+def test_kda_check_conv_pool_layout():
+    kda_check_conv_pool(torch.empty(5, 3 * 8, 3), proj_size=8, conv_size=4)
+    with pytest.raises(ValueError, match=r"conv_pool: expected shape \[slots, 24, 3\]"):
+        kda_check_conv_pool(torch.empty(5, 3 * 8, 4), proj_size=8, conv_size=4)  # older full-W window
+
+
+def test_kda_split_qkv_and_gate_inputs():
+    H, D, b = 2, 3, 4
+    mixed = torch.arange(b * 3 * H * D, dtype=torch.float32).view(b, -1)
+    q, k, v = kda_split_qkv(mixed, H, D)
+    assert q.shape == k.shape == v.shape == (b, H, D)
+    assert torch.equal(k[1].flatten(), mixed[1, H * D:2 * H * D]) and torch.equal(v[0, 1], mixed[0, -D:])
+    with pytest.raises(ValueError, match="mixed_qkv"):
+        kda_split_qkv(mixed[:, :-1], H, D)
+    g_hidden, beta = torch.randn(b, H * D), torch.randn(b, H)
+    g, beta2 = kda_gate_inputs(g_hidden, beta, H, D)
+    assert g.shape == (b, H, D) and torch.equal(g[2, 1], g_hidden[2, D:]) and beta2 is beta
+    with pytest.raises(ValueError, match="beta"):
+        kda_gate_inputs(g_hidden, torch.randn(b, H + 1), H, D)
+
+
+def test_kda_fp32_params_from_bf16_parameters():
+    A_log = torch.randn(4).bfloat16()
+    dt_bias = torch.randn(4 * 8).bfloat16()
+    a, d = kda_fp32_params(A_log, dt_bias, 4, 8)
+    assert a.dtype == d.dtype == torch.float32 and a.shape == (4,) and d.shape == (4, 8) and d.is_contiguous()
+    assert torch.equal(d.flatten(), dt_bias.float())
+    with pytest.raises(ValueError, match="dt_bias: expected 32"):
+        kda_fp32_params(A_log, dt_bias[:-1], 4, 8)
+
+
+def test_kda_hook_composition_matches_baseline_step_on_cpu():
+    """The argument mapping of the KDA hook (split, gates, fp32 params, slot ids) fed to the replay op gives the
+    same outputs and state as the baseline op over a few decode steps (CPU reference path)."""
+    from trtllm_replayssm.ops import kda
+
+    torch.manual_seed(1)
+    slots, H, D, L, b = 4, 2, 64, 3, 3
+    state0 = torch.randn(slots, H, D, D) * 0.1
+    replay_state = state0.clone()
+    cache = bind_layer_cache("kda", replay_state, num_k_heads=H, buffer_len=L, act_dtype=torch.float32)
+    base_state = state0.clone()
+    A_log, dt_bias = kda_fp32_params(torch.randn(H), torch.randn(H * D) * 0.1, H, D)
+    raw_slots = torch.tensor([2, 0, 0], dtype=torch.int32)  # CUDA-graph padding repeats slot 0
+    ids = decode_slot_ids(raw_slots, slots)
+    for step in range(5):
+        q, k, v = kda_split_qkv(torch.randn(b, 3 * H * D), H, D)
+        g, beta = kda_gate_inputs(torch.randn(b, H * D), torch.randn(b, H), H, D)
+        out_r = torch.zeros(b, H, D)
+        out_b = torch.zeros(b, H, D)
+        kda.replay_decode(cache.layer(0), q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=D ** -0.5,
+                          state_batch_indices=ids, pad_slot_id=PAD_SLOT_ID, out=out_r, mode="replay")
+        kda.state_update(base_state, q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=D ** -0.5,
+                         state_batch_indices=ids, pad_slot_id=PAD_SLOT_ID, out=out_b)
+        torch.testing.assert_close(out_r[:2], out_b[:2], rtol=1e-4, atol=1e-4)
+        assert torch.equal(out_r[2], torch.zeros(H, D))  # padded row untouched
+        if step == L - 1:  # the flush step folds the ring: the checkpoint is the live state
+            torch.testing.assert_close(replay_state[[0, 2]], base_state[[0, 2]], rtol=1e-4, atol=1e-4)
+    assert cache.layer(0).cursor.tolist() == [2, 0, 2, 0]  # 5 steps, L=3: 1, 2, flush->0, 1, 2

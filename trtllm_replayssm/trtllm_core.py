@@ -199,3 +199,60 @@ def gdn_materialize_slots(state: torch.Tensor, u_ring: torch.Tensor, k_ring: tor
     s = torch.exp(last)[:, :, None, None] * s0 + torch.einsum("nhl,nhlv,nhlk->nhvk", weight, u, k)
     state.index_copy_(0, slots, s.to(state.dtype))
     cursor.index_fill_(0, slots, 0)
+
+
+def kda_packed_conv_weight(q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor) -> torch.Tensor:
+    """``[3D, W]`` depthwise conv weight (sections q | k | v) from the three ``ShortConvolution`` weights
+    ``[D, 1, W]`` (or ``[D, W]``), in the order of TensorRT-LLM's packed KDA conv pool ``[slots, 3D, W-1]``."""
+    parts = []
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight), ("v_weight", v_weight)):
+        if w.dim() == 3 and w.shape[1] == 1:
+            w = w[:, 0]
+        if w.dim() != 2:
+            raise ValueError(f"{name}: expected shape [D, 1, W] or [D, W], got {tuple(w.shape)}")
+        parts.append(w)
+    if len({tuple(p.shape) for p in parts}) != 1:
+        raise ValueError(f"q_weight/k_weight/v_weight: expected equal shapes, got {[tuple(p.shape) for p in parts]}")
+    return torch.cat(parts, dim=0).contiguous()
+
+
+def kda_check_conv_pool(conv_pool: torch.Tensor, proj_size: int, conv_size: int) -> None:
+    """ValueError unless ``conv_pool`` is the packed ``[slots, 3 * proj_size, conv_size - 1]`` layout the replay
+    hook's conv update assumes (older TensorRT-LLM revisions kept a full ``W``-wide window)."""
+    want = (3 * proj_size, conv_size - 1)
+    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != want:
+        raise ValueError(f"conv_pool: expected shape [slots, {want[0]}, {want[1]}], got {tuple(conv_pool.shape)}")
+
+
+def kda_split_qkv(mixed_qkv: torch.Tensor, num_heads: int, head_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``q, k, v [b, H, D]`` of the post-conv KDA activations ``[b, 3 * H * D]`` (sections q | k | v)."""
+    d = num_heads * head_dim
+    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != 3 * d:
+        raise ValueError(f"mixed_qkv: expected shape [tokens, {3 * d}], got {tuple(mixed_qkv.shape)}")
+    q, k, v = (mixed_qkv[:, i * d:(i + 1) * d].unflatten(1, (num_heads, head_dim)) for i in range(3))
+    return q, k, v
+
+
+def kda_gate_inputs(g_hidden: torch.Tensor, beta: torch.Tensor, num_heads: int, head_dim: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw gate ``g [b, H, K]`` and beta logits ``[b, H]`` for ``ops.kda.replay_decode`` from the mixer's
+    ``f_b_proj(f_a_proj(x))`` ``[b, H*K]`` and ``b_proj(x)`` ``[b, H]`` (the op applies A_log, dt_bias, the
+    lower bound and the beta sigmoid itself, as upstream's kernel does)."""
+    if g_hidden.dim() != 2 or g_hidden.shape[1] != num_heads * head_dim:
+        raise ValueError(f"g_hidden: expected shape [tokens, {num_heads * head_dim}], got {tuple(g_hidden.shape)}")
+    if beta.dim() != 2 or tuple(beta.shape) != (g_hidden.shape[0], num_heads):
+        raise ValueError(f"beta: expected shape [{g_hidden.shape[0]}, {num_heads}], got {tuple(beta.shape)}")
+    return g_hidden.unflatten(1, (num_heads, head_dim)), beta
+
+
+def kda_fp32_params(A_log: torch.Tensor, dt_bias: torch.Tensor, num_heads: int, head_dim: int  # noqa: N803
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous fp32 ``A_log [H]`` and ``dt_bias [H, K]`` copies (the mixer casts its parameters to bf16;
+    our op takes fp32). Built once per layer, outside CUDA-graph capture."""
+    if A_log.numel() != num_heads:
+        raise ValueError(f"A_log: expected {num_heads} elements, got shape {tuple(A_log.shape)}")
+    if dt_bias.numel() != num_heads * head_dim:
+        raise ValueError(f"dt_bias: expected {num_heads * head_dim} elements, got shape {tuple(dt_bias.shape)}")
+    return (A_log.detach().reshape(num_heads).float().contiguous(),
+            dt_bias.detach().reshape(num_heads, head_dim).float().contiguous())
