@@ -21,7 +21,7 @@ import torch
 from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config
 from trtllm_replayssm.kernels.loader import get_kernel, launch
-from trtllm_replayssm.ops import _checks as chk
+from trtllm_replayssm import checks as chk
 from trtllm_replayssm.ops._launch import force_flush_for, make_struct, ptr, rows_per_cta, stride
 from trtllm_replayssm.reference import gdn as ref
 

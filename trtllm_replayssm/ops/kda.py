@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from trtllm_replayssm.cache import KDALayerCache
-from trtllm_replayssm.ops import _checks as chk
+from trtllm_replayssm import checks as chk
 from trtllm_replayssm.ops._launch import force_flush_for
 from trtllm_replayssm.ops.gdn import (fill_params, launch_delta, replay_kernels, resolve_scale, validate_common,
                                       validate_rings)

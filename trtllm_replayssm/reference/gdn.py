@@ -10,10 +10,12 @@ of the op contract (docs/design.md) and are the CPU fallback of the ops.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 import torch
 import torch.nn.functional as F
+
+from trtllm_replayssm import checks
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 # Per-token log-gates are clamped to this floor in the float32 paths. e^-128 is 0 in float32 (the smallest subnormal
@@ -24,18 +26,8 @@ L2_EPS = 1e-6
 
 
 # --------------------------------------------------------------------------------------------------- validation helpers
-def check_tensor(
-    name: str, t: object, shape: Sequence[int], dtypes: Sequence[torch.dtype], device: torch.device
-) -> None:
-    """Raise TypeError/ValueError naming ``name`` unless ``t`` is a tensor of ``shape`` and ``dtypes`` on ``device``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+# Reference inputs may be strided: same checks as the ops, without the contiguity requirement.
+check_tensor = functools.partial(checks.check_tensor, inner_contiguous=0)
 
 
 def check_rank(name: str, t: object, ndim: int) -> torch.Tensor:
