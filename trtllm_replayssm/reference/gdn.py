@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from trtllm_replayssm import checks
 
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = checks.FLOAT_DTYPES
 # Per-token log-gates are clamped to this floor in the float32 paths. e^-128 is 0 in float32 (the smallest subnormal
 # is e^-103.3), so no decay factor changes, but the cumulative gate stays finite (no -inf - -inf = NaN) and keeps its
 # precision when a gate input saturates.
