@@ -3,6 +3,10 @@
 # peers, model-level compare; prints a short table last. Results land in $OUT (default ./gpu_out).
 #   bash build_scripts/gpu_check.sh [tests] [bench] [compare]      (default: all three)
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/bench/flashinfer_aot.py) for the peers.
+# The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
+#   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
+# Budget: a fresh H200 call takes ~45-60 s to start; tests ~2 min; bench ~4 min (FlashInfer's checkpointing_ssu
+# autotuner needs ~14 s per profile at large batch); compare of the two 4B models ~2 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -62,4 +66,5 @@ for f in "$OUT"/kernels-h200-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.bench.report import load_results, \
 summary_markdown; print(summary_markdown(load_results(sys.argv[1])))" "$f"
 done
+if [ -n "${PACK_TO:-}" ]; then tar czf "$PACK_TO/gpu_results.tgz" -C "$OUT" . && echo "packed $OUT -> $PACK_TO"; fi
 exit 0
