@@ -39,6 +39,16 @@ def check_rank(name: str, t: object, ndim: int) -> torch.Tensor:
     return t
 
 
+def check_state_io(state: object, state_batch_indices: object, out: object, batch: int, v_heads: int, dim_v: int,
+                   dim_k: int, device: torch.device) -> int:
+    """Check the slot pool ``state`` [slots, HV, V, K], the row slot ids and ``out``; return the slot count."""
+    slots = check_rank("state", state, 4).shape[0]
+    check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, device)
+    check_tensor("state_batch_indices", state_batch_indices, (batch,), (torch.int32,), device)
+    check_tensor("out", out, (batch, v_heads, dim_v), FLOAT_DTYPES, device)
+    return slots
+
+
 def resolve_scale(scale: float | None, head_dim: int) -> float:
     """``scale`` as a float, defaulting to ``head_dim ** -0.5``."""
     if scale is None:
@@ -284,10 +294,7 @@ def _check_step(
     check_tensor("b", b, (batch, v_heads), FLOAT_DTYPES, dev)
     check_tensor("A_log", A_log, (v_heads,), FLOAT_DTYPES, dev)
     check_tensor("dt_bias", dt_bias, (v_heads,), FLOAT_DTYPES, dev)
-    slots = check_rank("state", state, 4).shape[0]
-    check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, dev)
-    check_tensor("state_batch_indices", state_batch_indices, (batch,), (torch.int32,), dev)
-    check_tensor("out", out, (batch, v_heads, dim_v), FLOAT_DTYPES, dev)
+    slots = check_state_io(state, state_batch_indices, out, batch, v_heads, dim_v, dim_k, dev)
     return batch, heads, v_heads, dim_k, dim_v, slots
 
 

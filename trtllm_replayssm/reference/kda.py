@@ -24,6 +24,7 @@ from trtllm_replayssm.reference.gdn import (
     check_heads,
     check_rank,
     check_scalars,
+    check_state_io,
     check_tensor,
     delta_rule_replay_,
     delta_rule_sequential_step,
@@ -105,10 +106,7 @@ def _check_step(
         raise TypeError(f"dt_bias: expected a torch.Tensor, got {type(dt_bias).__name__}")
     bias_shape = (v_heads, dim_k) if dt_bias.dim() == 2 else (v_heads * dim_k,)
     check_tensor("dt_bias", dt_bias, bias_shape, FLOAT_DTYPES, dev)
-    slots = check_rank("state", state, 4).shape[0]
-    check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, dev)
-    check_tensor("state_batch_indices", state_batch_indices, (batch,), (torch.int32,), dev)
-    check_tensor("out", out, (batch, v_heads, dim_v), FLOAT_DTYPES, dev)
+    slots = check_state_io(state, state_batch_indices, out, batch, v_heads, dim_v, dim_k, dev)
     return batch, heads, v_heads, dim_k, dim_v, slots
 
 
