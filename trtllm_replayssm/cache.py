@@ -196,8 +196,11 @@ class ReplayStateCache:
         is masked by the cursor.
         """
         ids = self._slot_ids(slot_ids)
-        rows = range(self.num_layers) if layers is None else list(layers)
-        for i in rows:
+        if layers is None:  # one write per tensor for all layers ([layers, slots])
+            self.cursor.index_fill_(1, ids, 0)
+            self.arrive.index_fill_(1, ids, 0)
+            return
+        for i in layers:
             self.layer(i)  # validates the index
             self.cursor[i].index_fill_(0, ids, 0)
             self.arrive[i].index_fill_(0, ids, 0)
