@@ -8,9 +8,11 @@
 //   ex_j = Σ_{j<i<=w} Δ_i,  tot = Σ_{i<=w} Δ_i,  s_j = Δ_j exp(A ex_j),  decay = exp(A tot)
 //   non-flush: y = decay (S0 · C) + Σ_{j<=w} s_j (B_j · C) x_j + D x ; append (x, Δ, B) at ring position w
 //   flush:     S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ ; store S ; y = S · C + D x
-// The replay is two launches: `prep` (grid (batch, ngroups)) computes the per-head weights into a per-slot scratch,
-// appends Δ/B, advances the cursor; `main` streams the state tile with a short dependency chain (bandwidth bound).
-// `flush_decode` (adaptive small-batch mode) is the baseline step with a fold of any pending ring entries.
+// The replay is two launches: `prep` (grid (batch, ngroups)) computes the per-head weights into a per-batch-row
+// scratch, appends Δ/B, advances the cursor; `main` is persistent and warp-specialised: a producer warp streams each
+// (PT x N) checkpoint tile with a bulk copy and the tile's inputs with async copies into shared-memory stages, four
+// consumer warps compute the rows from shared memory. `flush_decode` (adaptive small-batch mode) is the baseline step
+// with a fold of any pending ring entries.
 #include "replayssm_common.cuh"
 
 using state_t = STATE_T;
@@ -24,8 +26,8 @@ struct Mamba2Params {
   void* B_ring;           // [slots, G, L, N]
   int* cursor;            // [slots]
   int* arrive;            // [slots]
-  float* coef;            // [slots, H, L + 1] scratch: weights of the step (index L: decay)
-  int* step;              // [slots] scratch: w of the step, or -(w + 1) for a flush
+  float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
   const void* x;          // [b, H, P]
   const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
   const float* A;         // [H]
@@ -40,10 +42,11 @@ struct Mamba2Params {
   long long s_xr_slot, s_xr_head;
   long long s_dtr_slot, s_dtr_head;
   long long s_Br_slot, s_Br_group;
-  long long s_coef_slot;
+  long long s_coef_row;
   long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
   int nheads, ngroups, L, pad_slot_id;
-  int dt_softplus, dt_is_f32, force_flush, pad0;
+  int dt_softplus, dt_is_f32, force_flush, batch;
+  int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
 };
 
 namespace {
@@ -278,11 +281,14 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
   finish_output(p, t, 1.f, st);
 }
 
-// Replay step 1, grid (batch, ngroups), one warp per head of the group (4..16 warps): per (row, group) the B·C
-// products, per head the decay weights into the per-slot scratch; appends Δ (per head) and B (per group) for
-// non-flush rows; advances the cursor. Lets the main kernel launch at once (programmatic dependent launch).
+// Replay step 1, grid (batch, ngroups), 4..16 warps: per (row, group) the B·C products, per head the decay weights
+// into the per-row scratch; appends Δ (per head) and B (per group) for non-flush rows; advances the cursor. Every
+// global load depends on the cursor alone and is issued before any result is used (one load latency per CTA). Lets
+// the main kernel launch at once (programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
   asm volatile("griddepcontrol.launch_dependents;");
+  constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
+  constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;
   const int slot = p.slot_idx[b];
   if (slot == p.pad_slot_id) return;
@@ -294,16 +300,35 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
   const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, b, g);
 
+  // Loads: C and this warp's ring entries of B (entries warp, warp + nwarps, ...), Δ of this warp's first heads.
+  float cv[kEpl], bv[kEntriesPerWarp][kEpl];
+  if (!flush) {
+    rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
+#pragma unroll
+    for (int k = 0; k < kEntriesPerWarp; ++k) {
+      const int j = warp + k * nwarps;
+      if (j <= w) rssm::load_vec<act_t, kEpl>((j < w ? B_ring + (long long)j * N : B_cur) + lane * kEpl, bv[k]);
+    }
+  }
+  auto head_delta = [&](int hh, float& d_lane, float& delta_w) {  // lane j < w: Δ_j of the ring; Δ_w: current
+    const int h = g * heads_per_group + hh;
+    delta_w = current_delta(p, b, h);
+    d_lane = lane < w ? p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head + lane] : 0.f;
+  };
+  float d_ahead[kHeadsAhead], dw_ahead[kHeadsAhead];
+#pragma unroll
+  for (int m = 0; m < kHeadsAhead; ++m)
+    if (warp + m * nwarps < heads_per_group) head_delta(warp + m * nwarps, d_ahead[m], dw_ahead[m]);
+
   __shared__ float s_bc[rssm::kMaxL];
   if (!flush) {
-    float cv[kEpl];
-    rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
-    for (int j = warp; j <= w; j += nwarps) {
-      float bv[kEpl];
-      rssm::load_vec<act_t, kEpl>((j < w ? B_ring + (long long)j * N : B_cur) + lane * kEpl, bv);
+#pragma unroll
+    for (int k = 0; k < kEntriesPerWarp; ++k) {
+      const int j = warp + k * nwarps;
+      if (j > w) break;
       float dot = 0.f;
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[e], cv[e], dot);
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[k][e], cv[e], dot);
       dot = rssm::warp_sum(dot);
       if (lane == 0) s_bc[j] = dot;
     }
@@ -312,61 +337,304 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
   }
   __syncthreads();  // s_bc ready; every thread has read the cursor
 
-  for (int hh = warp; hh < heads_per_group; hh += nwarps) {
+  for (int m = 0, hh = warp; hh < heads_per_group; ++m, hh += nwarps) {
+    float d, delta_w;
+    if (m < kHeadsAhead) {
+      d = d_ahead[m];
+      delta_w = dw_ahead[m];
+    } else {
+      head_delta(hh, d, delta_w);
+    }
     const int h = g * heads_per_group + hh;
-    float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
-    const float delta_w = current_delta(p, b, h);
-    const float d = lane < w ? dt_ring[lane] : (lane == w ? delta_w : 0.f);
+    if (lane == w) d = delta_w;
     float decay;
     const float s = decay_weights(d, p.A[h], decay);
-    float* coef = p.coef + slot * p.s_coef_slot + (long long)h * (p.L + 1);
+    float* coef = p.coef + b * p.s_coef_row + (long long)h * (p.L + 1);
     if (lane <= w) coef[lane] = flush ? s : s * s_bc[lane];
     if (lane == 0) {
       coef[p.L] = decay;
-      if (!flush) dt_ring[w] = delta_w;
+      if (!flush) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head + w] = delta_w;
     }
   }
   if (threadIdx.x == 0) {
-    if (g == 0) p.step[slot] = flush ? -(w + 1) : w;
+    if (g == 0) p.step[b] = flush ? -(w + 1) : w;
     rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.ngroups, flush ? 0 : w + 1);
   }
 }
 
-// Replay step 2, grid (P / PT, nheads, batch): non-flush rows read the checkpoint tile and never write it;
-// flush rows fold the ring into a new checkpoint. Appends x for non-flush rows.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_replay_main_kernel(const Mamba2Params p) {
-  Tile t;
-  if (!setup_tile(p, t)) return;
-  // Launched as a programmatic dependent of the prep kernel: the CTA is resident and has its slot while the prep
-  // kernel finishes; waiting before the state loads measured faster than waiting after them (the wait stalls on
-  // outstanding loads).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  RawTile raw;
-  load_raw(t, raw);
-  const int info = p.step[t.slot];
-  const bool flush = info < 0;
-  const int w = flush ? -info - 1 : info;
-  const float* coef = p.coef + t.slot * p.s_coef_slot + (long long)t.head * (p.L + 1);
+namespace {
+
+constexpr int kTileBytes = PT * N * int(sizeof(state_t));
+static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
+static_assert(PT * sizeof(act_t) % 4 == 0 && N * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
+constexpr int kRowGroups = rssm::kWarpSize / kRowsPerWarp;  // lanes per row that split its ring entries
+constexpr int kFoldChunk = 8;  // ring entries whose B loads a flush issues at once
+constexpr int kFoldRows = 8;   // state rows a flush folds at once (registers)
+
+__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
+
+// One shared-memory stage: the checkpoint tile, then everything else the consumers read of the tile, copied by the
+// producer warp (offsets from the ring length L; trtllm_replayssm/ops/mamba2.py:stage_bytes mirrors the total).
+struct StageLayout {
+  int info, coef, x, z, C, x_ring, bytes;
+};
+
+__device__ __forceinline__ StageLayout stage_layout(int L) {
+  StageLayout l;
+  l.info = kTileBytes;                                                // slot, step, D (3 words, 16 bytes)
+  l.coef = l.info + 16;                                               // coef[0..L] (weights, decay)
+  l.x = l.coef + round16((L + 1) * 4);                                // x of the tile rows
+  l.z = l.x + round16(PT * int(sizeof(act_t)));                       // z of the tile rows
+  l.C = l.z + round16(PT * int(sizeof(act_t)));                       // C of the head's group
+  l.x_ring = l.C + round16(N * int(sizeof(act_t)));                   // x ring rows j < w: [L][PT]
+  l.bytes = (l.x_ring + round16(L * PT * int(sizeof(act_t))) + 127) / 128 * 128;
+  return l;
+}
+
+struct TileCoord {
+  int b, head, row0;
+};
+
+// Tile t of the replay: batch row, head and first state row (row tiles fastest, then heads, then batch rows).
+__device__ __forceinline__ TileCoord tile_coord(const Mamba2Params& p, int t) {
+  constexpr int kRowTiles = P / PT;
+  const int hb = t / kRowTiles;
+  return {hb / p.nheads, hb % p.nheads, (t % kRowTiles) * PT};
+}
+
+__device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slot, int head) {
+  return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
+}
+
+// Producer warp: fills stage i % stages with this CTA's i-th tile: the checkpoint tile by one bulk copy (issued for
+// the first `stages` tiles before the prep kernel has finished: prep never writes the state), then, once the prep
+// kernel's scratch is complete, the tile's slot, step, coefficients, x, z, C and the ring rows j < w by 4-byte async
+// copies. Slot and step of 32 tiles are loaded at once (one lane each).
+__device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
+                                        int num_tiles) {
+  const int lane = threadIdx.x % rssm::kWarpSize, stride = gridDim.x;
+  const StageLayout lay = stage_layout(p.L);
+  auto state_src = [&](int slot, const TileCoord& c) -> const void* {
+    if (slot == p.pad_slot_id) return nullptr;
+    return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
+           (long long)c.row0 * N;
+  };
+  auto lane_slot = [&](int base) {
+    const int t = base + lane * stride;
+    return t < num_tiles ? p.slot_idx[tile_coord(p, t).b] : p.pad_slot_id;
+  };
+  int slot_lane = lane_slot(blockIdx.x);
+  for (int i = 0; i < p.stages && blockIdx.x + i * stride < num_tiles; ++i) {
+    const TileCoord c = tile_coord(p, blockIdx.x + i * stride);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
+    rssm::stage_state_copy(pipe, i, stage_mem + (long long)i * p.stage_bytes, state_src(slot, c), kTileBytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // coef, step and the ring appends of the prep kernel
+  int i = 0;
+  for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
+    if (base != blockIdx.x) slot_lane = lane_slot(base);
+    const int t_lane = base + lane * stride;
+    const int step_lane = t_lane < num_tiles ? p.step[tile_coord(p, t_lane).b] : 0;
+    for (int k = 0; k < rssm::kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
+      const TileCoord c = tile_coord(p, base + k * stride);
+      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      const int info = __shfl_sync(0xffffffffu, step_lane, k);
+      const int s = i % p.stages;
+      unsigned char* stage = stage_mem + (long long)s * p.stage_bytes;
+      if (i >= p.stages) {
+        rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
+        rssm::stage_state_copy(pipe, s, stage, state_src(slot, c), kTileBytes);
+      }
+      if (lane == 0) {
+        rssm::cp_async4(stage + lay.info, p.slot_idx + c.b);
+        if (slot != p.pad_slot_id) rssm::cp_async4(stage + lay.info + 4, p.step + c.b);
+        if (slot != p.pad_slot_id && p.D) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
+      }
+      if (slot != p.pad_slot_id) {
+        const int group = c.head / (p.nheads / p.ngroups);
+        const int w = info < 0 ? 0 : info;  // a flush reads its ring rows from global memory (one tile in L)
+        constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
+        rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
+        rssm::cp_async_words(stage + lay.x, static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0,
+                             kRowWords);
+        if (p.z)
+          rssm::cp_async_words(stage + lay.z,
+                               static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0, kRowWords);
+        rssm::cp_async_words(stage + lay.C, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group),
+                             N * int(sizeof(act_t)) / 4);
+        const act_t* ring = x_ring_at(p, slot, c.head) + c.row0;
+        for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+          const int j = q / kRowWords, word = q % kRowWords;
+          rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
+                          reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
+        }
+      }
+      rssm::cp_async_arrive(&pipe.full[s]);
+    }
+  }
+}
+
+// Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
+// r's S·C on lane r. B loads go out in chunks of kFoldChunk entries; x_j of the ring come from global memory
+// (a flush tile is one in L).
+__device__ __forceinline__ float fold_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
+                                           const float* coef, const act_t* x_s, const float (&cv)[kEpl],
+                                           const state_t* rows) {
+  using BRaw = rssm::VecTraits<act_t, kEpl>;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int wrow0 = warp * kRowsPerWarp;  // in the tile
+  const int group = c.head / (p.nheads / p.ngroups);
+  const float sj = lane <= w ? coef[lane] : 0.f;
+  const act_t* xj = lane < w ? x_ring_at(p, slot, c.head) + (long long)lane * P + c.row0 + wrow0 : x_s + wrow0;
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group);
+  state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
+                 (long long)(c.row0 + wrow0) * N + lane * kEpl;
   const float decay = coef[p.L];
-  __shared__ OutStage st;
-  if (flush) {
-    fold_rows(p, t, raw, coef, decay, w, st);
-    finish_output(p, t, 1.f, st);
+  float dot_lane = 0.f;
+#pragma unroll
+  for (int r0 = 0; r0 < kRowsPerWarp; r0 += kFoldRows) {
+    float acc[kFoldRows][kEpl], xs[kFoldRows];  // xs: s_j x_j[row] on lane j
+#pragma unroll
+    for (int r = 0; r < kFoldRows; ++r) {
+      if (r0 + r >= kRowsPerWarp) break;
+      xs[r] = lane <= w ? sj * rssm::to_float(xj[r0 + r]) : 0.f;
+      rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
+    }
+    for (int j0 = 0; j0 <= w; j0 += kFoldChunk) {
+      typename BRaw::Raw braw[kFoldChunk][BRaw::kChunks];
+#pragma unroll
+      for (int k = 0; k < kFoldChunk; ++k) {
+        const int j = j0 + k;
+        const auto* src = reinterpret_cast<const typename BRaw::Raw*>((j < w ? B_ring + (long long)j * N : B_cur) +
+                                                                       lane * kEpl);
+#pragma unroll
+        for (int q = 0; q < BRaw::kChunks; ++q)
+          if (j <= w) braw[k][q] = src[q];
+      }
+#pragma unroll
+      for (int k = 0; k < kFoldChunk; ++k) {
+        if (j0 + k > w) break;
+        float bv[kEpl];
+#pragma unroll
+        for (int q = 0; q < BRaw::kChunks; ++q)
+#pragma unroll
+          for (int e = 0; e < BRaw::kPerChunk; ++e) bv[q * BRaw::kPerChunk + e] = rssm::raw_elem<act_t>(braw[k][q], e);
+#pragma unroll
+        for (int r = 0; r < kFoldRows; ++r) {
+          if (r0 + r >= kRowsPerWarp) break;
+          const float xsr = __shfl_sync(0xffffffffu, xs[r], j0 + k);
+#pragma unroll
+          for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(xsr, bv[e], acc[r][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kFoldRows; ++r) {
+      if (r0 + r >= kRowsPerWarp) break;
+      rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(acc[r][e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == r0 + r) dot_lane = dot;
+    }
+  }
+  return dot_lane;
+}
+
+// One consumer warp's rows (warp * kRowsPerWarp ...) of the tile in `stage` (complete). Lane r finishes row r:
+// y = gate (scale S·C + extra), extra = D x (+ Σ_{j<=w} coef_j x_j for non-flush rows). Non-flush: S is the
+// checkpoint (never written), scale = decay, appends x. Flush: S is the folded new checkpoint (stored), scale = 1.
+// Releases the stage once its shared memory is read.
+__device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoord& c, const unsigned char* stage,
+                                            rssm::TilePipe& pipe, int s) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const StageLayout lay = stage_layout(p.L);
+  const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
+  const int slot = info_words[0], info = info_words[1];
+  if (slot == p.pad_slot_id) {
+    rssm::release_stage(pipe, s);
     return;
   }
-  // y = decay (S0·C) + Σ_{j<=w} coef_j x_j + D x: ring terms per row (thread i), S0·C per row (warps).
-  stage_extras(p, t, st, coef, w);
+  const float d_h = p.D ? reinterpret_cast<const float*>(info_words)[2] : 0.f;
+  const float* coef = reinterpret_cast<const float*>(stage + lay.coef);
+  const act_t* x_s = reinterpret_cast<const act_t*>(stage + lay.x);
+  const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
+  const act_t* ring = reinterpret_cast<const act_t*>(stage + lay.x_ring);
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;
+  const bool flush = info < 0;
+  const int w = flush ? -info - 1 : info;
+  const int r = lane % kRowsPerWarp, wr = warp * kRowsPerWarp + r;  // lane r < kRowsPerWarp: tile row wr
   float cv[kEpl];
-  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
+  rssm::load_vec<act_t, kEpl>(reinterpret_cast<const act_t*>(stage + lay.C) + lane * kEpl, cv);
+  const act_t x_act = x_s[wr];
+  const float x = rssm::to_float(x_act);
+  const float gate = p.z ? rssm::siluf(rssm::to_float(z_s[wr])) : 1.f;
+  float extra = d_h * x, dot_lane = 0.f;
+  if (!flush) {
+    // Σ_{j<w} coef_j x_j[row]: lane l sums entries j ≡ l / kRowsPerWarp (mod kRowGroups) of row l % kRowsPerWarp.
+    float part = 0.f;
+    const int grp = lane / kRowsPerWarp;
+    if (grp < kRowGroups)
+      for (int j = grp; j < w; j += kRowGroups) part = fmaf(coef[j], rssm::to_float(ring[j * PT + wr]), part);
+    float total = part;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float v[kEpl];
-    unpack_row(raw, r, v);
-    stage_row_dot(t, r, v, cv, st);
+    for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
+    extra += fmaf(coef[w], x, total);
+    const float decay = coef[p.L];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      float v[kEpl];
+      rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == rr) dot_lane = dot;
+    }
+    dot_lane *= decay;
+  } else {
+    dot_lane = fold_rows(p, c, slot, w, coef, x_s, cv, rows);
   }
-  finish_output(p, t, decay, st);
-  if (threadIdx.x < PT) {
-    act_t* x_dst = static_cast<act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + (long long)w * P;
-    x_dst[t.row0 + threadIdx.x] = rssm::from_float<act_t>(st.x[threadIdx.x]);
+  rssm::release_stage(pipe, s);
+  if (lane < kRowsPerWarp) {
+    const int row = c.row0 + wr;
+    static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.head * p.s_out_h + row] =
+        rssm::from_float<act_t>((dot_lane + extra) * gate);
+    if (!flush) {
+      act_t* x_ring = static_cast<act_t*>(p.x_ring) + slot * p.s_xr_slot + c.head * p.s_xr_head;
+      x_ring[(long long)w * P + row] = x_act;
+    }
   }
+}
+
+}  // namespace
+
+// Replay step 2, persistent (grid: a few CTAs per SM; 4 consumer warps + 1 producer warp; `stages` stages of
+// `stage_bytes` in dynamic shared memory): the producer streams each checkpoint tile with a bulk copy and the tile's
+// inputs with async copies, so consumer warps never wait on a global load outside a flush; consumers compute non-flush
+// rows from the checkpoint (never written) and fold flush rows into a new checkpoint. A programmatic dependent of the
+// prep kernel: the first state copies start while prep runs (it never writes the state).
+// Requires sm_90+ (bulk copies, mbarrier try_wait); the ops run the flush path on older GPUs.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_replay_main_kernel(
+    const Mamba2Params p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  const int num_tiles = p.batch * p.nheads * (P / PT);
+  if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
+  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
+    produce(p, pipe, stage_mem, num_tiles);
+    return;
+  }
+  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
+    const int s = i % p.stages;
+    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
+    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s);
+  }
+#endif
 }

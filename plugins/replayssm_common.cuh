@@ -147,4 +147,103 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
   }
 }
 
+// ---------------------------------------------------------------------------------------------- tile streaming
+// Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk
+// async copies (sm_90+: cp.async.bulk completing on an mbarrier), the consumer warps wait on a stage's `full` barrier,
+// read it, and arrive on its `empty` barrier so the producer can refill it. Tiles are assigned round-robin:
+// tile t = blockIdx.x + i * gridDim.x is this CTA's i-th tile, held in stage i % stages.
+constexpr int kMaxStages = 8;
+
+struct TilePipe {
+  unsigned long long full[kMaxStages];   // producer arrive (+ transaction bytes) -> consumers may read the stage
+  unsigned long long empty[kMaxStages];  // one arrive per consumer warp -> producer may refill the stage
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* ptr) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+}
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned) global -> shared, completing on `bar`;
+// L2 evict-first (the state is read once per step).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+// Bulk-copy issue helpers for the producer warp.
+// Arrive on a stage's `full` barrier from lane 0: with the transaction bytes of a bulk copy that follows, or plainly.
+__device__ __forceinline__ void stage_state_copy(TilePipe& pipe, int s, unsigned char* dst, const void* src,
+                                                 unsigned bytes) {
+  if (threadIdx.x % kWarpSize != 0) return;
+  if (src == nullptr) {
+    mbar_arrive(&pipe.full[s]);
+  } else {
+    mbar_arrive_expect_tx(&pipe.full[s], bytes);
+    bulk_load(dst, src, bytes, &pipe.full[s]);
+  }
+}
+
+// 4-byte async copy global -> shared (both 4-byte aligned), tracked by the issuing thread's cp.async arrive below.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+// `words` 4-byte words from src to dst, spread over the calling warp's lanes.
+__device__ __forceinline__ void cp_async_words(void* dst, const void* src, int words) {
+  for (int i = threadIdx.x % kWarpSize; i < words; i += kWarpSize)
+    cp_async4(static_cast<unsigned*>(dst) + i, static_cast<const unsigned*>(src) + i);
+}
+
+// Every producer lane: the stage's `full` barrier counts this lane's arrival once its prior cp.async copies landed.
+__device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Thread 0 initialises the stage barriers; every thread of the CTA must call it (it synchronises). A stage's `full`
+// barrier completes on lane 0's arrival (with the state copy's bytes) plus one cp.async arrival per producer lane.
+__device__ __forceinline__ void pipe_init(TilePipe& pipe, int stages, int consumer_warps) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&pipe.full[s], 1 + kWarpSize);
+      mbar_init(&pipe.empty[s], consumer_warps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// Consumer warp: done reading stage s (one arrive per warp).
+__device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
+  __syncwarp();
+  if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 }  // namespace rssm

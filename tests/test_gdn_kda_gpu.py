@@ -115,7 +115,7 @@ def setup(prob: Problem, L: int, state_dtype: str, act_dtype: torch.dtype, slots
 
 
 def snapshot(layer, slots: list[int]) -> dict[str, torch.Tensor]:
-    return {name: t[slots].clone() for name, t in layer.tensors().items()}
+    return {name: t[slots].clone() for name, t in layer.slot_tensors().items()}
 
 
 def assert_same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -7,6 +7,7 @@ import torch
 
 from mamba2_helpers import Float64Sequential, make_params, make_step, rel_err
 from trtllm_replayssm.cache import ReplayStateCache
+from trtllm_replayssm.ops import _launch
 from trtllm_replayssm.ops import mamba2 as ops
 
 pytestmark = pytest.mark.kernels
@@ -34,8 +35,11 @@ SHAPES = [(16, 80, 128, 8, 16), (16, 64, 128, 8, 8), (8, 128, 256, 1, 32), (8, 6
 
 
 @pytest.mark.parametrize("nheads,head_dim,d_state,ngroups,L", SHAPES)
-@pytest.mark.parametrize("mode", ["replay", "auto"])
-def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode):
+@pytest.mark.parametrize("mode,persist", [("replay", None), ("replay", (1, 2)), ("auto", None)])
+def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, persist, monkeypatch):
+    """persist=(1, 2): one CTA per SM with two tile stages, so every CTA streams many tiles and reuses each stage
+    (barrier phases wrap); None: the launch plan."""
+    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", persist)
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -47,7 +51,7 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
                               mode="replay")
             truth.step([s], one, params)
     untouched_slots = [1, 2, 4, 6]
-    frozen = {k: v[untouched_slots].clone() for k, v in layer.tensors().items()}
+    frozen = {k: v[untouched_slots].clone() for k, v in layer.slot_tensors().items()}
     worst_out = worst_state = 0.0
     flushes = 0
     for _ in range(3 * L + 3):
@@ -67,7 +71,7 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
             if int(before[s]) == L - 1 or int(layer.cursor[s]) == 0:
                 flushes += 1
                 worst_state = max(worst_state, rel_err(layer.state[s], truth.states[s]))
-    for k, v in layer.tensors().items():
+    for k, v in layer.slot_tensors().items():
         assert torch.equal(v[untouched_slots], frozen[k]), f"{k} of an unaddressed slot changed"
     print(f"max rel err out {worst_out:.2e} state {worst_state:.2e} ({flushes} flush checks)")
     assert flushes > 0

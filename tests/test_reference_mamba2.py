@@ -101,6 +101,10 @@ def test_bad_input_errors_name_the_argument():
         ops.replay_decode(layer, **{**_args(step, params), "x": step["x"][:, :3]})
     with pytest.raises(TypeError, match=r"^A: expected dtype"):
         ops.replay_decode(layer, **{**_args(step, params), "A": params.A.double()})
+    big = make_step(5, 4, 16, 64, 2, torch.bfloat16, "cpu", gen)
+    with pytest.raises(ValueError, match=r"^x: batch 5 exceeds the cache's 4 slots"):
+        ops.replay_decode(layer, **_args(big, params), state_batch_indices=torch.tensor([0, 1, 2, 3, -1],
+                                                                                         dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^state_batch_indices: values must be in \[0, 4\)"):
         ops.replay_decode(layer, **_args(step, params), state_batch_indices=torch.tensor([1, 9], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^B: expected shape"):
@@ -126,3 +130,22 @@ def test_prefill_handoff_and_reset():
     per_layer = 4 * 16 * 64 * 4 + 8 * (4 * 16 * 2 + 4 * 4 + 2 * 64 * 2) + 8
     shared_scratch = 4 * (8 + 1) * 4 + 4  # coef [H, L+1] fp32 + step int32, once per cache
     assert cache.bytes_per_slot() == 2 * per_layer + shared_scratch
+
+
+def test_persistent_stage_plan_fits_every_preset():
+    """The persistent replay kernel's launch plan: some row tile of every Mamba-2 preset leaves >= 2 shared-memory
+    stages per CTA at the planned CTAs per SM, for fp32/bf16 states and L up to 32."""
+    from trtllm_replayssm.kernels.configs import tile_choices
+    from trtllm_replayssm.ops import _launch
+    from trtllm_replayssm.presets import PRESETS
+
+    shapes = {(s.ssm_dims.head_dim, s.ssm_dims.d_state) for s in PRESETS.values() if s.family == "mamba2"}
+    assert shapes
+    for head_dim, d_state in shapes:
+        for state_elem in (4, 2):
+            for L in (1, 16, 32):
+                fits = [t for t in tile_choices(head_dim, d_state)
+                        if _launch.stages_for(ops.stage_bytes(L, t, d_state, state_elem, 2)) >= 2]
+                assert fits, (head_dim, d_state, state_elem, L)
+    # one layout by hand: Super-120B fp32, 64-row tile, L = 16 (tile 32768 + 16 + 80 + 128 + 128 + 256 + 2048 bytes)
+    assert ops.stage_bytes(16, 64, 128, 4, 2) == 35456

@@ -47,6 +47,10 @@ class _LayerCache:
 
     shared_scratch: ClassVar[tuple[str, ...]] = ()  # fields shared by all layers (counted once per cache)
 
+    def slot_tensors(self) -> dict[str, torch.Tensor]:
+        """The per-slot tensors (state, rings, cursors), without the per-step scratch (indexed by batch row)."""
+        return {name: t for name, t in self.tensors().items() if name not in self.shared_scratch}
+
     def nbytes_per_slot(self, include_shared: bool = False) -> int:
         return sum(t[0].numel() * t.element_size() for name, t in self.tensors().items()
                    if include_shared or name not in self.shared_scratch)
@@ -54,8 +58,9 @@ class _LayerCache:
 
 @dataclass
 class Mamba2LayerCache(_LayerCache):
-    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots] int32 are per-step scratch shared by all layers of a cache
-    (layers run one after another on a stream): the replay's prep launch writes them, its main launch reads them."""
+    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots] int32 are per-step scratch indexed by batch row and shared
+    by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them, its
+    main launch reads them."""
 
     x_ring: torch.Tensor
     dt_ring: torch.Tensor

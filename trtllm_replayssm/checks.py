@@ -52,6 +52,12 @@ def check_aligned(name: str, t: torch.Tensor, elems: int) -> None:
                          f"(data_ptr % {align} = {t.data_ptr() % align}, strides {list(t.stride())})")
 
 
+def check_scratch_rows(batch: int, slots: int) -> None:
+    """The replay's per-step scratch has one row per slot and is indexed by batch row: batch <= slots."""
+    if batch > slots:
+        raise ValueError(f"x: batch {batch} exceeds the cache's {slots} slots (the replay scratch has one row per slot)")
+
+
 def slot_indices(name: str, idx: torch.Tensor | None, batch: int, slots: int, pad_slot_id: int,
                  device: torch.device) -> torch.Tensor:
     """Validate ``state_batch_indices`` ([batch] int32); default: rows 0..batch-1 map to slots 0..batch-1.

@@ -83,6 +83,23 @@ def get_kernel(config: KernelConfig, name: str, device: torch.device):
     return entry[1][name]
 
 
+_DYNAMIC_SHARED: dict[int, int] = {}
+
+
+def allow_dynamic_shared(function, nbytes: int) -> None:
+    """Let ``function`` take ``nbytes`` of dynamic shared memory (above the 48 KiB default); once per size."""
+    key = int(function)
+    if _DYNAMIC_SHARED.get(key, 0) >= nbytes:
+        return
+    driver = _driver()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _check(driver.cuFuncSetAttribute(function, attr, nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+    # All of L1 as shared memory, or the driver may pick a carveout that fits fewer CTAs per SM than planned.
+    carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    _check(driver.cuFuncSetAttribute(function, carveout, 100), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+    _DYNAMIC_SHARED[key] = nbytes
+
+
 def launch(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure,
            stream: torch.cuda.Stream | None = None, shared_bytes: int = 0, programmatic: bool = False) -> None:
     """Launch ``function`` with one by-value struct parameter on ``stream`` (default: torch's current stream).

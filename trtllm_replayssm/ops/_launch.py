@@ -43,7 +43,7 @@ def force_flush_for(family: str, mode: str, batch: int, heads: int, state_dtype:
         return True
     if mode == "replay" or device.type != "cuda":
         return False
-    if state_dtype not in REPLAY_STATE_DTYPES[family]:
+    if state_dtype not in REPLAY_STATE_DTYPES[family] or not replay_capable(device):
         return True
     return batch * heads < adaptive_threshold(family, device)
 
@@ -59,6 +59,47 @@ def rows_per_cta(rows: int, cols: int, work_items: int, device: torch.device, ov
     target_ctas = 24 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
     fitting = [t for t in choices if work_items * (rows // t) >= target_ctas]
     return max(fitting) if fitting else min(choices)
+
+
+# Persistent replay kernels: CTAs per SM and the shared memory they split into tile stages (sm_90 / sm_100: 228 KiB
+# per SM, 1 KiB of it reserved per CTA). Override (ctas_per_sm, stages) for benchmark sweeps; None = the plan below.
+PERSISTENT_CTAS_PER_SM = 3
+SHARED_BYTES_PER_SM = 228 * 1024
+MAX_STAGES = 8  # plugins/replayssm_common.cuh kMaxStages
+PERSISTENT_OVERRIDE: tuple[int, int] | None = None
+
+
+def stages_for(stage_bytes: int, ctas_per_sm: int | None = None) -> int:
+    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's)."""
+    ctas = ctas_per_sm or (PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0))[0]
+    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048) // stage_bytes)  # per-CTA reserve + static smem
+
+
+def persistent_plan(tile_bytes: int, num_tiles: int, device: torch.device) -> tuple[int, int]:
+    """(grid size, stages) of a persistent replay kernel streaming ``num_tiles`` stages of ``tile_bytes``."""
+    ctas_per_sm, stages = PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0)
+    if not stages:
+        stages = stages_for(tile_bytes, ctas_per_sm)
+    if not 2 <= stages <= MAX_STAGES:
+        raise ValueError(f"state tile of {tile_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return min(num_tiles, ctas_per_sm * sm_count(index)), stages
+
+
+def replay_capable(device: torch.device) -> bool:
+    """Whether the GPU runs the persistent replay kernels (sm_90+: bulk async copies, mbarrier waits)."""
+    return _compute_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def require_persistent_arch(device: torch.device, what: str) -> None:
+    """The persistent replay kernels use sm_90 bulk copies; older GPUs run the flush path (mode='auto'/'flush')."""
+    if not replay_capable(device):
+        raise RuntimeError(f"{what}: mode='replay' needs an sm_90+ GPU (bulk async copies); use mode='auto' or 'flush'")
 
 
 def ptr(t: torch.Tensor | None) -> int:

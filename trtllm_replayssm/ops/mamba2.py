@@ -13,10 +13,12 @@ from typing import Optional
 import torch
 
 from trtllm_replayssm.cache import Mamba2LayerCache
-from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config
-from trtllm_replayssm.kernels.loader import get_kernel, launch
+from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
+from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import force_flush_for, make_struct, ptr, rows_per_cta, sm_count, stride
+from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_plan, ptr, require_persistent_arch,
+                                          stages_for,
+                                          rows_per_cta, sm_count, stride)
 from trtllm_replayssm.reference import mamba2 as ref
 
 _P = ctypes.c_void_p
@@ -29,11 +31,12 @@ _Mamba2Params = make_struct("Mamba2Params", [
     ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
-    ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64), ("s_coef_slot", _I64),
+    ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64), ("s_coef_row", _I64),
     ("s_x_b", _I64), ("s_x_h", _I64), ("s_dt_b", _I64), ("s_dt_h", _I64), ("s_B_b", _I64), ("s_B_g", _I64),
     ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
     ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
-    ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("pad0", _I32),
+    ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("batch", _I32),
+    ("stages", _I32), ("stage_bytes", _I32),
 ])
 
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
@@ -50,25 +53,53 @@ def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
         stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         stride(z, 0), stride(z, 1), out.stride(0), out.stride(1),
-        x.shape[1], B.shape[1], L, pad_slot_id, int(dt_softplus), int(dt.dtype == torch.float32), int(force_flush), 0)
+        x.shape[1], B.shape[1], L, pad_slot_id, int(dt_softplus), int(dt.dtype == torch.float32), int(force_flush),
+        x.shape[0], 0, 0)
+
+
+def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
+    """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x d_state) checkpoint tile, slot/step/D,
+    coef[0..L], x and z of the rows, C, and L ring rows (mirrors plugins/mamba2_decode.cu:stage_layout)."""
+    r16 = lambda v: (v + 15) // 16 * 16  # noqa: E731
+    total = (rows * d_state * state_elem + 16 + r16((L + 1) * 4) + 2 * r16(rows * act_elem) + r16(d_state * act_elem)
+             + r16(L * rows * act_elem))
+    return (total + 127) // 128 * 128
+
+
+def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: torch.Tensor, work: int) -> int:
+    """Row tile of the replay: the launch heuristic's, halved until two stages fit per CTA."""
+    tile = rows_per_cta(head_dim, d_state, work, x.device, ROWS_PER_CTA_OVERRIDE)
+    fits = [t for t in tile_choices(head_dim, d_state) if t <= tile and t * x.element_size() % 4 == 0
+            and stages_for(stage_bytes(L, t, d_state, state.element_size(), x.element_size())) >= 2]
+    if ROWS_PER_CTA_OVERRIDE is not None or not fits:
+        return tile
+    return max(fits)
 
 
 def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor, x: torch.Tensor,
             ngroups: int) -> None:
     """Launch the named kernels of one module in order: ``*_prep_kernel`` on (batch, ngroups), the state kernels on
-    (P / tile, H, batch); ``*_main_kernel`` as a programmatic dependent launch of the prep kernel."""
+    (P / tile, H, batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x N) state tiles and their
+    inputs through shared memory) as a programmatic dependent launch of the prep kernel."""
     batch, nheads, head_dim = x.shape
     d_state = state.shape[-1]
-    tile = rows_per_cta(head_dim, d_state, batch * nheads, x.device, ROWS_PER_CTA_OVERRIDE)
+    replay = any(name.endswith("_main_kernel") for name in kernel_names)
+    tile = (_replay_tile(head_dim, d_state, params.L, state, x, batch * nheads) if replay
+            else rows_per_cta(head_dim, d_state, batch * nheads, x.device, ROWS_PER_CTA_OVERRIDE))
     config = mamba2_config(head_dim, d_state, state.dtype, x.dtype, tile)
     for name in kernel_names:
         function = get_kernel(config, name, x.device)
         if name.endswith("_prep_kernel"):
             launch(function, (batch, ngroups, 1), (32 * _prep_warps(batch * ngroups, nheads // ngroups, x.device),
                                                    1, 1), params)
+        elif name.endswith("_main_kernel"):
+            params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
+            grid, params.stages = persistent_plan(params.stage_bytes, batch * nheads * (head_dim // tile), x.device)
+            allow_dynamic_shared(function, params.stages * params.stage_bytes)
+            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params,
+                   shared_bytes=params.stages * params.stage_bytes, programmatic=True)
         else:
-            launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params,
-                   programmatic=name.endswith("_main_kernel"))
+            launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
 
 def _prep_warps(ctas: int, heads_per_group: int, device: torch.device) -> int:
@@ -96,12 +127,14 @@ def _replay_decode_op(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.
 
 
 @_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
-                        dt_softplus, state_batch_indices, pad_slot_id, force_flush, out) -> None:
+def _replay_decode_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z,
+                        dt_bias, dt_softplus, state_batch_indices, pad_slot_id, force_flush, out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
-                          dt_softplus, state_batch_indices, pad_slot_id, False, out)
+    params = _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z,
+                          dt_bias, dt_softplus, state_batch_indices, pad_slot_id, False, out)
+    if not force_flush:
+        require_persistent_arch(x.device, "mamba2_replay_decode")
     kernels = ("mamba2_flush_decode_kernel",) if force_flush else ("mamba2_replay_prep_kernel",
                                                                     "mamba2_replay_main_kernel")
     _launch(kernels, params, state, x, B.shape[1])
@@ -125,8 +158,8 @@ def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_
                        out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                          state_batch_indices, pad_slot_id, False, out)
+    params = _fill_params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias,
+                          dt_softplus, state_batch_indices, pad_slot_id, False, out)
     _launch(("mamba2_state_update_kernel",), params, state, x, B.shape[1])
 
 
@@ -193,10 +226,16 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
+    chk.check_scratch_rows(x.shape[0], slots)
+    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+        chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
+        for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
+            if t is not None:
+                chk.check_aligned(name, t, 4 // t.element_size())
     force = force_flush_for("mamba2", mode, x.shape[0], H, layer.state.dtype, dev)
     torch.ops.replayssm.mamba2_replay_decode(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor,
-                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z, dt_bias,
-                                             dt_softplus, idx, pad_slot_id, force, out)
+                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z,
+                                             dt_bias, dt_softplus, idx, pad_slot_id, force, out)
     return out
 
 
