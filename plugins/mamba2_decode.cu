@@ -123,23 +123,14 @@ __device__ __forceinline__ const act_t* x_of(const Mamba2Params& p, const Tile& 
   return static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h;
 }
 
-// Thread i < PT stages row i's x, D x (+ Σ_{j<=w} coef_j x_j when `coef` is given) and its gate.
-__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Tile& t, OutStage& st, const float* coef,
-                                             int w) {
+// Thread i < PT stages row i's x, D x and its gate.
+__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Tile& t, OutStage& st) {
   const int i = threadIdx.x;
   if (i >= PT) return;
   const int row = t.row0 + i;
   const float x = rssm::to_float(x_of(p, t)[row]);
-  float extra = p.D ? p.D[t.head] * x : 0.f;
-  if (coef) {
-    const act_t* x_ring = static_cast<const act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + row;
-    extra = fmaf(coef[w], x, extra);
-#pragma unroll
-    for (int j = 0; j < rssm::kMaxL; ++j)
-      if (j < w) extra = fmaf(coef[j], rssm::to_float(x_ring[(long long)j * P]), extra);
-  }
   st.x[i] = x;
-  st.extra[i] = extra;
+  st.extra[i] = p.D ? p.D[t.head] * x : 0.f;
   st.gate[i] = p.z ? rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + t.head * p.s_z_h + row]))
                    : 1.f;
 }
@@ -154,12 +145,12 @@ __device__ __forceinline__ void stage_row_dot(const Tile& t, int r, const float 
   if (t.lane == 0) st.dot[t.warp * kRowsPerWarp + r] = dot;
 }
 
-// y[row] = (scale · S·C + extra) · gate for the CTA's rows.
-__device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile& t, float scale, const OutStage& st) {
+// y[row] = (S·C + extra) · gate for the CTA's rows.
+__device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile& t, const OutStage& st) {
   __syncthreads();
   const int i = threadIdx.x;
   if (i < PT) {
-    const float y = fmaf(scale, st.dot[i], st.extra[i]) * st.gate[i];
+    const float y = (st.dot[i] + st.extra[i]) * st.gate[i];
     static_cast<act_t*>(p.out)[t.b * p.s_out_b + t.head * p.s_out_h + t.row0 + i] = rssm::from_float<act_t>(y);
   }
 }
@@ -176,7 +167,7 @@ __device__ __forceinline__ void single_step_rows(const Mamba2Params& p, const Ti
   rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
   const float delta = current_delta(p, t.b, t.head);
   const float decay = __expf(p.A[t.head] * delta);
-  stage_extras(p, t, st, nullptr, 0);
+  stage_extras(p, t, st);
   __syncthreads();  // st.x ready
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -210,7 +201,7 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
   }
   float cv[kEpl];
   rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
-  stage_extras(p, t, st, nullptr, 0);
+  stage_extras(p, t, st);
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -249,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update
   load_raw(t, raw);
   __shared__ OutStage st;
   single_step_rows(p, t, raw, st);
-  finish_output(p, t, 1.f, st);
+  finish_output(p, t, st);
 }
 
 // Adaptive small-batch mode: every row flushes. With an empty ring (the steady state) this is the baseline step;
@@ -278,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0);
     fold_rows(p, t, raw, s_w, s_decay, w, st);
   }
-  finish_output(p, t, 1.f, st);
+  finish_output(p, t, st);
 }
 
 // Replay step 1, grid (batch, ngroups), 4..16 warps: per (row, group) the B·C products, per head the decay weights
@@ -477,7 +468,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
 // r's S·C on lane r. B loads go out in chunks of kFoldChunk entries; x_j of the ring come from global memory
 // (a flush tile is one in L).
-__device__ __forceinline__ float fold_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
+__device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
                                            const float* coef, const act_t* x_s, const float (&cv)[kEpl],
                                            const state_t* rows) {
   using BRaw = rssm::VecTraits<act_t, kEpl>;
@@ -597,7 +588,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     }
     dot_lane *= decay;
   } else {
-    dot_lane = fold_rows(p, c, slot, w, coef, x_s, cv, rows);
+    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, cv, rows);
   }
   rssm::release_stage(pipe, s);
   if (lane < kRowsPerWarp) {

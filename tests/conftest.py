@@ -1,5 +1,8 @@
+from collections.abc import Iterator
+
 import pytest
 import torch
+from delta_rule_harness import flush_denormals
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,3 +12,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_subnormals() -> Iterator[None]:
+    """CPU float32 subnormals flushed to zero for the test (see delta_rule_harness.flush_denormals)."""
+    with flush_denormals():
+        yield

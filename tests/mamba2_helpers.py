@@ -55,8 +55,3 @@ class Float64Sequential:
         full = torch.zeros(inputs["x"].shape, dtype=torch.float64, device=self.states.device)
         full[take] = y
         return full
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))

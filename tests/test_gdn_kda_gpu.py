@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from kernel_checks import assert_rows_written, rel_err
 
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import gdn as gdn_ops
@@ -98,11 +99,6 @@ class Truth:
         return full
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
-
-
 def setup(prob: Problem, L: int, state_dtype: str, act_dtype: torch.dtype, slots: int = 9, seed: int = 0):
     """Cache with a random checkpoint and NaN-filled rings (stale memory the kernels must never read)."""
     gen = torch.Generator().manual_seed(seed)
@@ -150,11 +146,7 @@ def run_against_truth(prob: Problem, L: int, mode: str, state_dtype: str = "fp32
         before = layer.cursor.clone()
         prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, out=out, mode=mode)
         expected = truth.step(slot_ids, x)
-        for r, s in enumerate(slot_ids):
-            if s < 0:
-                assert torch.isnan(out[r]).all(), "pad row output was written"
-            else:
-                assert not torch.isnan(out[r]).any(), "output row not fully written"
+        assert_rows_written(out, slot_ids)
         rows = [r for r, s in enumerate(slot_ids) if s >= 0]
         worst_out = max(worst_out, rel_err(out[rows], expected[rows]))
         for s in real:

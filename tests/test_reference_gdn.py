@@ -1,8 +1,6 @@
 """Gated DeltaNet references: float32 replay vs float64 sequential recurrence, baseline parity, pad rows, bad input."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import math
 
 import pytest
@@ -13,7 +11,6 @@ from delta_rule_harness import (
     assert_untouched_outside,
     check_l1_matches_baseline,
     check_pad_rows_untouched,
-    flush_denormals,
     make_cache,
     run_replay,
 )
@@ -22,11 +19,7 @@ from trtllm_replayssm.reference import gdn
 
 DIM = 128  # K == V
 
-
-@pytest.fixture(autouse=True)
-def _no_subnormals() -> Iterator[None]:
-    with flush_denormals():
-        yield
+pytestmark = pytest.mark.usefixtures("no_subnormals")
 
 
 def gdn_family(

@@ -1,8 +1,6 @@
 """KDA references: float32 replay vs float64 sequential recurrence, gate forms, baseline parity, bad input."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from delta_rule_harness import (
@@ -10,7 +8,6 @@ from delta_rule_harness import (
     assert_untouched_outside,
     check_l1_matches_baseline,
     check_pad_rows_untouched,
-    flush_denormals,
     make_cache,
     run_replay,
 )
@@ -19,11 +16,7 @@ from trtllm_replayssm.reference import kda
 
 DIM = 128  # K == V
 
-
-@pytest.fixture(autouse=True)
-def _no_subnormals() -> Iterator[None]:
-    with flush_denormals():
-        yield
+pytestmark = pytest.mark.usefixtures("no_subnormals")
 
 
 def kda_family(

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mamba2_helpers import Float64Sequential, make_params, make_step, rel_err
+from kernel_checks import rel_err
+from mamba2_helpers import Float64Sequential, make_params, make_step
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import mamba2 as ops
 

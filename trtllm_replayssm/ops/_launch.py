@@ -69,15 +69,20 @@ MAX_STAGES = 8  # plugins/replayssm_common.cuh kMaxStages
 PERSISTENT_OVERRIDE: tuple[int, int] | None = None
 
 
+def persistent_ctas_per_sm() -> int:
+    """CTAs per SM of the persistent replay kernels (the override's, else PERSISTENT_CTAS_PER_SM)."""
+    return (PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0))[0]
+
+
 def stages_for(stage_bytes: int, ctas_per_sm: int | None = None) -> int:
     """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's)."""
-    ctas = ctas_per_sm or (PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0))[0]
+    ctas = ctas_per_sm or persistent_ctas_per_sm()
     return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048) // stage_bytes)  # per-CTA reserve + static smem
 
 
 def persistent_plan(tile_bytes: int, num_tiles: int, device: torch.device) -> tuple[int, int]:
     """(grid size, stages) of a persistent replay kernel streaming ``num_tiles`` stages of ``tile_bytes``."""
-    ctas_per_sm, stages = PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0)
+    ctas_per_sm, stages = persistent_ctas_per_sm(), (PERSISTENT_OVERRIDE or (0, 0))[1]
     if not stages:
         stages = stages_for(tile_bytes, ctas_per_sm)
     if not 2 <= stages <= MAX_STAGES:

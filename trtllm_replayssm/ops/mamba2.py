@@ -8,6 +8,7 @@ Callers use :func:`replay_decode` and :func:`state_update`, which validate argum
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Optional
 
 import torch
@@ -16,8 +17,8 @@ from trtllm_replayssm.cache import Mamba2LayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
 from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_plan, ptr, require_persistent_arch,
-                                          stages_for,
+from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_ctas_per_sm, persistent_plan, ptr,
+                                          require_persistent_arch, stages_for,
                                           rows_per_cta, sm_count, stride)
 from trtllm_replayssm.reference import mamba2 as ref
 
@@ -67,13 +68,19 @@ def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int)
 
 
 def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: torch.Tensor, work: int) -> int:
-    """Row tile of the replay: the launch heuristic's, halved until two stages fit per CTA."""
+    """Row tile of the replay: the largest tile up to the launch heuristic's whose stage fits twice per CTA."""
     tile = rows_per_cta(head_dim, d_state, work, x.device, ROWS_PER_CTA_OVERRIDE)
-    fits = [t for t in tile_choices(head_dim, d_state) if t <= tile and t * x.element_size() % 4 == 0
-            and stages_for(stage_bytes(L, t, d_state, state.element_size(), x.element_size())) >= 2]
-    if ROWS_PER_CTA_OVERRIDE is not None or not fits:
+    if ROWS_PER_CTA_OVERRIDE is not None:
         return tile
-    return max(fits)
+    return _fitting_tile(head_dim, d_state, L, state.element_size(), x.element_size(), tile, persistent_ctas_per_sm())
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting_tile(head_dim: int, d_state: int, L: int, state_elem: int, act_elem: int, tile: int,
+                  ctas_per_sm: int) -> int:
+    fits = [t for t in tile_choices(head_dim, d_state) if t <= tile and t * act_elem % 4 == 0
+            and stages_for(stage_bytes(L, t, d_state, state_elem, act_elem), ctas_per_sm) >= 2]
+    return max(fits) if fits else tile
 
 
 def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor, x: torch.Tensor,

@@ -58,12 +58,17 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
     return float(scale)
 
 
-def check_heads(num_k_heads: int, num_v_heads: int) -> None:
-    """Value heads must be a positive multiple of key heads."""
-    if num_k_heads < 1 or num_v_heads % num_k_heads != 0:
-        raise ValueError(
-            f"v: expected value heads to be a multiple of the key heads ({num_k_heads}), got {num_v_heads}"
-        )
+def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
+    """q, k [b, H, K] and v [b, HV, V] of one dtype, HV a positive multiple of H; return (b, H, HV, K, V)."""
+    batch, heads, dim_k = check_rank("q", q, 3).shape
+    dev = q.device
+    check_tensor("q", q, q.shape, FLOAT_DTYPES, dev)
+    check_tensor("k", k, q.shape, (q.dtype,), dev)
+    _, v_heads, dim_v = check_rank("v", v, 3).shape
+    if heads < 1 or v_heads % heads != 0:
+        raise ValueError(f"v: expected value heads to be a multiple of the key heads ({heads}), got {v_heads}")
+    check_tensor("v", v, (batch, v_heads, dim_v), (q.dtype,), dev)
+    return batch, heads, v_heads, dim_k, dim_v
 
 
 def check_scalars(pad_slot_id: object, force_flush: object | None = None) -> None:
@@ -283,13 +288,8 @@ def _check_step(
     A_log: torch.Tensor, dt_bias: torch.Tensor, state_batch_indices: torch.Tensor, out: torch.Tensor,  # noqa: N803
 ) -> tuple[int, int, int, int, int, int]:
     """Validate the step inputs shared by baseline and replay; return ``(batch, H, HV, K, V, slots)``."""
-    batch, heads, dim_k = check_rank("q", q, 3).shape
+    batch, heads, v_heads, dim_k, dim_v = check_qkv(q, k, v)
     dev = q.device
-    check_tensor("q", q, q.shape, FLOAT_DTYPES, dev)
-    check_tensor("k", k, q.shape, (q.dtype,), dev)
-    _, v_heads, dim_v = check_rank("v", v, 3).shape
-    check_heads(heads, v_heads)
-    check_tensor("v", v, (batch, v_heads, dim_v), (q.dtype,), dev)
     check_tensor("a", a, (batch, v_heads), FLOAT_DTYPES, dev)
     check_tensor("b", b, (batch, v_heads), FLOAT_DTYPES, dev)
     check_tensor("A_log", A_log, (v_heads,), FLOAT_DTYPES, dev)

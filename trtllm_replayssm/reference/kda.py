@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from trtllm_replayssm.reference.gdn import (
     FLOAT_DTYPES,
     LOG_GATE_FLOOR,
-    check_heads,
+    check_qkv,
     check_rank,
     check_scalars,
     check_state_io,
@@ -92,13 +92,8 @@ def _check_step(
 ) -> tuple[int, int, int, int, int, int]:
     """Validate the step inputs shared by baseline and replay; return ``(batch, H, HV, K, V, slots)``."""
     check_lower_bound(lower_bound)
-    batch, heads, dim_k = check_rank("q", q, 3).shape
+    batch, heads, v_heads, dim_k, dim_v = check_qkv(q, k, v)
     dev = q.device
-    check_tensor("q", q, q.shape, FLOAT_DTYPES, dev)
-    check_tensor("k", k, q.shape, (q.dtype,), dev)
-    _, v_heads, dim_v = check_rank("v", v, 3).shape
-    check_heads(heads, v_heads)
-    check_tensor("v", v, (batch, v_heads, dim_v), (q.dtype,), dev)
     check_tensor("g_raw", g_raw, (batch, v_heads, dim_k), FLOAT_DTYPES, dev)
     check_tensor("beta_raw", beta_raw, (batch, v_heads), FLOAT_DTYPES, dev)
     check_tensor("A_log", A_log, (v_heads,), FLOAT_DTYPES, dev)
