@@ -55,9 +55,13 @@ struct DeltaParams {
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
-  int batch, stages, stage_bytes, pad0;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
+  int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
+  int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
 };
 
+#ifndef VARIANT
+#define VARIANT 0
+#endif
 namespace {
 
 constexpr int kK = DK;
@@ -67,6 +71,7 @@ constexpr int kEpl = kK / rssm::kWarpSize;       // key channels per lane
 constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
 constexpr int kTile = VTILE;                      // state rows per CTA
 constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
+constexpr int kPrepChunk = kEpl <= 4 ? 4 : 1;  // ring keys whose loads the prep kernel issues at once
 constexpr float kL2Eps = 1e-6f;
 constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
@@ -306,24 +311,28 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
 // then q~ and k (l2-normalised, q~ scaled), the log-decay lg of the checkpoint to after the token (per key channel;
 // GDN repeats its scalar), k·q~ and beta. trtllm_replayssm/ops/gdn.py:record_len mirrors the length.
+// q~, k and lg start on a 16-byte boundary (vector loads and stores).
 __host__ __device__ constexpr int rec_cq(int) { return 0; }
 __host__ __device__ constexpr int rec_ck(int L) { return L; }
-__host__ __device__ constexpr int rec_q(int L) { return 2 * L; }
-__host__ __device__ constexpr int rec_k(int L) { return 2 * L + kK; }
-__host__ __device__ constexpr int rec_lg(int L) { return 2 * L + 2 * kK; }
-__host__ __device__ constexpr int rec_kq(int L) { return 2 * L + 3 * kK; }
-__host__ __device__ constexpr int rec_len(int L) { return (2 * L + 3 * kK + 2 + 3) / 4 * 4; }
+__host__ __device__ constexpr int rec_q(int L) { return (2 * L + 3) / 4 * 4; }
+__host__ __device__ constexpr int rec_k(int L) { return rec_q(L) + kK; }
+__host__ __device__ constexpr int rec_lg(int L) { return rec_q(L) + 2 * kK; }
+__host__ __device__ constexpr int rec_kq(int L) { return rec_q(L) + 3 * kK; }
+__host__ __device__ constexpr int rec_len(int L) { return (rec_kq(L) + 2 + 3) / 4 * 4; }
 
-// Replay step 1, grid (batch, HV): this value head's record (see rec_*) into the per-row scratch; for non-flush rows
-// appends k (once per key head) and the cumulative gate at ring position w; advances the cursor. Lets the main kernel
-// launch at once (programmatic dependent launch).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_kernel(const DeltaParams p) {
+// Replay step 1, one warp per (batch row, value head) item (grid: ceil(batch * HV / 4) CTAs of 4 warps, so the
+// whole batch runs in about one wave): the item's record (see rec_*) into the per-row scratch; for non-flush rows
+// appends k (once per key head) and the cumulative gate at ring position w; advances the cursor once every value head
+// of the row has read it. Lets the main kernel launch at once (programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_prep_kernel(const DeltaParams p) {
   asm volatile("griddepcontrol.launch_dependents;");
-  const int b = blockIdx.x, hv = blockIdx.y;
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
+  if (item >= p.batch * p.num_v_heads) return;
+  const int b = item / p.num_v_heads, hv = item % p.num_v_heads;
   const int slot = p.slot_idx[b];
   if (slot == p.pad_slot_id) return;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
   const bool flush = p.force_flush || w == p.L - 1;
   float qn[kEpl], kn[kEpl];
@@ -333,29 +342,33 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_k
   checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
-  for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
-    float kd[kEpl];
-    decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-    float dq, dk;
-    ring_key_dots(kd, qn, kn, dq, dk);
-    if (lane == 0) {
-      rec[rec_cq(p.L) + j] = dq;
-      rec[rec_ck(p.L) + j] = dk;
-    }
-  }
-  if (warp == 1) {
-    float lg_all[kEpl];
+  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
+    float kd[kPrepChunk][kEpl];
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
-    rssm::store_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
-    rssm::store_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
-    rssm::store_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg_all);
-    if (lane == 0) {
-      rec[rec_kq(p.L)] = kq;
-      rec[rec_kq(p.L) + 1] = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    for (int c = 0; c < kPrepChunk; ++c)
+      if (j0 + c < w) decayed_key(p, k_ring, g_ring, j0 + c, col0, lg, kd[c]);
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c) {
+      if (j0 + c >= w) break;
+      float dq, dk;
+      ring_key_dots(kd[c], qn, kn, dq, dk);
+      if (lane == 0) {
+        rec[rec_cq(p.L) + j0 + c] = dq;
+        rec[rec_ck(p.L) + j0 + c] = dk;
+      }
     }
   }
-  if (!flush && warp == 0) {
+  float lg_all[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
+  rssm::store_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
+  rssm::store_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
+  rssm::store_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg_all);
+  if (lane == 0) {
+    rec[rec_kq(p.L)] = kq;
+    rec[rec_kq(p.L) + 1] = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+  }
+  if (!flush) {
     if (hv % group == 0) {
       act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
       rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
@@ -363,8 +376,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_k
     if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
     else if (lane == 0) g_ring[w] = lg[0];
   }
-  __syncthreads();  // every thread has read the cursor
-  if (threadIdx.x == 0) {
+  __syncwarp();  // every lane has read the cursor
+  if (lane == 0) {
     if (hv == 0) p.step[b] = flush ? -(w + 1) : w;
     rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, flush ? 0 : w + 1);
   }
@@ -396,6 +409,10 @@ __device__ __forceinline__ StageLayout stage_layout(int L) {
   l.bytes = (l.u_ring + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
   return l;
 }
+
+// The fold buffer: ring keys [L][K] (act), then the ring's cumulative gates ([L] for GDN, [L][K] for KDA, fp32);
+// trtllm_replayssm/ops/gdn.py:fold_bytes mirrors the total.
+__device__ __forceinline__ int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(act_t))); }
 
 struct TileCoord {
   int b, hv, row0;
@@ -432,7 +449,9 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // records, step and ring appends of the prep kernel
   constexpr int kRowWords = kTile * int(sizeof(act_t)) / 4;
-  int i = 0;
+  constexpr int kGateWords = kPerChannel ? kK : 1;
+  unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  int i = 0, folds = 0;
   for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
     if (base != blockIdx.x) slot_lane = lane_slot(base);
     const int t_lane = base + lane * stride;
@@ -463,6 +482,18 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
           rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
                           reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
         }
+        const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+        const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+        const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+        if (info < 0 && p.fold_bytes && VARIANT != 1 && VARIANT != 2) {  // the fold's ring keys and gates
+          rssm::fold_buffer_acquire(pipe, folds++);
+          rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
+          rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
+          rssm::cp_async_arrive(&pipe.fold_full);
+        } else if (info < 0) {  // the fold loads the ring keys and gates itself: have them in L2 by then
+          rssm::prefetch_l2(k_ring, w * kK * int(sizeof(act_t)));
+          rssm::prefetch_l2(g_ring, w * kGateWords * 4);
+        }
       }
       rssm::cp_async_arrive(&pipe.full[s]);
     }
@@ -470,15 +501,14 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
 }
 
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
-// `u_lane`: lane r holds u of row r. Decayed ring keys come from global memory in chunks (a flush is one tile in L).
+// `u_lane`: lane r holds u of row r. Ring keys and gates (`k_ring`, `g_ring`) come from the fold buffer or global
+// memory; they are decayed in chunks of kFoldChunk entries.
 __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord& c, int slot, int w,
                                           const float (&lg)[kEpl], const float (&dec)[kEpl], const float (&kn)[kEpl],
-                                          float u_lane, const act_t* u_s, const state_t* rows) {
+                                          float u_lane, const act_t* u_s, const state_t* rows, const act_t* k_ring,
+                                          const float* g_ring) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int wr0 = warp * kRows;  // in the tile
-  const int h = c.hv / (p.num_v_heads / p.num_k_heads);
-  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-  const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
                  (long long)(c.row0 + wr0) * kK + col0;
   float lg_g[kGates];
@@ -525,17 +555,17 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
 // Non-flush: appends u at ring position w (the checkpoint is never written). Flush: folds and stores the checkpoint.
 // Releases the stage once its shared memory is read.
 __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
-                                            rssm::TilePipe& pipe, int s) {
+                                            rssm::TilePipe& pipe, int s, const unsigned char* fold_buf, int& folds) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
   const int slot = info_words[0], info = info_words[1];
-  if (slot == p.pad_slot_id) {
+  if (slot == p.pad_slot_id || VARIANT == 1) {
     rssm::release_stage(pipe, s);
     return;
   }
-  const bool flush = info < 0;
-  const int w = flush ? -info - 1 : info;
+  const bool flush = VARIANT == 2 ? false : info < 0;
+  const int w = info < 0 ? -info - 1 : info;
   const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
   const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.u_ring);
@@ -577,8 +607,10 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
       aq = fmaf(sv[e], xq[e], aq);
       ak = fmaf(sv[e], xk[e], ak);
     }
-    aq = rssm::warp_sum(aq);
-    ak = rssm::warp_sum(ak);
+    if (VARIANT != 3) {
+      aq = rssm::warp_sum(aq);
+      ak = rssm::warp_sum(ak);
+    }
     if (lane == rr) {
       aq_lane = aq;
       ak_lane = ak;
@@ -586,7 +618,21 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   }
   const float u = beta * (rssm::to_float(v_s[wr]) - ak_lane - rk);
   const float o = aq_lane + rq + u * kq;
-  if (flush) fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows);
+  if (flush) {
+    const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+    const act_t* k_src = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    const float* g_src = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+    if (p.fold_bytes) {
+      rssm::fold_buffer_wait(pipe, folds);
+      k_src = reinterpret_cast<const act_t*>(fold_buf);
+      g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
+    }
+    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src);
+    if (p.fold_bytes) {
+      rssm::fold_buffer_release(pipe);
+      ++folds;
+    }
+  }
   rssm::release_stage(pipe, s);
   if (lane < kRows) {
     const int row = c.row0 + wr;
@@ -610,14 +656,17 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);
   if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
   rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  if (VARIANT == 5) return;
   if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
     produce(p, pipe, stage_mem, num_tiles);
     return;
   }
+  const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  int folds = 0;  // flush tiles done: the fold buffer's phase
   for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
     const int s = i % p.stages;
     rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s);
+    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s, fold_buf, folds);
   }
 #endif
 }

@@ -251,8 +251,8 @@ def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[t
 
 def delta_record_len(L: int, key_dim: int) -> int:
     """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), q~, k and the
-    log-decay (3 K), k·q~ and beta, padded to 4 (mirrors plugins/delta_rule_decode.cu:rec_len)."""
-    return (2 * L + 3 * key_dim + 2 + 3) // 4 * 4
+    log-decay (3 K, from a 16-byte boundary), k·q~ and beta, padded to 4 (mirrors plugins/delta_rule_decode.cu:rec_len)."""
+    return ((2 * L + 3) // 4 * 4 + 3 * key_dim + 2 + 3) // 4 * 4
 
 
 def _check_positive(**values: int) -> None:

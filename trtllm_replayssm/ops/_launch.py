@@ -67,6 +67,7 @@ PERSISTENT_CTAS_PER_SM = 3
 SHARED_BYTES_PER_SM = 228 * 1024
 MAX_STAGES = 8  # plugins/replayssm_common.cuh kMaxStages
 PERSISTENT_OVERRIDE: tuple[int, int] | None = None
+FOLD_BUFFER_OVERRIDE: bool | None = None  # force the fold buffer on (if it fits) / off for sweeps; None = the plan
 
 
 def persistent_ctas_per_sm() -> int:
@@ -74,21 +75,26 @@ def persistent_ctas_per_sm() -> int:
     return (PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0))[0]
 
 
-def stages_for(stage_bytes: int, ctas_per_sm: int | None = None) -> int:
-    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's)."""
+def stages_for(stage_bytes: int, ctas_per_sm: int | None = None, reserved: int = 0) -> int:
+    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's), ``reserved`` bytes
+    of the CTA's share set aside (the fold buffer)."""
     ctas = ctas_per_sm or persistent_ctas_per_sm()
-    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048) // stage_bytes)  # per-CTA reserve + static smem
+    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048 - reserved) // stage_bytes)  # + static smem
 
 
-def persistent_plan(tile_bytes: int, num_tiles: int, device: torch.device) -> tuple[int, int]:
-    """(grid size, stages) of a persistent replay kernel streaming ``num_tiles`` stages of ``tile_bytes``."""
+def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
+                    fold_bytes: int = 0) -> tuple[int, int, int]:
+    """(grid size, stages, fold buffer bytes) of a persistent replay kernel streaming ``num_tiles`` stages of
+    ``stage_bytes``. The fold buffer (``fold_bytes``: a flush tile's ring inputs) is kept where it costs no stage."""
     ctas_per_sm, stages = persistent_ctas_per_sm(), (PERSISTENT_OVERRIDE or (0, 0))[1]
     if not stages:
-        stages = stages_for(tile_bytes, ctas_per_sm)
+        stages = stages_for(stage_bytes, ctas_per_sm)
     if not 2 <= stages <= MAX_STAGES:
-        raise ValueError(f"state tile of {tile_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+        raise ValueError(f"state tile of {stage_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+    fits = stages_for(stage_bytes, ctas_per_sm, fold_bytes) >= stages
+    fold = fold_bytes if fits and FOLD_BUFFER_OVERRIDE is not False else 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return min(num_tiles, ctas_per_sm * sm_count(index)), stages
+    return min(num_tiles, ctas_per_sm * sm_count(index)), stages, fold
 
 
 def replay_capable(device: torch.device) -> bool:

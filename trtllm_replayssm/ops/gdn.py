@@ -44,7 +44,7 @@ _DeltaParams = make_struct("DeltaParams", [
     ("scale", _F32), ("lower_bound", _F32),
     ("num_k_heads", _I32), ("num_v_heads", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("gate_is_f32", _I32), ("beta_is_f32", _I32), ("has_lower_bound", _I32), ("force_flush", _I32),
-    ("batch", _I32), ("stages", _I32), ("stage_bytes", _I32), ("pad0", _I32),
+    ("batch", _I32), ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32),
 ])
 
 SUPPORTED_KEY_DIMS = (64, 128, 256)
@@ -88,6 +88,13 @@ def stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int)
     return (total + 127) // 128 * 128
 
 
+def fold_bytes(L: int, key_dim: int, act_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of the persistent replay kernel's fold buffer: a flush tile's ring keys [L][K] and cumulative gates
+    ([L] or [L][K] fp32) (mirrors plugins/delta_rule_decode.cu:fold_gates_offset)."""
+    r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+    return r16(L * key_dim * act_elem) + r16(L * (key_dim if per_channel_gate else 1) * 4)
+
+
 def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: torch.Tensor, work: int) -> int:
     """Row tile of the replay: the launch heuristic's, lowered until two stages fit per CTA."""
     tile = row_tile(value_dim, key_dim, work, v.device)
@@ -100,7 +107,7 @@ def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: t
 
 def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
-    """Launch delta-rule kernels in order: ``*_prep_kernel`` on (batch, HV), the state kernels on (V / tile, HV,
+    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, value head)), the state kernels on (V / tile, HV,
     batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their inputs through
     shared memory) as a programmatic dependent launch of the prep kernel."""
     batch, v_heads, value_dim = v.shape
@@ -113,14 +120,17 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
     block = (32 * NUM_WARPS, 1, 1)
     for name in kernel_names:
         function = get_kernel(config, name, v.device)
-        if name.endswith("_prep_kernel"):
-            launch(function, (batch, v_heads, 1), block, params)
+        if name.endswith("_prep_kernel"):  # one warp per (batch row, value head)
+            launch(function, (-(-batch * v_heads // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
-            grid, params.stages = persistent_plan(params.stage_bytes, batch * v_heads * (value_dim // tile), v.device)
-            allow_dynamic_shared(function, params.stages * params.stage_bytes)
-            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params,
-                   shared_bytes=params.stages * params.stage_bytes, programmatic=True)
+            grid, params.stages, params.fold_bytes = persistent_plan(
+                params.stage_bytes, batch * v_heads * (value_dim // tile), v.device,
+                fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
+            shared = params.stages * params.stage_bytes + params.fold_bytes
+            allow_dynamic_shared(function, shared)
+            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared,
+                   programmatic=True)
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 
