@@ -59,9 +59,6 @@ struct DeltaParams {
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
 };
 
-#ifndef VARIANT
-#define VARIANT 0
-#endif
 namespace {
 
 constexpr int kK = DK;
@@ -485,7 +482,7 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
         const int h = c.hv / (p.num_v_heads / p.num_k_heads);
         const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
         const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
-        if (info < 0 && p.fold_bytes && VARIANT != 1 && VARIANT != 2) {  // the fold's ring keys and gates
+        if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
           rssm::fold_buffer_acquire(pipe, folds++);
           rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
           rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
@@ -560,12 +557,12 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
   const int slot = info_words[0], info = info_words[1];
-  if (slot == p.pad_slot_id || VARIANT == 1) {
+  if (slot == p.pad_slot_id) {
     rssm::release_stage(pipe, s);
     return;
   }
-  const bool flush = VARIANT == 2 ? false : info < 0;
-  const int w = info < 0 ? -info - 1 : info;
+  const bool flush = info < 0;
+  const int w = flush ? -info - 1 : info;
   const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
   const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.u_ring);
@@ -607,10 +604,8 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
       aq = fmaf(sv[e], xq[e], aq);
       ak = fmaf(sv[e], xk[e], ak);
     }
-    if (VARIANT != 3) {
-      aq = rssm::warp_sum(aq);
-      ak = rssm::warp_sum(ak);
-    }
+    aq = rssm::warp_sum(aq);
+    ak = rssm::warp_sum(ak);
     if (lane == rr) {
       aq_lane = aq;
       ak_lane = ak;
@@ -656,7 +651,6 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);
   if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
   rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
-  if (VARIANT == 5) return;
   if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
     produce(p, pipe, stage_mem, num_tiles);
     return;

@@ -50,9 +50,6 @@ struct Mamba2Params {
   int fold_bytes, pad0;     // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
 };
 
-#ifndef VARIANT
-#define VARIANT 0
-#endif
 namespace {
 
 constexpr int kEpl = N / rssm::kWarpSize;     // state columns per lane
@@ -466,7 +463,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
                           reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
         }
         const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
-        if (info < 0 && p.fold_bytes && VARIANT != 1 && VARIANT != 2) {  // the fold's B rows: ring rows j < w, then the current B at row w
+        if (info < 0 && p.fold_bytes) {  // the fold's B rows: ring rows j < w, then the current B at row w
           rssm::fold_buffer_acquire(pipe, folds++);
           constexpr int kBWords = N * int(sizeof(act_t)) / 4;
           rssm::cp_async_words(fold_buf, B_ring, w * kBWords);
@@ -562,7 +559,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
   const int slot = info_words[0], info = info_words[1];
-  if (slot == p.pad_slot_id || VARIANT == 1) {
+  if (slot == p.pad_slot_id) {
     rssm::release_stage(pipe, s);
     return;
   }
@@ -572,8 +569,8 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
   const act_t* ring = reinterpret_cast<const act_t*>(stage + lay.x_ring);
   const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;
-  const bool flush = VARIANT == 2 ? false : info < 0;
-  const int w = info < 0 ? -info - 1 : info;
+  const bool flush = info < 0;
+  const int w = flush ? -info - 1 : info;
   const int r = lane % kRowsPerWarp, wr = warp * kRowsPerWarp + r;  // lane r < kRowsPerWarp: tile row wr
   float cv[kEpl];
   rssm::load_vec<act_t, kEpl>(reinterpret_cast<const act_t*>(stage + lay.C) + lane * kEpl, cv);
@@ -599,7 +596,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
-      if (VARIANT != 3) dot = rssm::warp_sum(dot);
+      dot = rssm::warp_sum(dot);
       if (lane == rr) dot_lane = dot;
     }
     dot_lane *= decay;
@@ -639,7 +636,6 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   const int num_tiles = p.batch * p.nheads * (P / PT);
   if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
   rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
-  if (VARIANT == 5) return;
   if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
     produce(p, pipe, stage_mem, num_tiles);
     return;

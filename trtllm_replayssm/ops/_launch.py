@@ -67,7 +67,7 @@ PERSISTENT_CTAS_PER_SM = 3
 SHARED_BYTES_PER_SM = 228 * 1024
 MAX_STAGES = 8  # plugins/replayssm_common.cuh kMaxStages
 PERSISTENT_OVERRIDE: tuple[int, int] | None = None
-FOLD_BUFFER_OVERRIDE: bool | None = None  # force the fold buffer on (if it fits) / off for sweeps; None = the plan
+FOLD_BUFFER_ENABLED = True  # False: flush tiles load their ring inputs themselves (for sweeps)
 
 
 def persistent_ctas_per_sm() -> int:
@@ -92,7 +92,7 @@ def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
     if not 2 <= stages <= MAX_STAGES:
         raise ValueError(f"state tile of {stage_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
     fits = stages_for(stage_bytes, ctas_per_sm, fold_bytes) >= stages
-    fold = fold_bytes if fits and FOLD_BUFFER_OVERRIDE is not False else 0
+    fold = fold_bytes if fits and FOLD_BUFFER_ENABLED else 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     return min(num_tiles, ctas_per_sm * sm_count(index)), stages, fold
 

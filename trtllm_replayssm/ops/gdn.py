@@ -14,6 +14,7 @@ The launch helpers here (parameter struct, tile choice, shared validation) also 
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Optional
 
 import torch
@@ -22,8 +23,8 @@ from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_le
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
 from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_plan, ptr, require_persistent_arch,
-                                          rows_per_cta, stages_for, stride)
+from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_ctas_per_sm, persistent_plan, ptr,
+                                          require_persistent_arch, rows_per_cta, stages_for, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -95,13 +96,29 @@ def fold_bytes(L: int, key_dim: int, act_elem: int, per_channel_gate: bool) -> i
     return r16(L * key_dim * act_elem) + r16(L * (key_dim if per_channel_gate else 1) * 4)
 
 
-def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: torch.Tensor, work: int) -> int:
-    """Row tile of the replay: the launch heuristic's, lowered until two stages fit per CTA."""
+def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: torch.Tensor, work: int,
+                 per_channel_gate: bool) -> int:
+    """Row tile of the replay: the launch heuristic's, lowered until two stages fit per CTA (KDA: and the fold
+    buffer with them)."""
     tile = row_tile(value_dim, key_dim, work, v.device)
-    fits = [t for t in tile_choices(value_dim, key_dim) if t <= tile and t * v.element_size() % 4 == 0
-            and stages_for(stage_bytes(L, t, key_dim, state.element_size(), v.element_size())) >= 2]
-    if ROWS_PER_CTA_OVERRIDE is not None or not fits:
+    if ROWS_PER_CTA_OVERRIDE is not None:
         return tile
+    return _fitting_tile(value_dim, key_dim, L, state.element_size(), v.element_size(), tile, per_channel_gate,
+                         persistent_ctas_per_sm())
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
+                  per_channel_gate: bool, ctas_per_sm: int) -> int:
+    stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem) for t in tile_choices(value_dim, key_dim)}
+    fits = [t for t in stage if t <= tile and t * act_elem % 4 == 0 and stages_for(stage[t], ctas_per_sm) >= 2]
+    if not fits:
+        return tile
+    if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
+        fold = fold_bytes(L, key_dim, act_elem, True)
+        buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= stages_for(stage[t], ctas_per_sm)]
+        if buffered:
+            return max(buffered)
     return max(fits)
 
 
@@ -113,7 +130,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
     batch, v_heads, value_dim = v.shape
     key_dim = q.shape[2]
     replay = any(name.endswith("_main_kernel") for name in kernel_names)
-    tile = (_replay_tile(value_dim, key_dim, params.L, state, v, batch * v_heads) if replay
+    tile = (_replay_tile(value_dim, key_dim, params.L, state, v, batch * v_heads, family == "kda") if replay
             else row_tile(value_dim, key_dim, batch * v_heads, v.device))
     make = gdn_config if family == "gdn" else kda_config
     config = make(key_dim, value_dim, state.dtype, q.dtype, tile)
