@@ -16,13 +16,14 @@ def sm_count(device_index: int) -> int:
 
 
 # Where ``mode='auto'`` switches from flushing every step (baseline traffic, no ring) to replay, in work items
-# (batch x heads) per SM, from the H200 measurements in benchmarks/results: Mamba-2 replay wins from ~8 x SMs (e.g.
-# Nemotron-3-Nano-4B, 96 heads, loses at batch 8 and wins at 64); the GDN/KDA replay only from ~48 x SMs (fp32 state:
-# 1.04-1.07x at batch 256-512 on Qwen3.5, 0.88-0.94x at batch 64).
-REPLAY_MIN_WORK_PER_SM = {"mamba2": 8, "gdn": 48, "kda": 48}
-# State dtypes whose replay is measured faster than the baseline, per family (GDN/KDA 16-bit states: not yet).
-REPLAY_STATE_DTYPES = {"mamba2": (torch.float32, torch.float16, torch.bfloat16), "gdn": (torch.float32,),
-                       "kda": (torch.float32,)}
+# (batch x heads) per SM, from the H200 measurements in benchmarks/results (run 6): replay loses at batch 8 and wins
+# at batch 64 for every benchmark shape, i.e. between ~4 and ~15 x SMs (replay over baseline, fp32 state: Mamba-2
+# Nemotron-3-Nano-4B, 96 heads, 0.86x at 8, 1.61x at 64; GDN Qwen3.5-4B, 32 value heads, 0.49x / 1.25x; KDA
+# Kimi-Linear, 32 heads, 0.44x / 1.28x).
+REPLAY_MIN_WORK_PER_SM = {"mamba2": 8, "gdn": 8, "kda": 8}
+# State dtypes whose replay is measured faster than the baseline, per family (fp16 states of GDN/KDA: not measured).
+REPLAY_STATE_DTYPES = {"mamba2": (torch.float32, torch.float16, torch.bfloat16),
+                       "gdn": (torch.float32, torch.bfloat16), "kda": (torch.float32, torch.bfloat16)}
 
 
 def adaptive_threshold(family: str, device: torch.device) -> int:
