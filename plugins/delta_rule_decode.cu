@@ -38,8 +38,8 @@ struct DeltaParams {
   float* g_ring;          // [slots, HV, L(, K)]     (replay only)
   int* cursor;            // [slots]                 (replay only)
   int* arrive;            // [slots]                 (replay only)
-  float* coef;            // [slots, HV, 2L] scratch: kd_j·q~ (j < L), kd_j·k (L + j)
-  int* step;              // [slots] scratch: w of the step, or -(w + 1) for a flush
+  float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
   const void* q;          // [b, H, K]
   const void* k;          // [b, H, K]
   const void* v;          // [b, HV, V]
@@ -50,11 +50,13 @@ struct DeltaParams {
   const int* slot_idx;    // [b]
   void* out;              // [b, HV, V]
   long long s_state_slot, s_state_head;
-  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_slot;
+  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_row;
   long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
+  int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
+  int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
 };
 
 namespace {
@@ -66,6 +68,7 @@ constexpr int kEpl = kK / rssm::kWarpSize;       // key channels per lane
 constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
 constexpr int kTile = VTILE;                      // state rows per CTA
 constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
+constexpr int kPrepChunk = kEpl <= 4 ? 4 : 1;  // ring keys whose loads the prep kernel issues at once
 constexpr float kL2Eps = 1e-6f;
 constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
@@ -302,36 +305,67 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
   delta_step<true>(p, &sm);
 }
 
-// Replay step 1, grid (batch, HV): the ring coefficients kd_j·q~ and kd_j·k (j < w) of this value head into the
-// per-slot scratch; for non-flush rows appends k (once per key head) and the cumulative gate at ring position w;
-// advances the cursor. Lets the main kernel launch at once (programmatic dependent launch).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_kernel(const DeltaParams p) {
+// The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
+// then q~ and k (l2-normalised, q~ scaled), the log-decay lg of the checkpoint to after the token (per key channel;
+// GDN repeats its scalar), k·q~ and beta. trtllm_replayssm/ops/gdn.py:record_len mirrors the length.
+// q~, k and lg start on a 16-byte boundary (vector loads and stores).
+__host__ __device__ constexpr int rec_cq(int) { return 0; }
+__host__ __device__ constexpr int rec_ck(int L) { return L; }
+__host__ __device__ constexpr int rec_q(int L) { return (2 * L + 3) / 4 * 4; }
+__host__ __device__ constexpr int rec_k(int L) { return rec_q(L) + kK; }
+__host__ __device__ constexpr int rec_lg(int L) { return rec_q(L) + 2 * kK; }
+__host__ __device__ constexpr int rec_kq(int L) { return rec_q(L) + 3 * kK; }
+__host__ __device__ constexpr int rec_len(int L) { return (rec_kq(L) + 2 + 3) / 4 * 4; }
+
+// Replay step 1, one warp per (batch row, value head) item (grid: ceil(batch * HV / 4) CTAs of 4 warps, so the
+// whole batch runs in about one wave): the item's record (see rec_*) into the per-row scratch; for non-flush rows
+// appends k (once per key head) and the cumulative gate at ring position w; advances the cursor once every value head
+// of the row has read it. Lets the main kernel launch at once (programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_prep_kernel(const DeltaParams p) {
   asm volatile("griddepcontrol.launch_dependents;");
-  const int b = blockIdx.x, hv = blockIdx.y;
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
+  if (item >= p.batch * p.num_v_heads) return;
+  const int b = item / p.num_v_heads, hv = item % p.num_v_heads;
   const int slot = p.slot_idx[b];
   if (slot == p.pad_slot_id) return;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
   const bool flush = p.force_flush || w == p.L - 1;
   float qn[kEpl], kn[kEpl];
-  (void)normalized_qk(p, b, h, col0, qn, kn);
+  const float kq = normalized_qk(p, b, h, col0, qn, kn);
   float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
   float lg[kGates];
   checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-  float* coef = p.coef + slot * p.s_coef_slot + (long long)hv * 2 * p.L;
-  for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
-    float kd[kEpl];
-    decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-    float dq, dk;
-    ring_key_dots(kd, qn, kn, dq, dk);
-    if (lane == 0) {
-      coef[j] = dq;
-      coef[p.L + j] = dk;
+  float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
+  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
+    float kd[kPrepChunk][kEpl];
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c)
+      if (j0 + c < w) decayed_key(p, k_ring, g_ring, j0 + c, col0, lg, kd[c]);
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c) {
+      if (j0 + c >= w) break;
+      float dq, dk;
+      ring_key_dots(kd[c], qn, kn, dq, dk);
+      if (lane == 0) {
+        rec[rec_cq(p.L) + j0 + c] = dq;
+        rec[rec_ck(p.L) + j0 + c] = dk;
+      }
     }
   }
-  if (!flush && warp == 0) {
+  float lg_all[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
+  rssm::store_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
+  rssm::store_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
+  rssm::store_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg_all);
+  if (lane == 0) {
+    rec[rec_kq(p.L)] = kq;
+    rec[rec_kq(p.L) + 1] = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+  }
+  if (!flush) {
     if (hv % group == 0) {
       act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
       rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
@@ -339,125 +373,294 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_prep_k
     if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
     else if (lane == 0) g_ring[w] = lg[0];
   }
-  __syncthreads();  // every thread has read the cursor
-  if (threadIdx.x == 0) {
-    if (hv == 0) p.step[slot] = flush ? -(w + 1) : w;
+  __syncwarp();  // every lane has read the cursor
+  if (lane == 0) {
+    if (hv == 0) p.step[b] = flush ? -(w + 1) : w;
     rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, flush ? 0 : w + 1);
   }
 }
 
 namespace {
 
-// Per-row staging of the main kernel: warps reduce the checkpoint dots, thread i < VTILE finishes row i.
-struct MainSmem {
-  float aq[kTile], ak[kTile];  // S0[row]·(e^{lg} ⊙ q~), S0[row]·(e^{lg} ⊙ k)
-  float rq[kTile], rk[kTile];  // Σ_{j<w} (kd_j·q~) u_j[row], Σ_{j<w} (kd_j·k) u_j[row]
-  float v[kTile], u[kTile];
-  float uj[rssm::kMaxL][kTile + 1];        // flush: u_j[row]
-  alignas(16) float kd[rssm::kMaxL][kK];  // flush: kd_j
+constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
+static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
+static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
+constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
+constexpr int kFoldChunk = 8 / kEpl > 1 ? 8 / kEpl : 1;  // ring keys a flush decays at once (registers)
+constexpr int kFoldRows = 32 / kEpl < 8 ? 32 / kEpl : 8;    // state rows a flush folds at once (registers)
+
+__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
+
+// One shared-memory stage: the checkpoint tile, then the tile's slot and step, its record, v of its rows and the u
+// ring rows j < w ([L][kTile]); trtllm_replayssm/ops/gdn.py:stage_bytes mirrors the total.
+struct StageLayout {
+  int info, rec, v, u_ring, bytes;
 };
-static_assert(sizeof(MainSmem) <= 48 * 1024, "static shared memory limit");
 
-}  // namespace
+__device__ __forceinline__ StageLayout stage_layout(int L) {
+  StageLayout l;
+  l.info = kTileBytes;
+  l.rec = l.info + 16;
+  l.v = l.rec + round16(rec_len(L) * 4);
+  l.u_ring = l.v + round16(kTile * int(sizeof(act_t)));
+  l.bytes = (l.u_ring + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
+  return l;
+}
 
-// Replay step 2, grid (V / VTILE, HV, batch): a_q, a_k from the checkpoint tile plus the ring terms; non-flush rows
-// never write the checkpoint and append u; flush rows fold the ring into a new checkpoint (read once).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_replay_main_kernel(const DeltaParams p) {
-  const int b = blockIdx.z;
-  const int slot = p.slot_idx[b];
-  if (slot == p.pad_slot_id) return;
-  const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int row0 = blockIdx.x * kTile;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
-  const int col0 = lane * kEpl, wrow0 = warp * kRows;
-  state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends are complete
-  float acc[kRows][kEpl];
+// The fold buffer: ring keys [L][K] (act), then the ring's cumulative gates ([L] for GDN, [L][K] for KDA, fp32);
+// trtllm_replayssm/ops/gdn.py:fold_bytes mirrors the total.
+__device__ __forceinline__ int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(act_t))); }
+
+struct TileCoord {
+  int b, hv, row0;
+};
+
+// Tile t: batch row, value head and first state row (row tiles fastest, then value heads, then batch rows).
+__device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
+  constexpr int kRowTiles = kV / kTile;
+  const int hb = t / kRowTiles;
+  return {hb / p.num_v_heads, hb % p.num_v_heads, (t % kRowTiles) * kTile};
+}
+
+// Producer warp: stage i % stages gets this CTA's i-th tile: the checkpoint tile by one bulk copy (the first `stages`
+// before the prep kernel has finished: prep never writes the state), then, once prep's scratch is complete, slot,
+// step, record, v rows and the u ring rows j < w by 4-byte async copies on the same barrier.
+__device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
+                                        int num_tiles) {
+  const int lane = threadIdx.x % rssm::kWarpSize, stride = gridDim.x;
+  const StageLayout lay = stage_layout(p.L);
+  auto state_src = [&](int slot, const TileCoord& c) -> const void* {
+    if (slot == p.pad_slot_id) return nullptr;
+    return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
+           (long long)c.row0 * kK;
+  };
+  auto lane_slot = [&](int base) {
+    const int t = base + lane * stride;
+    return t < num_tiles ? p.slot_idx[tile_coord(p, t).b] : p.pad_slot_id;
+  };
+  int slot_lane = lane_slot(blockIdx.x);
+  for (int i = 0; i < p.stages && blockIdx.x + i * stride < num_tiles; ++i) {
+    const TileCoord c = tile_coord(p, blockIdx.x + i * stride);
+    rssm::stage_state_copy(pipe, i, stage_mem + (long long)i * p.stage_bytes,
+                           state_src(__shfl_sync(0xffffffffu, slot_lane, i), c), kTileBytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // records, step and ring appends of the prep kernel
+  constexpr int kRowWords = kTile * int(sizeof(act_t)) / 4;
+  constexpr int kGateWords = kPerChannel ? kK : 1;
+  unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  int i = 0, folds = 0;
+  for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
+    if (base != blockIdx.x) slot_lane = lane_slot(base);
+    const int t_lane = base + lane * stride;
+    const int step_lane = t_lane < num_tiles ? p.step[tile_coord(p, t_lane).b] : 0;
+    for (int k = 0; k < rssm::kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
+      const TileCoord c = tile_coord(p, base + k * stride);
+      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      const int info = __shfl_sync(0xffffffffu, step_lane, k);
+      const int s = i % p.stages;
+      unsigned char* stage = stage_mem + (long long)s * p.stage_bytes;
+      if (i >= p.stages) {
+        rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
+        rssm::stage_state_copy(pipe, s, stage, state_src(slot, c), kTileBytes);
+      }
+      if (lane == 0) {
+        rssm::cp_async4(stage + lay.info, p.slot_idx + c.b);
+        if (slot != p.pad_slot_id) rssm::cp_async4(stage + lay.info + 4, p.step + c.b);
+      }
+      if (slot != p.pad_slot_id) {
+        const int w = info < 0 ? -info - 1 : info;
+        rssm::cp_async_words(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * rec_len(p.L),
+                             rec_len(p.L));
+        rssm::cp_async_words(stage + lay.v,
+                             static_cast<const act_t*>(p.v) + c.b * p.s_v_b + c.hv * p.s_v_h + c.row0, kRowWords);
+        const act_t* ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
+        for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+          const int j = q / kRowWords, word = q % kRowWords;
+          rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
+                          reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
+        }
+        const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+        const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+        const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+        if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
+          rssm::fold_buffer_acquire(pipe, folds++);
+          rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
+          rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
+          rssm::cp_async_arrive(&pipe.fold_full);
+        } else if (info < 0) {  // the fold loads the ring keys and gates itself: have them in L2 by then
+          rssm::prefetch_l2(k_ring, w * kK * int(sizeof(act_t)));
+          rssm::prefetch_l2(g_ring, w * kGateWords * 4);
+        }
+      }
+      rssm::cp_async_arrive(&pipe.full[s]);
+    }
+  }
+}
+
+// Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
+// `u_lane`: lane r holds u of row r. Ring keys and gates (`k_ring`, `g_ring`) come from the fold buffer or global
+// memory; they are decayed in chunks of kFoldChunk entries.
+__device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord& c, int slot, int w,
+                                          const float (&lg)[kEpl], const float (&dec)[kEpl], const float (&kn)[kEpl],
+                                          float u_lane, const act_t* u_s, const state_t* rows, const act_t* k_ring,
+                                          const float* g_ring) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int wr0 = warp * kRows;  // in the tile
+  state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
+                 (long long)(c.row0 + wr0) * kK + col0;
+  float lg_g[kGates];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
-  const int info = p.step[slot];
-  const bool flush = info < 0;
-  const int w = flush ? -info - 1 : info;
-
-  __shared__ MainSmem sm;
-  const float* coef = p.coef + slot * p.s_coef_slot + (long long)hv * 2 * p.L;
-  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
-  const int i = threadIdx.x;
-  if (i < kTile) {  // ring terms of row i (coalesced over rows)
-    float rq = 0.f, rk = 0.f;
+  for (int e = 0; e < kGates; ++e) lg_g[e] = lg[e];
 #pragma unroll
-    for (int j = 0; j < rssm::kMaxL; ++j) {
-      if (j < w) {
-        const float uj = rssm::to_float(u_ring[(long long)j * kV + i]);
-        rq = fmaf(coef[j], uj, rq);
-        rk = fmaf(coef[p.L + j], uj, rk);
-        if (flush) sm.uj[j][i] = uj;
+  for (int r0 = 0; r0 < kRows; r0 += kFoldRows) {
+    float acc[kFoldRows][kEpl];
+#pragma unroll
+    for (int r = 0; r < kFoldRows; ++r) {
+      if (r0 + r >= kRows) break;
+      rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * kK, acc[r]);
+      const float u = __shfl_sync(0xffffffffu, u_lane, r0 + r);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u, kn[e], acc[r][e] * dec[e]);
+    }
+    for (int j0 = 0; j0 < w; j0 += kFoldChunk) {
+      float kd[kFoldChunk][kEpl];
+#pragma unroll
+      for (int k = 0; k < kFoldChunk; ++k)
+        if (j0 + k < w) decayed_key(p, k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
+#pragma unroll
+      for (int k = 0; k < kFoldChunk; ++k) {
+        if (j0 + k >= w) break;
+#pragma unroll
+        for (int r = 0; r < kFoldRows; ++r) {
+          if (r0 + r >= kRows) break;
+          const float uj = rssm::to_float(u_s[(j0 + k) * kTile + wr0 + r0 + r]);
+#pragma unroll
+          for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[k][e], acc[r][e]);
+        }
       }
     }
-    sm.rq[i] = rq;
-    sm.rk[i] = rk;
-    sm.v[i] = rssm::to_float(static_cast<const act_t*>(p.v)[b * p.s_v_b + hv * p.s_v_h + row0 + i]);
-  }
-  float qn[kEpl], kn[kEpl];
-  const float kq = normalized_qk(p, b, h, col0, qn, kn);
-  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  float lg[kGates], decay[kGates];
-  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
 #pragma unroll
-  for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
-  const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
-  if (flush) {  // decayed ring keys for the fold, one warp per entry
-    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-    for (int j = warp; j < w; j += rssm::kNumWarps) {
-      float kd[kEpl];
-      decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) sm.kd[j][col0 + e] = kd[e];
+    for (int r = 0; r < kFoldRows; ++r) {
+      if (r0 + r >= kRows) break;
+      rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * kK, acc[r]);
     }
   }
+}
+
+// One consumer warp's rows (warp * kRows ...) of the tile in `stage` (complete). Lane r finishes row r:
+//   a_q = S0·(e^{lg} ⊙ q~) + Σ_{j<w} cq_j u_j,  a_k likewise with k and ck,  u = beta (v - a_k),  o = a_q + u (k·q~)
+// Non-flush: appends u at ring position w (the checkpoint is never written). Flush: folds and stores the checkpoint.
+// Releases the stage once its shared memory is read.
+__device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
+                                            rssm::TilePipe& pipe, int s, const unsigned char* fold_buf, int& folds) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const StageLayout lay = stage_layout(p.L);
+  const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
+  const int slot = info_words[0], info = info_words[1];
+  if (slot == p.pad_slot_id) {
+    rssm::release_stage(pipe, s);
+    return;
+  }
+  const bool flush = info < 0;
+  const int w = flush ? -info - 1 : info;
+  const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
+  const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
+  const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.u_ring);
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
+  float qn[kEpl], kn[kEpl], lg[kEpl], dec[kEpl], xq[kEpl], xk[kEpl];
+  rssm::load_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
+  rssm::load_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
+  rssm::load_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int e = 0; e < kEpl; ++e) {
+    dec[e] = __expf(lg[e]);
+    xq[e] = dec[e] * qn[e];
+    xk[e] = dec[e] * kn[e];
+  }
+  const float kq = rec[rec_kq(p.L)], beta = rec[rec_kq(p.L) + 1];
+  // Ring terms Σ_{j<w} (cq_j, ck_j) u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row l % kRows.
+  const int r = lane % kRows, grp = lane / kRows, wr = warp * kRows + r;
+  float pq = 0.f, pk = 0.f;
+  if (grp < kRowGroups)
+    for (int j = grp; j < w; j += kRowGroups) {
+      const float uj = rssm::to_float(u_s[j * kTile + wr]);
+      pq = fmaf(rec[rec_cq(p.L) + j], uj, pq);
+      pk = fmaf(rec[rec_ck(p.L) + j], uj, pk);
+    }
+  float rq = pq, rk = pk;
+#pragma unroll
+  for (int g = 1; g < kRowGroups; ++g) {
+    rq += __shfl_down_sync(0xffffffffu, pq, g * kRows);
+    rk += __shfl_down_sync(0xffffffffu, pk, g * kRows);
+  }
+  float aq_lane = 0.f, ak_lane = 0.f;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    float sv[kEpl];
+    rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
     float aq = 0.f, ak = 0.f;
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) {
-      const float d = decay[kPerChannel ? e : 0];
-      aq = fmaf(acc[r][e], d * qn[e], aq);
-      ak = fmaf(acc[r][e], d * kn[e], ak);
+      aq = fmaf(sv[e], xq[e], aq);
+      ak = fmaf(sv[e], xk[e], ak);
     }
     aq = rssm::warp_sum(aq);
     ak = rssm::warp_sum(ak);
-    if (lane == 0) {
-      sm.aq[wrow0 + r] = aq;
-      sm.ak[wrow0 + r] = ak;
+    if (lane == rr) {
+      aq_lane = aq;
+      ak_lane = ak;
     }
   }
-  __syncthreads();
-  if (i < kTile) {
-    const float aq = sm.aq[i] + sm.rq[i], ak = sm.ak[i] + sm.rk[i];
-    const float u = beta * (sm.v[i] - ak);
-    static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + i] = rssm::from_float<act_t>(fmaf(u, kq, aq));
-    if (flush) {
-      sm.u[i] = u;
-    } else {
-      act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + (long long)w * kV;
-      u_dst[row0 + i] = rssm::from_float<act_t>(u);
+  const float u = beta * (rssm::to_float(v_s[wr]) - ak_lane - rk);
+  const float o = aq_lane + rq + u * kq;
+  if (flush) {
+    const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+    const act_t* k_src = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    const float* g_src = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+    if (p.fold_bytes) {
+      rssm::fold_buffer_wait(pipe, folds);
+      k_src = reinterpret_cast<const act_t*>(fold_buf);
+      g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
+    }
+    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src);
+    if (p.fold_bytes) {
+      rssm::fold_buffer_release(pipe);
+      ++folds;
     }
   }
-  if (!flush) return;
-  __syncthreads();
-  // Flush: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, folded in the registers that hold S0.
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay[kPerChannel ? e : 0];
-    for (int j = 0; j < w; ++j) {
-      const float uj = sm.uj[j][wrow0 + r];
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, sm.kd[j][col0 + e], acc[r][e]);
+  rssm::release_stage(pipe, s);
+  if (lane < kRows) {
+    const int row = c.row0 + wr;
+    static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.hv * p.s_out_h + row] = rssm::from_float<act_t>(o);
+    if (!flush) {
+      act_t* u_ring = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + (long long)w * kV;
+      u_ring[row] = rssm::from_float<act_t>(u);
     }
-    const float u = sm.u[wrow0 + r];
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u, kn[e], acc[r][e]);
-    rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
   }
+}
+
+}  // namespace
+
+// Replay step 2, persistent and warp-specialised like the Mamba-2 main kernel (grid: a few CTAs per SM; 4 consumer
+// warps + 1 producer warp; `stages` stages of `stage_bytes` in dynamic shared memory). Requires sm_90+.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) delta_replay_main_kernel(
+    const DeltaParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);
+  if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
+  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
+    produce(p, pipe, stage_mem, num_tiles);
+    return;
+  }
+  const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  int folds = 0;  // flush tiles done: the fold buffer's phase
+  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
+    const int s = i % p.stages;
+    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
+    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s, fold_buf, folds);
+  }
+#endif
 }

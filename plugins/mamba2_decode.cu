@@ -47,6 +47,7 @@ struct Mamba2Params {
   int nheads, ngroups, L, pad_slot_id;
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
+  int fold_bytes, pad0;     // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
 };
 
 namespace {
@@ -360,7 +361,8 @@ static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multip
 static_assert(PT * sizeof(act_t) % 4 == 0 && N * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRowsPerWarp;  // lanes per row that split its ring entries
 constexpr int kFoldChunk = 8;  // ring entries whose B loads a flush issues at once
-constexpr int kFoldRows = 8;   // state rows a flush folds at once (registers)
+// State rows a flush folds at once (registers): all of a warp's rows up to 10 (one pass over the ring), else 8.
+constexpr int kFoldRows = kRowsPerWarp <= 10 ? kRowsPerWarp : 8;
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
@@ -421,7 +423,8 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     rssm::stage_state_copy(pipe, i, stage_mem + (long long)i * p.stage_bytes, state_src(slot, c), kTileBytes);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // coef, step and the ring appends of the prep kernel
-  int i = 0;
+  int i = 0, folds = 0;
+  act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
     if (base != blockIdx.x) slot_lane = lane_slot(base);
     const int t_lane = base + lane * stride;
@@ -443,7 +446,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
       }
       if (slot != p.pad_slot_id) {
         const int group = c.head / (p.nheads / p.ngroups);
-        const int w = info < 0 ? 0 : info;  // a flush reads its ring rows from global memory (one tile in L)
+        const int w = info < 0 ? -info - 1 : info;
         constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
         rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
         rssm::cp_async_words(stage + lay.x, static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0,
@@ -459,6 +462,16 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
           rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
                           reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
         }
+        const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
+        if (info < 0 && p.fold_bytes) {  // the fold's B rows: ring rows j < w, then the current B at row w
+          rssm::fold_buffer_acquire(pipe, folds++);
+          constexpr int kBWords = N * int(sizeof(act_t)) / 4;
+          rssm::cp_async_words(fold_buf, B_ring, w * kBWords);
+          rssm::cp_async_words(fold_buf + w * N, group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group), kBWords);
+          rssm::cp_async_arrive(&pipe.fold_full);
+        } else if (info < 0) {  // the fold loads the ring's B rows itself: have them in L2 by then
+          rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
+        }
       }
       rssm::cp_async_arrive(&pipe.full[s]);
     }
@@ -466,17 +479,17 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
-// r's S·C on lane r. B loads go out in chunks of kFoldChunk entries; x_j of the ring come from global memory
-// (a flush tile is one in L).
+// r's S·C on lane r. x_j come from the stage (ring rows j < w, then x), B_j from the fold buffer `B_s` ([w + 1][N])
+// or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2).
 __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
-                                           const float* coef, const act_t* x_s, const float (&cv)[kEpl],
-                                           const state_t* rows) {
+                                           const float* coef, const act_t* x_s, const act_t* ring_s,
+                                           const act_t* B_s, const float (&cv)[kEpl], const state_t* rows) {
   using BRaw = rssm::VecTraits<act_t, kEpl>;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int wrow0 = warp * kRowsPerWarp;  // in the tile
   const int group = c.head / (p.nheads / p.ngroups);
   const float sj = lane <= w ? coef[lane] : 0.f;
-  const act_t* xj = lane < w ? x_ring_at(p, slot, c.head) + (long long)lane * P + c.row0 + wrow0 : x_s + wrow0;
+  const act_t* xj = (lane < w ? ring_s + lane * PT : x_s) + wrow0;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
   const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group);
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
@@ -499,8 +512,8 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
 #pragma unroll
       for (int k = 0; k < kFoldChunk; ++k) {
         const int j = j0 + k;
-        const auto* src = reinterpret_cast<const typename BRaw::Raw*>((j < w ? B_ring + (long long)j * N : B_cur) +
-                                                                       lane * kEpl);
+        const act_t* B_j = B_s ? B_s + j * N : (j < w ? B_ring + (long long)j * N : B_cur);
+        const auto* src = reinterpret_cast<const typename BRaw::Raw*>(B_j + lane * kEpl);
 #pragma unroll
         for (int q = 0; q < BRaw::kChunks; ++q)
           if (j <= w) braw[k][q] = src[q];
@@ -541,7 +554,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
 // checkpoint (never written), scale = decay, appends x. Flush: S is the folded new checkpoint (stored), scale = 1.
 // Releases the stage once its shared memory is read.
 __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoord& c, const unsigned char* stage,
-                                            rssm::TilePipe& pipe, int s) {
+                                            rssm::TilePipe& pipe, int s, const act_t* fold_buf, int& folds) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
@@ -588,7 +601,12 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     }
     dot_lane *= decay;
   } else {
-    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, cv, rows);
+    if (p.fold_bytes) rssm::fold_buffer_wait(pipe, folds);
+    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, rows);
+    if (p.fold_bytes) {
+      rssm::fold_buffer_release(pipe);
+      ++folds;
+    }
   }
   rssm::release_stage(pipe, s);
   if (lane < kRowsPerWarp) {
@@ -622,10 +640,12 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
     produce(p, pipe, stage_mem, num_tiles);
     return;
   }
+  const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
+  int folds = 0;  // flush tiles done: the fold buffer's phase
   for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
     const int s = i % p.stages;
     rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s);
+    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s, fold_buf, folds);
   }
 #endif
 }

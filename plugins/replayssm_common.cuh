@@ -157,6 +157,7 @@ constexpr int kMaxStages = 8;
 struct TilePipe {
   unsigned long long full[kMaxStages];   // producer arrive (+ transaction bytes) -> consumers may read the stage
   unsigned long long empty[kMaxStages];  // one arrive per consumer warp -> producer may refill the stage
+  unsigned long long fold_full, fold_empty;  // the fold buffer (see fold_buffer_* below), same protocol
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* ptr) {
@@ -221,6 +222,13 @@ __device__ __forceinline__ void cp_async_words(void* dst, const void* src, int w
     cp_async4(static_cast<unsigned*>(dst) + i, static_cast<const unsigned*>(src) + i);
 }
 
+// Warp-collective L2 prefetch of `bytes` from `src` (one 128-byte line per lane and pass): the producer warp's hint
+// for the global loads a flush tile's fold will make.
+__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
+  for (int off = (threadIdx.x % kWarpSize) * 128; off < bytes; off += kWarpSize * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
+}
+
 // Every producer lane: the stage's `full` barrier counts this lane's arrival once its prior cp.async copies landed.
 __device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
@@ -234,6 +242,8 @@ __device__ __forceinline__ void pipe_init(TilePipe& pipe, int stages, int consum
       mbar_init(&pipe.full[s], 1 + kWarpSize);
       mbar_init(&pipe.empty[s], consumer_warps);
     }
+    mbar_init(&pipe.fold_full, kWarpSize);
+    mbar_init(&pipe.fold_empty, consumer_warps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -243,6 +253,22 @@ __device__ __forceinline__ void pipe_init(TilePipe& pipe, int stages, int consum
 __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
   __syncwarp();
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
+}
+
+// Fold buffer: one per CTA, after the stages, holding the ring inputs a flush tile's fold would otherwise load from
+// global memory (a chain of dependent loads that stalls the CTA's stream). The producer fills it for the CTA's n-th
+// flush tile with async copies, the consumers take it in the same order; n's parity is the barrier phase.
+__device__ __forceinline__ void fold_buffer_acquire(TilePipe& pipe, int n) {  // producer warp, before its copies
+  if (n > 0) mbar_wait(&pipe.fold_empty, (n - 1) & 1);
+}
+
+__device__ __forceinline__ void fold_buffer_wait(TilePipe& pipe, int n) {  // consumer warp
+  mbar_wait(&pipe.fold_full, n & 1);
+}
+
+__device__ __forceinline__ void fold_buffer_release(TilePipe& pipe) {  // consumer warp, after its last read
+  __syncwarp();
+  if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.fold_empty);
 }
 #endif  // __CUDA_ARCH__ >= 900
 

@@ -21,8 +21,36 @@ def test_auto_threshold_and_state_dtype(monkeypatch):
     assert not force_flush_for("mamba2", "auto", 11, 96, torch.float32, CUDA)
     assert not force_flush_for("mamba2", "auto", 11, 96, torch.bfloat16, CUDA)
     assert not force_flush_for("gdn", "auto", 64, 32, torch.float32, CUDA)
-    assert force_flush_for("gdn", "auto", 64, 32, torch.bfloat16, CUDA)          # GDN/KDA 16-bit: not faster yet
-    assert force_flush_for("kda", "auto", 512, 64, torch.float16, CUDA)
+    assert not force_flush_for("gdn", "auto", 64, 32, torch.bfloat16, CUDA)      # bf16: measured faster from 64
+    assert force_flush_for("kda", "auto", 512, 64, torch.float16, CUDA)          # GDN/KDA fp16: not measured
+
+
+def test_default_threshold_is_8_work_items_per_sm(monkeypatch):
+    """Measured on the H200 (run 6): replay loses at batch 8 and wins at batch 64 for every benchmark shape."""
+    monkeypatch.delenv("TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD", raising=False)
+    monkeypatch.setattr(_launch, "replay_capable", lambda device: True)
+    monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
+    for family, heads in (("mamba2", 96), ("gdn", 32), ("kda", 32)):
+        assert force_flush_for(family, "auto", 8, heads, torch.float32, CUDA)
+        assert not force_flush_for(family, "auto", 64, heads, torch.float32, CUDA)
+
+
+def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
+    """persistent_plan keeps the fold buffer only if the CTA keeps its number of stages; GDN/KDA row tiles."""
+    from trtllm_replayssm.ops import gdn
+
+    monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
+    fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=True)
+    assert fold == 16 * 128 * 2 + 16 * 128 * 4
+    small, large = gdn.stage_bytes(16, 32, 128, 4, 2), gdn.stage_bytes(16, 64, 128, 4, 2)
+    assert _launch.persistent_plan(small, 10_000, CUDA, fold) == (3 * 132, 3, fold)
+    assert _launch.persistent_plan(large, 10_000, CUDA, fold) == (3 * 132, 2, 0)  # two stages leave no room
+    monkeypatch.setattr(_launch, "FOLD_BUFFER_ENABLED", False)
+    assert _launch.persistent_plan(small, 10_000, CUDA, fold)[2] == 0
+    # fp32 K = V = 128, launch heuristic 64 rows: KDA takes the largest tile that keeps its fold buffer, GDN the largest
+    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, True, 3) == 32
+    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, False, 3) == 64
+    assert gdn._fitting_tile(128, 128, 16, 2, 2, 64, True, 3) == 64  # bf16 state: the buffer fits at 64 rows
 
 
 def test_pre_hopper_gpus_flush(monkeypatch):

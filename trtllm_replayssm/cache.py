@@ -76,8 +76,8 @@ class Mamba2LayerCache(_LayerCache):
 
 @dataclass
 class GDNLayerCache(_LayerCache):
-    """``coef`` [slots, HV, 2L] fp32 and ``step`` [slots] int32: per-step scratch shared by all layers (the replay's
-    prep launch writes the ring coefficients, its main launch reads them)."""
+    """``coef`` [slots, HV, record] fp32 and ``step`` [slots] int32: per-step scratch indexed by batch row and shared by
+    all layers (the replay's prep launch writes one record per (row, value head), its main launch reads them)."""
 
     u_ring: torch.Tensor
     k_ring: torch.Tensor
@@ -160,7 +160,7 @@ class ReplayStateCache:
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
         gate_shape = (slots, num_v_heads, L) if family == "gdn" else (slots, num_v_heads, L, head_k_dim)
-        coef = torch.zeros(slots, num_v_heads, 2 * L, dtype=torch.float32, device=device)
+        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim), dtype=torch.float32, device=device)
         step = torch.zeros(slots, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
@@ -247,6 +247,12 @@ def delta_bytes_per_slot(family: str, num_k_heads: int, num_v_heads: int, head_k
 def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(num_layers, slots, dtype=torch.int32, device=device),
             torch.zeros(num_layers, slots, dtype=torch.int32, device=device))
+
+
+def delta_record_len(L: int, key_dim: int) -> int:
+    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), q~, k and the
+    log-decay (3 K, from a 16-byte boundary), k·q~ and beta, padded to 4 (mirrors plugins/delta_rule_decode.cu:rec_len)."""
+    return ((2 * L + 3) // 4 * 4 + 3 * key_dim + 2 + 3) // 4 * 4
 
 
 def _check_positive(**values: int) -> None:

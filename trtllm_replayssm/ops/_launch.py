@@ -16,13 +16,14 @@ def sm_count(device_index: int) -> int:
 
 
 # Where ``mode='auto'`` switches from flushing every step (baseline traffic, no ring) to replay, in work items
-# (batch x heads) per SM, from the H200 measurements in benchmarks/results: Mamba-2 replay wins from ~8 x SMs (e.g.
-# Nemotron-3-Nano-4B, 96 heads, loses at batch 8 and wins at 64); the GDN/KDA replay only from ~48 x SMs (fp32 state:
-# 1.04-1.07x at batch 256-512 on Qwen3.5, 0.88-0.94x at batch 64).
-REPLAY_MIN_WORK_PER_SM = {"mamba2": 8, "gdn": 48, "kda": 48}
-# State dtypes whose replay is measured faster than the baseline, per family (GDN/KDA 16-bit states: not yet).
-REPLAY_STATE_DTYPES = {"mamba2": (torch.float32, torch.float16, torch.bfloat16), "gdn": (torch.float32,),
-                       "kda": (torch.float32,)}
+# (batch x heads) per SM, from the H200 measurements in benchmarks/results (run 6): replay loses at batch 8 and wins
+# at batch 64 for every benchmark shape, i.e. between ~4 and ~15 x SMs (replay over baseline, fp32 state: Mamba-2
+# Nemotron-3-Nano-4B, 96 heads, 0.86x at 8, 1.61x at 64; GDN Qwen3.5-4B, 32 value heads, 0.49x / 1.25x; KDA
+# Kimi-Linear, 32 heads, 0.44x / 1.28x).
+REPLAY_MIN_WORK_PER_SM = {"mamba2": 8, "gdn": 8, "kda": 8}
+# State dtypes whose replay is measured faster than the baseline, per family (fp16 states of GDN/KDA: not measured).
+REPLAY_STATE_DTYPES = {"mamba2": (torch.float32, torch.float16, torch.bfloat16),
+                       "gdn": (torch.float32, torch.bfloat16), "kda": (torch.float32, torch.bfloat16)}
 
 
 def adaptive_threshold(family: str, device: torch.device) -> int:
@@ -67,6 +68,7 @@ PERSISTENT_CTAS_PER_SM = 3
 SHARED_BYTES_PER_SM = 228 * 1024
 MAX_STAGES = 8  # plugins/replayssm_common.cuh kMaxStages
 PERSISTENT_OVERRIDE: tuple[int, int] | None = None
+FOLD_BUFFER_ENABLED = True  # False: flush tiles load their ring inputs themselves (for sweeps)
 
 
 def persistent_ctas_per_sm() -> int:
@@ -74,21 +76,26 @@ def persistent_ctas_per_sm() -> int:
     return (PERSISTENT_OVERRIDE or (PERSISTENT_CTAS_PER_SM, 0))[0]
 
 
-def stages_for(stage_bytes: int, ctas_per_sm: int | None = None) -> int:
-    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's)."""
+def stages_for(stage_bytes: int, ctas_per_sm: int | None = None, reserved: int = 0) -> int:
+    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm`` (default: the plan's), ``reserved`` bytes
+    of the CTA's share set aside (the fold buffer)."""
     ctas = ctas_per_sm or persistent_ctas_per_sm()
-    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048) // stage_bytes)  # per-CTA reserve + static smem
+    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048 - reserved) // stage_bytes)  # + static smem
 
 
-def persistent_plan(tile_bytes: int, num_tiles: int, device: torch.device) -> tuple[int, int]:
-    """(grid size, stages) of a persistent replay kernel streaming ``num_tiles`` stages of ``tile_bytes``."""
+def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
+                    fold_bytes: int = 0) -> tuple[int, int, int]:
+    """(grid size, stages, fold buffer bytes) of a persistent replay kernel streaming ``num_tiles`` stages of
+    ``stage_bytes``. The fold buffer (``fold_bytes``: a flush tile's ring inputs) is kept where it costs no stage."""
     ctas_per_sm, stages = persistent_ctas_per_sm(), (PERSISTENT_OVERRIDE or (0, 0))[1]
     if not stages:
-        stages = stages_for(tile_bytes, ctas_per_sm)
+        stages = stages_for(stage_bytes, ctas_per_sm)
     if not 2 <= stages <= MAX_STAGES:
-        raise ValueError(f"state tile of {tile_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+        raise ValueError(f"state tile of {stage_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+    fits = stages_for(stage_bytes, ctas_per_sm, fold_bytes) >= stages
+    fold = fold_bytes if fits and FOLD_BUFFER_ENABLED else 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return min(num_tiles, ctas_per_sm * sm_count(index)), stages
+    return min(num_tiles, ctas_per_sm * sm_count(index)), stages, fold
 
 
 def replay_capable(device: torch.device) -> bool:

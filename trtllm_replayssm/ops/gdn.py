@@ -14,15 +14,17 @@ The launch helpers here (parameter struct, tile choice, shared validation) also 
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Optional
 
 import torch
 
-from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache
-from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config
-from trtllm_replayssm.kernels.loader import get_kernel, launch
+from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_len
+from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
+from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import force_flush_for, make_struct, ptr, rows_per_cta, stride
+from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_ctas_per_sm, persistent_plan, ptr,
+                                          require_persistent_arch, rows_per_cta, stages_for, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -36,13 +38,14 @@ _DeltaParams = make_struct("DeltaParams", [
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64),
     ("s_ur_slot", _I64), ("s_ur_head", _I64), ("s_kr_slot", _I64), ("s_kr_head", _I64),
-    ("s_gr_slot", _I64), ("s_gr_head", _I64), ("s_coef_slot", _I64),
+    ("s_gr_slot", _I64), ("s_gr_head", _I64), ("s_coef_row", _I64),
     ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
     ("s_gate_b", _I64), ("s_gate_h", _I64), ("s_beta_b", _I64), ("s_beta_h", _I64), ("s_out_b", _I64),
     ("s_out_h", _I64),
     ("scale", _F32), ("lower_bound", _F32),
     ("num_k_heads", _I32), ("num_v_heads", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("gate_is_f32", _I32), ("beta_is_f32", _I32), ("has_lower_bound", _I32), ("force_flush", _I32),
+    ("batch", _I32), ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32),
 ])
 
 SUPPORTED_KEY_DIMS = (64, 128, 256)
@@ -66,7 +69,7 @@ def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k,
         float(scale), 0.0 if lower_bound is None else float(lower_bound),
         q.shape[1], v.shape[1], L, pad_slot_id,
         int(gate.dtype == torch.float32), int(beta.dtype == torch.float32), int(lower_bound is not None),
-        int(force_flush))
+        int(force_flush), q.shape[0], 0, 0, 0)
 
 
 def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device) -> int:
@@ -77,27 +80,82 @@ def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device
     return tile
 
 
+def stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int) -> int:
+    """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x K) checkpoint tile, slot/step,
+    the record, v of the rows and L u-ring rows (mirrors plugins/delta_rule_decode.cu:stage_layout)."""
+    r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+    total = rows * key_dim * state_elem + 16 + r16(delta_record_len(L, key_dim) * 4) + r16(rows * act_elem) \
+        + r16(L * rows * act_elem)
+    return (total + 127) // 128 * 128
+
+
+def fold_bytes(L: int, key_dim: int, act_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of the persistent replay kernel's fold buffer: a flush tile's ring keys [L][K] and cumulative gates
+    ([L] or [L][K] fp32) (mirrors plugins/delta_rule_decode.cu:fold_gates_offset)."""
+    r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+    return r16(L * key_dim * act_elem) + r16(L * (key_dim if per_channel_gate else 1) * 4)
+
+
+def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: torch.Tensor, work: int,
+                 per_channel_gate: bool) -> int:
+    """Row tile of the replay: the launch heuristic's, lowered until two stages fit per CTA (KDA: and the fold
+    buffer with them)."""
+    tile = row_tile(value_dim, key_dim, work, v.device)
+    if ROWS_PER_CTA_OVERRIDE is not None:
+        return tile
+    return _fitting_tile(value_dim, key_dim, L, state.element_size(), v.element_size(), tile, per_channel_gate,
+                         persistent_ctas_per_sm())
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
+                  per_channel_gate: bool, ctas_per_sm: int) -> int:
+    stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem) for t in tile_choices(value_dim, key_dim)}
+    fits = [t for t in stage if t <= tile and t * act_elem % 4 == 0 and stages_for(stage[t], ctas_per_sm) >= 2]
+    if not fits:
+        return tile
+    if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
+        fold = fold_bytes(L, key_dim, act_elem, True)
+        buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= stages_for(stage[t], ctas_per_sm)]
+        if buffered:
+            return max(buffered)
+    return max(fits)
+
+
 def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
-    """Launch delta-rule kernels in order: ``*_prep_kernel`` on (batch, HV), the state kernels on (V / tile, HV,
-    batch); ``*_main_kernel`` as a programmatic dependent launch of the prep kernel."""
+    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, value head)), the state kernels on (V / tile, HV,
+    batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their inputs through
+    shared memory) as a programmatic dependent launch of the prep kernel."""
     batch, v_heads, value_dim = v.shape
     key_dim = q.shape[2]
-    tile = row_tile(value_dim, key_dim, batch * v_heads, v.device)
+    replay = any(name.endswith("_main_kernel") for name in kernel_names)
+    tile = (_replay_tile(value_dim, key_dim, params.L, state, v, batch * v_heads, family == "kda") if replay
+            else row_tile(value_dim, key_dim, batch * v_heads, v.device))
     make = gdn_config if family == "gdn" else kda_config
     config = make(key_dim, value_dim, state.dtype, q.dtype, tile)
     block = (32 * NUM_WARPS, 1, 1)
     for name in kernel_names:
         function = get_kernel(config, name, v.device)
-        if name.endswith("_prep_kernel"):
-            launch(function, (batch, v_heads, 1), block, params)
+        if name.endswith("_prep_kernel"):  # one warp per (batch row, value head)
+            launch(function, (-(-batch * v_heads // NUM_WARPS), 1, 1), block, params)
+        elif name.endswith("_main_kernel"):
+            params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
+            grid, params.stages, params.fold_bytes = persistent_plan(
+                params.stage_bytes, batch * v_heads * (value_dim // tile), v.device,
+                fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
+            shared = params.stages * params.stage_bytes + params.fold_bytes
+            allow_dynamic_shared(function, shared)
+            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared,
+                   programmatic=True)
         else:
-            launch(function, (value_dim // tile, v_heads, batch), block, params,
-                   programmatic=name.endswith("_main_kernel"))
+            launch(function, (value_dim // tile, v_heads, batch), block, params)
 
 
-def replay_kernels(force_flush: bool) -> tuple[str, ...]:
-    """Kernels of one replay step: the flush kernel in the adaptive flush mode, else prep + main."""
+def replay_kernels(force_flush: bool, device: torch.device) -> tuple[str, ...]:
+    """Kernels of one replay step: the flush kernel in the adaptive flush mode, else prep + main (sm_90+)."""
+    if not force_flush:
+        require_persistent_arch(device, "delta-rule replay decode")
     return ("delta_flush_decode_kernel",) if force_flush else ("delta_replay_prep_kernel", "delta_replay_main_kernel")
 
 
@@ -137,9 +195,11 @@ def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_
     return idx, out, (slots, H, HV, V, K)
 
 
-def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool) -> None:
-    """Ring/cursor tensors of ``layer`` against the step's dims (slots, H, HV, V, K)."""
+def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool,
+                   batch: int) -> None:
+    """Ring/cursor/scratch tensors of ``layer`` against the step's dims (slots, H, HV, V, K) and batch."""
     slots, H, HV, V, K = dims
+    chk.check_scratch_rows(batch, slots)
     L, dev = layer.buffer_len, layer.state.device
     chk.check_tensor("layer.u_ring", layer.u_ring, (slots, HV, L, V), (act_dtype,), dev, inner_contiguous=2)
     chk.check_tensor("layer.k_ring", layer.k_ring, (slots, H, L, K), (act_dtype,), dev, inner_contiguous=2)
@@ -147,9 +207,12 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
-    chk.check_tensor("layer.coef", layer.coef, (slots, HV, 2 * L), (torch.float32,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K)), (torch.float32,), dev,
+                     inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
-    if dev.type == "cuda":
+    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+        chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
+        chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())
         chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)
         if per_channel_gate:
             chk.check_aligned("layer.g_ring", layer.g_ring, K // 32)
@@ -176,7 +239,7 @@ def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, ste
         return
     params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log, dt_bias,
                          scale, None, state_batch_indices, pad_slot_id, force_flush, out)
-    launch_delta("gdn", replay_kernels(force_flush), params, state, q, v)
+    launch_delta("gdn", replay_kernels(force_flush, q.device), params, state, q, v)
 
 
 @_replay_decode_op.register_fake
@@ -231,7 +294,7 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
     chk.check_mode(mode)
     idx, out, dims = _validate_step(layer.state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
-    validate_rings(layer, dims, q.dtype, per_channel_gate=False)
+    validate_rings(layer, dims, q.dtype, per_channel_gate=False, batch=q.shape[0])
     force = force_flush_for("gdn", mode, q.shape[0], dims[2], layer.state.dtype, layer.state.device)
     torch.ops.replayssm.gdn_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
                                           layer.arrive, layer.coef, layer.step, q, k, v, a, b, A_log, dt_bias,

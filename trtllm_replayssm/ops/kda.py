@@ -42,7 +42,7 @@ def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, ste
         return
     params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
                          scale, lower_bound, state_batch_indices, pad_slot_id, force_flush, out)
-    launch_delta("kda", replay_kernels(force_flush), params, state, q, v)
+    launch_delta("kda", replay_kernels(force_flush, q.device), params, state, q, v)
 
 
 @_replay_decode_op.register_fake
@@ -107,7 +107,7 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     chk.check_mode(mode)
     idx, out, dims = _validate_step(layer.state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
-    validate_rings(layer, dims, q.dtype, per_channel_gate=True)
+    validate_rings(layer, dims, q.dtype, per_channel_gate=True, batch=q.shape[0])
     force = force_flush_for("kda", mode, q.shape[0], dims[2], layer.state.dtype, layer.state.device)
     torch.ops.replayssm.kda_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
                                           layer.arrive, layer.coef, layer.step, q, k, v, g, beta, A_log, dt_bias,

@@ -37,7 +37,7 @@ _Mamba2Params = make_struct("Mamba2Params", [
     ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
     ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("batch", _I32),
-    ("stages", _I32), ("stage_bytes", _I32),
+    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("pad0", _I32),
 ])
 
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
@@ -55,7 +55,7 @@ def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         stride(z, 0), stride(z, 1), out.stride(0), out.stride(1),
         x.shape[1], B.shape[1], L, pad_slot_id, int(dt_softplus), int(dt.dtype == torch.float32), int(force_flush),
-        x.shape[0], 0, 0)
+        x.shape[0], 0, 0, 0, 0)
 
 
 def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
@@ -65,6 +65,11 @@ def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int)
     total = (rows * d_state * state_elem + 16 + r16((L + 1) * 4) + 2 * r16(rows * act_elem) + r16(d_state * act_elem)
              + r16(L * rows * act_elem))
     return (total + 127) // 128 * 128
+
+
+def fold_bytes(L: int, d_state: int, act_elem: int) -> int:
+    """Bytes of the persistent replay kernel's fold buffer: a flush tile's B rows, [L][d_state]."""
+    return (L * d_state * act_elem + 15) // 16 * 16
 
 
 def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: torch.Tensor, work: int) -> int:
@@ -101,10 +106,13 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
                                                    1, 1), params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
-            grid, params.stages = persistent_plan(params.stage_bytes, batch * nheads * (head_dim // tile), x.device)
-            allow_dynamic_shared(function, params.stages * params.stage_bytes)
-            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params,
-                   shared_bytes=params.stages * params.stage_bytes, programmatic=True)
+            grid, params.stages, params.fold_bytes = persistent_plan(
+                params.stage_bytes, batch * nheads * (head_dim // tile), x.device,
+                fold_bytes(params.L, d_state, x.element_size()))
+            shared = params.stages * params.stage_bytes + params.fold_bytes
+            allow_dynamic_shared(function, shared)
+            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared,
+                   programmatic=True)
         else:
             launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
