@@ -311,6 +311,23 @@ def state_update_(
     delta_rule_update_(state, q, k, v, g, beta, scale, state_batch_indices, pad_slot_id, out)
 
 
+def check_rings(u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+                q: torch.Tensor, dims: tuple[int, int, int, int, int], per_channel_gate: bool) -> int:
+    """GDN/KDA replay cache tensors against the step's dims (slots, H, HV, K, V); returns the ring length L.
+    ``g_ring`` is [slots, HV, L] (GDN) or [slots, HV, L, K] (KDA, ``per_channel_gate``)."""
+    slots, heads, v_heads, dim_k, dim_v = dims
+    ring_len = check_rank("u_ring", u_ring, 4).shape[2]
+    if ring_len < 1:
+        raise ValueError(f"u_ring: expected a ring length (dim 2) >= 1, got shape {tuple(u_ring.shape)}")
+    dev = q.device
+    check_tensor("u_ring", u_ring, (slots, v_heads, ring_len, dim_v), (q.dtype,), dev)
+    check_tensor("k_ring", k_ring, (slots, heads, ring_len, dim_k), (q.dtype,), dev)
+    gate_shape = (slots, v_heads, ring_len, dim_k) if per_channel_gate else (slots, v_heads, ring_len)
+    check_tensor("g_ring", g_ring, gate_shape, (torch.float32,), dev)
+    check_tensor("cursor", cursor, (slots,), (torch.int32,), dev)
+    return ring_len
+
+
 def replay_step_(
     state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -327,14 +344,7 @@ def replay_step_(
     """
     check_scalars(pad_slot_id, force_flush)
     _, heads, v_heads, dim_k, dim_v, slots = _check_step(state, q, k, v, a, b, A_log, dt_bias, state_batch_indices, out)
-    ring_len = check_rank("u_ring", u_ring, 4).shape[2]
-    if ring_len < 1:
-        raise ValueError(f"u_ring: expected a ring length (dim 2) >= 1, got shape {tuple(u_ring.shape)}")
-    dev = q.device
-    check_tensor("u_ring", u_ring, (slots, v_heads, ring_len, dim_v), (q.dtype,), dev)
-    check_tensor("k_ring", k_ring, (slots, heads, ring_len, dim_k), (q.dtype,), dev)
-    check_tensor("g_ring", g_ring, (slots, v_heads, ring_len), (torch.float32,), dev)
-    check_tensor("cursor", cursor, (slots,), (torch.int32,), dev)
+    check_rings(u_ring, k_ring, g_ring, cursor, q, (slots, heads, v_heads, dim_k, dim_v), per_channel_gate=False)
     g, beta = _step_gates(a, b, A_log, dt_bias)
     delta_rule_replay_(
         state, u_ring, k_ring, g_ring.unsqueeze(-1), cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),

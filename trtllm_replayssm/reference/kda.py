@@ -22,7 +22,7 @@ from trtllm_replayssm.reference.gdn import (
     FLOAT_DTYPES,
     LOG_GATE_FLOOR,
     check_qkv,
-    check_rank,
+    check_rings,
     check_scalars,
     check_state_io,
     check_tensor,
@@ -136,14 +136,7 @@ def replay_step_(
     _, heads, v_heads, dim_k, dim_v, slots = _check_step(
         state, q, k, v, g_raw, beta_raw, A_log, dt_bias, lower_bound, state_batch_indices, out
     )
-    ring_len = check_rank("u_ring", u_ring, 4).shape[2]
-    if ring_len < 1:
-        raise ValueError(f"u_ring: expected a ring length (dim 2) >= 1, got shape {tuple(u_ring.shape)}")
-    dev = q.device
-    check_tensor("u_ring", u_ring, (slots, v_heads, ring_len, dim_v), (q.dtype,), dev)
-    check_tensor("k_ring", k_ring, (slots, heads, ring_len, dim_k), (q.dtype,), dev)
-    check_tensor("g_ring", g_ring, (slots, v_heads, ring_len, dim_k), (torch.float32,), dev)
-    check_tensor("cursor", cursor, (slots,), (torch.int32,), dev)
+    check_rings(u_ring, k_ring, g_ring, cursor, q, (slots, heads, v_heads, dim_k, dim_v), per_channel_gate=True)
     g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
     delta_rule_replay_(
         state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),
