@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from trtllm_replayssm.kernels.configs import rows_per_cta_choices, tile_choices
+from trtllm_replayssm.kernels.configs import NUM_WARPS, rows_per_cta_choices, tile_choices
+from trtllm_replayssm.kernels.loader import allow_dynamic_shared, launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,6 +97,23 @@ def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
     fold = fold_bytes if fits and FOLD_BUFFER_ENABLED else 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     return min(num_tiles, ctas_per_sm * sm_count(index)), stages, fold
+
+
+def fitting_tiles(choices: list[int], tile: int, act_elem: int, stage_of: dict[int, int],
+                  ctas_per_sm: int) -> list[int]:
+    """Row tiles up to ``tile`` whose rows move by 4-byte copies and whose stage (``stage_of[t]`` bytes) fits at
+    least twice per CTA of a persistent replay kernel."""
+    return [t for t in choices if t <= tile and t * act_elem % 4 == 0 and stages_for(stage_of[t], ctas_per_sm) >= 2]
+
+
+def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
+                      fold_bytes: int) -> None:
+    """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages`` and
+    ``params.fold_bytes`` from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory."""
+    grid, params.stages, params.fold_bytes = persistent_plan(params.stage_bytes, num_tiles, device, fold_bytes)
+    shared = params.stages * params.stage_bytes + params.fold_bytes
+    allow_dynamic_shared(function, shared)
+    launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared, programmatic=True)
 
 
 def replay_capable(device: torch.device) -> bool:

@@ -21,10 +21,11 @@ import torch
 
 from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_len
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
-from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
+from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_ctas_per_sm, persistent_plan, ptr,
-                                          require_persistent_arch, rows_per_cta, stages_for, stride)
+from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
+                                          persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
+                                          stages_for, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -111,7 +112,7 @@ def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: t
 def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
                   per_channel_gate: bool, ctas_per_sm: int) -> int:
     stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem) for t in tile_choices(value_dim, key_dim)}
-    fits = [t for t in stage if t <= tile and t * act_elem % 4 == 0 and stages_for(stage[t], ctas_per_sm) >= 2]
+    fits = fitting_tiles(list(stage), tile, act_elem, stage, ctas_per_sm)
     if not fits:
         return tile
     if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
@@ -124,9 +125,9 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
 
 def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
-    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, value head)), the state kernels on (V / tile, HV,
-    batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their inputs through
-    shared memory) as a programmatic dependent launch of the prep kernel."""
+    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, value head)), the state kernels on
+    (V / tile, HV, batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their
+    inputs through shared memory) as a programmatic dependent launch of the prep kernel."""
     batch, v_heads, value_dim = v.shape
     key_dim = q.shape[2]
     replay = any(name.endswith("_main_kernel") for name in kernel_names)
@@ -141,13 +142,8 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
             launch(function, (-(-batch * v_heads // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
-            grid, params.stages, params.fold_bytes = persistent_plan(
-                params.stage_bytes, batch * v_heads * (value_dim // tile), v.device,
-                fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
-            shared = params.stages * params.stage_bytes + params.fold_bytes
-            allow_dynamic_shared(function, shared)
-            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared,
-                   programmatic=True)
+            launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
+                              fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 

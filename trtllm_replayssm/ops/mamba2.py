@@ -15,11 +15,11 @@ import torch
 
 from trtllm_replayssm.cache import Mamba2LayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
-from trtllm_replayssm.kernels.loader import allow_dynamic_shared, get_kernel, launch
+from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (force_flush_for, make_struct, persistent_ctas_per_sm, persistent_plan, ptr,
-                                          require_persistent_arch, stages_for,
-                                          rows_per_cta, sm_count, stride)
+from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
+                                          persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
+                                          sm_count, stride)
 from trtllm_replayssm.reference import mamba2 as ref
 
 _P = ctypes.c_void_p
@@ -59,8 +59,8 @@ def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
 
 
 def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
-    """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x d_state) checkpoint tile, slot/step/D,
-    coef[0..L], x and z of the rows, C, and L ring rows (mirrors plugins/mamba2_decode.cu:stage_layout)."""
+    """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x d_state) checkpoint tile,
+    slot/step/D, coef[0..L], x and z of the rows, C, and L ring rows (mirrors plugins/mamba2_decode.cu:stage_layout)."""
     r16 = lambda v: (v + 15) // 16 * 16  # noqa: E731
     total = (rows * d_state * state_elem + 16 + r16((L + 1) * 4) + 2 * r16(rows * act_elem) + r16(d_state * act_elem)
              + r16(L * rows * act_elem))
@@ -83,8 +83,8 @@ def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: to
 @functools.lru_cache(maxsize=None)
 def _fitting_tile(head_dim: int, d_state: int, L: int, state_elem: int, act_elem: int, tile: int,
                   ctas_per_sm: int) -> int:
-    fits = [t for t in tile_choices(head_dim, d_state) if t <= tile and t * act_elem % 4 == 0
-            and stages_for(stage_bytes(L, t, d_state, state_elem, act_elem), ctas_per_sm) >= 2]
+    stage = {t: stage_bytes(L, t, d_state, state_elem, act_elem) for t in tile_choices(head_dim, d_state)}
+    fits = fitting_tiles(list(stage), tile, act_elem, stage, ctas_per_sm)
     return max(fits) if fits else tile
 
 
@@ -106,13 +106,8 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
                                                    1, 1), params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
-            grid, params.stages, params.fold_bytes = persistent_plan(
-                params.stage_bytes, batch * nheads * (head_dim // tile), x.device,
-                fold_bytes(params.L, d_state, x.element_size()))
-            shared = params.stages * params.stage_bytes + params.fold_bytes
-            allow_dynamic_shared(function, shared)
-            launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared,
-                   programmatic=True)
+            launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
+                              fold_bytes(params.L, d_state, x.element_size()))
         else:
             launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
