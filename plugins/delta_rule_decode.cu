@@ -422,79 +422,48 @@ __device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
   return {hb / p.num_v_heads, hb % p.num_v_heads, (t % kRowTiles) * kTile};
 }
 
-// Producer warp: stage i % stages gets this CTA's i-th tile: the checkpoint tile by one bulk copy (the first `stages`
-// before the prep kernel has finished: prep never writes the state), then, once prep's scratch is complete, slot,
-// step, record, v rows and the u ring rows j < w by 4-byte async copies on the same barrier.
+// Producer warp (rssm::produce_tiles): besides slot and step, each tile's record, v rows and u ring rows j < w go
+// into its stage; a flush tile's ring keys and gates into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
-  const int lane = threadIdx.x % rssm::kWarpSize, stride = gridDim.x;
+  const int lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
   auto state_src = [&](int slot, const TileCoord& c) -> const void* {
     if (slot == p.pad_slot_id) return nullptr;
     return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
            (long long)c.row0 * kK;
   };
-  auto lane_slot = [&](int base) {
-    const int t = base + lane * stride;
-    return t < num_tiles ? p.slot_idx[tile_coord(p, t).b] : p.pad_slot_id;
-  };
-  int slot_lane = lane_slot(blockIdx.x);
-  for (int i = 0; i < p.stages && blockIdx.x + i * stride < num_tiles; ++i) {
-    const TileCoord c = tile_coord(p, blockIdx.x + i * stride);
-    rssm::stage_state_copy(pipe, i, stage_mem + (long long)i * p.stage_bytes,
-                           state_src(__shfl_sync(0xffffffffu, slot_lane, i), c), kTileBytes);
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // records, step and ring appends of the prep kernel
   constexpr int kRowWords = kTile * int(sizeof(act_t)) / 4;
   constexpr int kGateWords = kPerChannel ? kK : 1;
   unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
-  int i = 0, folds = 0;
-  for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
-    if (base != blockIdx.x) slot_lane = lane_slot(base);
-    const int t_lane = base + lane * stride;
-    const int step_lane = t_lane < num_tiles ? p.step[tile_coord(p, t_lane).b] : 0;
-    for (int k = 0; k < rssm::kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
-      const TileCoord c = tile_coord(p, base + k * stride);
-      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
-      const int info = __shfl_sync(0xffffffffu, step_lane, k);
-      const int s = i % p.stages;
-      unsigned char* stage = stage_mem + (long long)s * p.stage_bytes;
-      if (i >= p.stages) {
-        rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
-        rssm::stage_state_copy(pipe, s, stage, state_src(slot, c), kTileBytes);
-      }
-      if (lane == 0) {
-        rssm::cp_async4(stage + lay.info, p.slot_idx + c.b);
-        if (slot != p.pad_slot_id) rssm::cp_async4(stage + lay.info + 4, p.step + c.b);
-      }
-      if (slot != p.pad_slot_id) {
-        const int w = info < 0 ? -info - 1 : info;
-        rssm::cp_async_words(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * rec_len(p.L),
-                             rec_len(p.L));
-        rssm::cp_async_words(stage + lay.v,
-                             static_cast<const act_t*>(p.v) + c.b * p.s_v_b + c.hv * p.s_v_h + c.row0, kRowWords);
-        const act_t* ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
-        for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
-          const int j = q / kRowWords, word = q % kRowWords;
-          rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
-                          reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
-        }
-        const int h = c.hv / (p.num_v_heads / p.num_k_heads);
-        const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-        const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
-        if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
-          rssm::fold_buffer_acquire(pipe, folds++);
-          rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
-          rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
-          rssm::cp_async_arrive(&pipe.fold_full);
-        } else if (info < 0) {  // the fold loads the ring keys and gates itself: have them in L2 by then
-          rssm::prefetch_l2(k_ring, w * kK * int(sizeof(act_t)));
-          rssm::prefetch_l2(g_ring, w * kGateWords * 4);
-        }
-      }
-      rssm::cp_async_arrive(&pipe.full[s]);
+  int folds = 0;
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
+    const int w = info < 0 ? -info - 1 : info;
+    rssm::cp_async_words(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * rec_len(p.L),
+                         rec_len(p.L));
+    rssm::cp_async_words(stage + lay.v, static_cast<const act_t*>(p.v) + c.b * p.s_v_b + c.hv * p.s_v_h + c.row0,
+                         kRowWords);
+    const act_t* ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
+    for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+      const int j = q / kRowWords, word = q % kRowWords;
+      rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
+                      reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
     }
-  }
+    const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+    if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
+      rssm::fold_buffer_acquire(pipe, folds++);
+      rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
+      rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
+      rssm::cp_async_arrive(&pipe.fold_full);
+    } else if (info < 0) {  // the fold loads the ring keys and gates itself: have them in L2 by then
+      rssm::prefetch_l2(k_ring, w * kK * int(sizeof(act_t)));
+      rssm::prefetch_l2(g_ring, w * kGateWords * 4);
+    }
+  };
+  rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
+                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
@@ -657,10 +626,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
-    const int s = i % p.stages;
-    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s, fold_buf, folds);
-  }
+  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
+    replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
+  });
 #endif
 }

@@ -399,83 +399,50 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
-// Producer warp: fills stage i % stages with this CTA's i-th tile: the checkpoint tile by one bulk copy (issued for
-// the first `stages` tiles before the prep kernel has finished: prep never writes the state), then, once the prep
-// kernel's scratch is complete, the tile's slot, step, coefficients, x, z, C and the ring rows j < w by 4-byte async
-// copies. Slot and step of 32 tiles are loaded at once (one lane each).
+// Producer warp (rssm::produce_tiles): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
+// rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
-  const int lane = threadIdx.x % rssm::kWarpSize, stride = gridDim.x;
+  const int lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
   auto state_src = [&](int slot, const TileCoord& c) -> const void* {
     if (slot == p.pad_slot_id) return nullptr;
     return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
            (long long)c.row0 * N;
   };
-  auto lane_slot = [&](int base) {
-    const int t = base + lane * stride;
-    return t < num_tiles ? p.slot_idx[tile_coord(p, t).b] : p.pad_slot_id;
-  };
-  int slot_lane = lane_slot(blockIdx.x);
-  for (int i = 0; i < p.stages && blockIdx.x + i * stride < num_tiles; ++i) {
-    const TileCoord c = tile_coord(p, blockIdx.x + i * stride);
-    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
-    rssm::stage_state_copy(pipe, i, stage_mem + (long long)i * p.stage_bytes, state_src(slot, c), kTileBytes);
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // coef, step and the ring appends of the prep kernel
-  int i = 0, folds = 0;
+  int folds = 0;
   act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
-  for (int base = blockIdx.x; base < num_tiles; base += rssm::kWarpSize * stride) {
-    if (base != blockIdx.x) slot_lane = lane_slot(base);
-    const int t_lane = base + lane * stride;
-    const int step_lane = t_lane < num_tiles ? p.step[tile_coord(p, t_lane).b] : 0;
-    for (int k = 0; k < rssm::kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
-      const TileCoord c = tile_coord(p, base + k * stride);
-      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
-      const int info = __shfl_sync(0xffffffffu, step_lane, k);
-      const int s = i % p.stages;
-      unsigned char* stage = stage_mem + (long long)s * p.stage_bytes;
-      if (i >= p.stages) {
-        rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
-        rssm::stage_state_copy(pipe, s, stage, state_src(slot, c), kTileBytes);
-      }
-      if (lane == 0) {
-        rssm::cp_async4(stage + lay.info, p.slot_idx + c.b);
-        if (slot != p.pad_slot_id) rssm::cp_async4(stage + lay.info + 4, p.step + c.b);
-        if (slot != p.pad_slot_id && p.D) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
-      }
-      if (slot != p.pad_slot_id) {
-        const int group = c.head / (p.nheads / p.ngroups);
-        const int w = info < 0 ? -info - 1 : info;
-        constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
-        rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
-        rssm::cp_async_words(stage + lay.x, static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0,
-                             kRowWords);
-        if (p.z)
-          rssm::cp_async_words(stage + lay.z,
-                               static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0, kRowWords);
-        rssm::cp_async_words(stage + lay.C, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group),
-                             N * int(sizeof(act_t)) / 4);
-        const act_t* ring = x_ring_at(p, slot, c.head) + c.row0;
-        for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
-          const int j = q / kRowWords, word = q % kRowWords;
-          rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
-                          reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
-        }
-        const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
-        if (info < 0 && p.fold_bytes) {  // the fold's B rows: ring rows j < w, then the current B at row w
-          rssm::fold_buffer_acquire(pipe, folds++);
-          constexpr int kBWords = N * int(sizeof(act_t)) / 4;
-          rssm::cp_async_words(fold_buf, B_ring, w * kBWords);
-          rssm::cp_async_words(fold_buf + w * N, group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group), kBWords);
-          rssm::cp_async_arrive(&pipe.fold_full);
-        } else if (info < 0) {  // the fold loads the ring's B rows itself: have them in L2 by then
-          rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
-        }
-      }
-      rssm::cp_async_arrive(&pipe.full[s]);
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
+    if (lane == 0 && p.D) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
+    const int group = c.head / (p.nheads / p.ngroups);
+    const int w = info < 0 ? -info - 1 : info;
+    constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
+    rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
+    rssm::cp_async_words(stage + lay.x, static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0,
+                         kRowWords);
+    if (p.z)
+      rssm::cp_async_words(stage + lay.z, static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0,
+                           kRowWords);
+    rssm::cp_async_words(stage + lay.C, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group), N * int(sizeof(act_t)) / 4);
+    const act_t* ring = x_ring_at(p, slot, c.head) + c.row0;
+    for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+      const int j = q / kRowWords, word = q % kRowWords;
+      rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
+                      reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
     }
-  }
+    const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
+    if (info < 0 && p.fold_bytes) {  // the fold's B rows: ring rows j < w, then the current B at row w
+      rssm::fold_buffer_acquire(pipe, folds++);
+      constexpr int kBWords = N * int(sizeof(act_t)) / 4;
+      rssm::cp_async_words(fold_buf, B_ring, w * kBWords);
+      rssm::cp_async_words(fold_buf + w * N, group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group), kBWords);
+      rssm::cp_async_arrive(&pipe.fold_full);
+    } else if (info < 0) {  // the fold loads the ring's B rows itself: have them in L2 by then
+      rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
+    }
+  };
+  rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
+                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
@@ -642,10 +609,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
-    const int s = i % p.stages;
-    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    replay_tile(p, tile_coord(p, t), stage_mem + (long long)s * p.stage_bytes, pipe, s, fold_buf, folds);
-  }
+  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
+    replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
+  });
 #endif
 }

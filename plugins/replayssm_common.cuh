@@ -255,6 +255,65 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
 }
 
+// The persistent replay kernels' schedule. Producer warp: the checkpoint tile of each of the CTA's tiles by one bulk
+// copy into its stage (the first `stages` before the prep kernel has finished: prep never writes the state), then,
+// after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
+// checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
+// all completing on the stage's `full` barrier. Slots and steps of 32 tiles are loaded at once (one lane each).
+// `coord(t)`: tile t's coordinates (batch row `.b`); `state_src(slot, c)`: its checkpoint tile.
+template <class CoordFn, class StateSrcFn, class InputsFn>
+__device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
+                                              int num_tiles, int tile_bytes, const int* slot_idx, const int* step,
+                                              int pad_slot_id, CoordFn coord, StateSrcFn state_src,
+                                              InputsFn copy_inputs) {
+  const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
+  auto lane_slot = [&](int base) {
+    const int t = base + lane * stride;
+    return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
+  };
+  int slot_lane = lane_slot(blockIdx.x);
+  for (int i = 0; i < stages && blockIdx.x + i * stride < num_tiles; ++i) {
+    const auto c = coord(blockIdx.x + i * stride);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
+    stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
+  int i = 0;
+  for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
+    if (base != blockIdx.x) slot_lane = lane_slot(base);
+    const int t_lane = base + lane * stride;
+    const int step_lane = t_lane < num_tiles ? step[coord(t_lane).b] : 0;
+    for (int k = 0; k < kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
+      const auto c = coord(base + k * stride);
+      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      const int info = __shfl_sync(0xffffffffu, step_lane, k);
+      const int s = i % stages;
+      unsigned char* stage = stage_mem + (long long)s * stage_bytes;
+      if (i >= stages) {
+        mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+        stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
+      }
+      if (lane == 0) {
+        cp_async4(stage + tile_bytes, slot_idx + c.b);
+        if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
+      }
+      if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+      cp_async_arrive(&pipe.full[s]);
+    }
+  }
+}
+
+// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s).
+template <class TileFn>
+__device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
+                                              int num_tiles, TileFn tile) {
+  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
+    const int s = i % stages;
+    mbar_wait(&pipe.full[s], (i / stages) & 1);
+    tile(t, stage_mem + (long long)s * stage_bytes, s);
+  }
+}
+
 // Fold buffer: one per CTA, after the stages, holding the ring inputs a flush tile's fold would otherwise load from
 // global memory (a chain of dependent loads that stalls the CTA's stream). The producer fills it for the CTA's n-th
 // flush tile with async copies, the consumers take it in the same order; n's parity is the barrier phase.
