@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 import time
 
-from trtllm_replayssm.kernels.catalog import catalog_configs, compile_all, resource_usage
+from trtllm_replayssm.kernels.catalog import catalog_configs, compile_all, decoder_layer_configs, resource_usage
 from trtllm_replayssm.kernels.compiler import KernelCompileError
 from trtllm_replayssm.targets import SUPPORTED_ARCHS
 
 
 def main() -> int:
-    configs = catalog_configs()
+    configs = catalog_configs() + decoder_layer_configs()
     failures: list[str] = []
     for arch in SUPPORTED_ARCHS:
         start = time.time()

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from trtllm_replayssm.kernels.compiler import CompiledKernel, compile_config
-from trtllm_replayssm.kernels.configs import KernelConfig, configs_for_spec, unique
+from trtllm_replayssm.kernels.configs import KernelConfig, configs_for_spec, decoder_layers_config, unique
 
 # (state dtype, activation dtype) pairs compiled ahead of time.
 DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
@@ -28,6 +28,11 @@ def catalog_configs(presets: Iterable[str] | None = None,
     pairs = list(dtype_pairs)
     return unique(cfg for name in names for state, act in pairs
                   for cfg in configs_for_spec(get_preset(name), state, act))
+
+
+def decoder_layer_configs() -> list[KernelConfig]:
+    """The reference decoders' fused layer kernels for every activation dtype (compiled on first use; CI gate)."""
+    return [decoder_layers_config(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
 
 
 @dataclass(frozen=True)

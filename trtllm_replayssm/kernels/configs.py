@@ -111,6 +111,17 @@ def kda_config(key_dim: int, value_dim: int, state_dtype: torch.dtype, act_dtype
     return _delta_rule_config("kda", key_dim, value_dim, state_dtype, act_dtype, rows_per_cta)
 
 
+def decoder_layers_config(act_dtype: torch.dtype) -> KernelConfig:
+    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update, MLP
+    activations) for one activation dtype."""
+    return KernelConfig(
+        family="layers",
+        source="decoder_layers.cu",
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel"),
+        params=(("act_t", CUDA_TYPE[act_dtype]),),
+    )
+
+
 def configs_for_spec(spec, state_dtype: torch.dtype | str, act_dtype: torch.dtype | str = torch.bfloat16,
                      buffer_len: int = 16, tp_size: int = 1) -> list[KernelConfig]:
     """Every kernel module a model preset (``presets.ModelSpec``) can launch at any batch size: all row tiles."""

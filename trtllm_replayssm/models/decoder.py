@@ -206,9 +206,9 @@ class HybridLM(nn.Module):
         emb = self.backbone.embeddings if self.cfg.arch == "nemotron_h" else self.model.embed_tokens
         return emb(tokens)
 
-    def _final(self, h: torch.Tensor) -> torch.Tensor:
+    def _final(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         norm = self.backbone.norm_f if self.cfg.arch == "nemotron_h" else self.model.norm
-        return self.lm_head(norm(h)).float()
+        return self.lm_head(norm.add_forward(delta, h)).float()
 
     def _mixer(self, i: int, block: nn.Module, x: torch.Tensor, state: DecodeState, prefill: bool) -> torch.Tensor:
         kind = block.kind
@@ -225,15 +225,18 @@ class HybridLM(nn.Module):
             return block.mixer.prefill(x, kv) if prefill else block.mixer.decode(x, kv)
         return block.mixer(x)
 
-    def _forward(self, tokens: torch.Tensor, state: DecodeState, prefill: bool) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, state: DecodeState, prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``h`` and the last block's output ``delta`` not yet added to it (each norm adds the
+        previous block's output to ``h`` in place and normalises the sum in one fused op)."""
         h = self._embed(tokens)
+        delta = torch.zeros_like(h)
         for i, block in enumerate(self.trunk.layers):
             if self.cfg.arch == "nemotron_h":
-                h = h + self._mixer(i, block, block.norm(h), state, prefill)
+                delta = self._mixer(i, block, block.norm.add_forward(delta, h), state, prefill)
             else:
-                h = h + self._mixer(i, block, block.input_layernorm(h), state, prefill)
-                h = h + block.mlp(block.post_attention_layernorm(h))
-        return h
+                delta = self._mixer(i, block, block.input_layernorm.add_forward(delta, h), state, prefill)
+                delta = block.mlp(block.post_attention_layernorm.add_forward(delta, h))
+        return h, delta
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
@@ -243,13 +246,13 @@ class HybridLM(nn.Module):
         if b != state.batch or t >= state.max_len:
             raise ValueError(f"tokens: expected shape [{state.batch}, < {state.max_len}], got {list(tokens.shape)}")
         state.reset()
-        h = self._forward(tokens, state, prefill=True)
-        return self._final(h[:, -1])
+        h, delta = self._forward(tokens, state, prefill=True)
+        return self._final(h[:, -1].contiguous(), delta[:, -1])
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step for ``tokens [b]``; returns float32 logits ``[b, vocab]``. No host sync (graph safe)."""
-        return self._final(self._forward(tokens, state, prefill=False))
+        return self._final(*self._forward(tokens, state, prefill=False))
 
     def ssm_probe(self, state: DecodeState, seed: int = 0) -> Callable[[], None]:
         """A function running only the SSM ops of every SSM layer for one step, on static random inputs (to time the

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_replayssm.ops import layers as fused
+
 
 class RMSNorm(nn.Module):
     """RMSNorm; ``unit_offset`` scales by ``1 + weight`` (Qwen3.5 / Gemma style, weight initialised to 0)."""
@@ -18,10 +20,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        w = self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
-        return (y * w).to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps, self.unit_offset)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` in place (the residual stream), then the norm of the sum (one fused launch on CUDA)."""
+        return fused.rms_norm(x, self.weight, self.eps, self.unit_offset, residual=residual)
 
 
 class GatedRMSNorm(nn.Module):
@@ -41,15 +44,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        xf, zf = x.float(), z.float()
-        if not self.norm_before_gate:
-            xf = xf * F.silu(zf)
-        g = xf.unflatten(-1, (-1, self.group_size))
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = g.flatten(-2) * self.weight.float()
-        if self.norm_before_gate:
-            y = y * F.silu(zf)
-        return y.to(x.dtype)
+        return fused.gated_rms_norm(x, z, self.weight, self.group_size, self.eps, self.norm_before_gate)
 
 
 class ReluSqMLP(nn.Module):
@@ -61,7 +56,7 @@ class ReluSqMLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.relu(self.up_proj(x)).square())
+        return self.down_proj(fused.mlp_act(self.up_proj(x), None, "relu2"))
 
 
 class SwiGLUMLP(nn.Module):
@@ -74,7 +69,7 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(fused.mlp_act(self.gate_proj(x), self.up_proj(x), "swiglu"))
 
 
 class DenseExpertMoE(nn.Module):
@@ -106,17 +101,6 @@ def conv_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     padded = F.pad(xt, (k - 1, 0))
     y = F.conv1d(padded, weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=x.shape[-1])
     return y.transpose(1, 2), padded[:, :, padded.shape[-1] - (k - 1):].contiguous()
-
-
-def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-    """One decode step of the causal conv: ``x [b, C]``; shifts ``conv_state [b, C, K-1]`` in place (graph safe)."""
-    window = torch.cat([conv_state, x.unsqueeze(-1).to(conv_state.dtype)], dim=-1)
-    y = (window.float() * weight[:, 0, :].float()).sum(-1)
-    if bias is not None:
-        y = y + bias.float()
-    conv_state.copy_(window[:, :, 1:])
-    return y.to(x.dtype)
 
 
 # ---------------------------------------------------------------------- attention

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import HybridConfig
-from .layers import GatedRMSNorm, conv_prefill, conv_step
+from trtllm_replayssm.ops.layers import conv1d_update
+
+from .layers import GatedRMSNorm, conv_prefill
 from .ssm_state import SSMStates
 
 # parameters kept in float32 whatever the model dtype (they enter the SSM ops as fp32)
@@ -95,9 +97,8 @@ class Mamba2Mixer(nn.Module):
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         z, xbc, dt = self._split(self.in_proj(hs))
-        x, B, C = self._split_xbc(F.silu(conv_step(xbc, conv_state, self.conv1d.weight, self.conv1d.bias)))
-        y = ssm.mamba2_step(idx, x.contiguous(), dt.contiguous(), -torch.exp(self.A_log.float()), B.contiguous(),
-                            C.contiguous(), self.D, self.dt_bias)
+        x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
+        y = ssm.mamba2_step(idx, x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias)
         return self.out_proj(self.norm(y.flatten(-2), z))
 
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -153,10 +154,8 @@ class GatedDeltaNetMixer(nn.Module):
 
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
-        qkv = F.silu(conv_step(self.in_proj_qkv(hs), conv_state, self.conv1d.weight, None))
-        q, k, v = self._split_qkv(qkv)
-        o = ssm.gdn_step(idx, q.contiguous(), k.contiguous(), v.contiguous(), self.in_proj_a(hs).contiguous(),
-                         self.in_proj_b(hs).contiguous(), self.A_log, self.dt_bias)
+        q, k, v = self._split_qkv(conv1d_update(self.in_proj_qkv(hs), conv_state, self.conv1d.weight, None))
+        o = ssm.gdn_step(idx, q, k, v, self.in_proj_a(hs), self.in_proj_b(hs), self.A_log, self.dt_bias)
         return self._finish(o, self.in_proj_z(hs))
 
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,59 @@
+"""PyTorch references of the fused decoder layers (``ops.layers``): the CPU path of those ops and what their CUDA
+kernels are tested against. Math in float32, rounded to the activation dtype where noted."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
+    """``h * rsqrt(mean(h^2) + eps) * w`` over the last dim, ``w = 1 + weight`` with ``unit_offset``."""
+    hf = h.float()
+    y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    w = weight.float() + 1.0 if unit_offset else weight.float()
+    return (y * w).to(h.dtype)
+
+
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                  unit_offset: bool) -> torch.Tensor:
+    """``residual += x`` (in the activation dtype, in place), then :func:`rms_norm` of the sum."""
+    residual.add_(x)
+    return rms_norm(residual, weight, eps, unit_offset)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                   norm_before_gate: bool) -> torch.Tensor:
+    """RMSNorm over groups of ``group_size`` channels of the last dim with a SiLU gate ``z``:
+    ``norm(x * silu(z)) * w`` or, with ``norm_before_gate``, ``norm(x) * w * silu(z)``."""
+    xf, zf = x.float(), z.float()
+    if not norm_before_gate:
+        xf = xf * F.silu(zf)
+    g = xf.unflatten(-1, (-1, group_size))
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    y = g.flatten(-2) * weight.float()
+    if norm_before_gate:
+        y = y * F.silu(zf)
+    return y.to(x.dtype)
+
+
+def conv1d_update_(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   silu: bool) -> torch.Tensor:
+    """One step of a causal depthwise conv: ``x [b, C]``, ``conv_state [b, C, W-1]`` (the last W-1 inputs, shifted
+    in place), ``weight [C, 1, W]`` or ``[C, W]``. Returns ``[b, C]``: the conv (+ bias) rounded to ``x.dtype``,
+    then SiLU if ``silu``."""
+    window = torch.cat([conv_state, x.unsqueeze(-1).to(conv_state.dtype)], dim=-1)
+    y = (window.float() * weight.reshape(weight.shape[0], -1).float()).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    conv_state.copy_(window[:, :, 1:])
+    y = y.to(x.dtype)
+    return F.silu(y) if silu else y
+
+
+def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """``relu2``: ``relu(a)^2``; ``swiglu``: ``silu(a) * b``."""
+    if kind == "relu2":
+        return torch.relu(a).square()
+    if kind == "swiglu":
+        return F.silu(a) * b
+    raise ValueError(f"kind: expected 'relu2' or 'swiglu', got {kind!r}")
