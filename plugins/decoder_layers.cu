@@ -1,7 +1,9 @@
 // Fused decode-step layers of the reference hybrid decoders (trtllm_replayssm/models): RMSNorm with the residual add,
-// gated RMSNorm, the causal depthwise conv1d state update (+ SiLU) and the MLP activations. Each replaces a chain of
-// elementwise PyTorch kernels by one launch; the math (fp32, and where the PyTorch reference rounds to act_t) follows
-// trtllm_replayssm/reference/layers.py, which is also the CPU path of these ops (ops/layers.py).
+// gated RMSNorm, the causal depthwise conv1d state update (+ SiLU), the MLP activations and rotate-half RoPE. Each
+// replaces a chain of elementwise PyTorch kernels by one launch; the math (fp32, rounded to act_t where the PyTorch
+// reference rounds) follows trtllm_replayssm/reference/layers.py, which is also the CPU path of these ops
+// (ops/layers.py). Kernels with a `vec` flag move 16-byte vectors (set by the host when sizes and strides allow) and
+// keep a row in registers; otherwise they fall back to one element per access.
 //
 // Compile-time constants (NVRTC -D): ACT_T (activation / weight C++ type).
 #include "replayssm_common.cuh"
@@ -10,18 +12,19 @@ using act_t = ACT_T;
 
 namespace {
 
-constexpr int kBlock = 256;  // threads per CTA of the norm kernels (host: ops/layers.py NORM_THREADS)
+constexpr int kBlock = 256;                      // most threads per CTA (host: ops/layers.py MAX_THREADS)
+constexpr int kVec = 16 / int(sizeof(act_t));    // elements per 16-byte vector (host: ops/layers.py vector_elems)
+constexpr int kMaxRowVecs = 4;                   // vectors per thread of a row held in registers
 
-// Sum of v over the CTA (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// Sum of v over the CTA (blockDim.x a multiple of 32); every thread gets the total.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float partial[32];
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   v = rssm::warp_sum(v);
-  __syncthreads();  // partial[] may still be read from a previous call
+  if (blockDim.x == rssm::kWarpSize) return v;
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  const int warps = blockDim.x / rssm::kWarpSize;
-  v = lane < warps ? partial[lane] : 0.f;
+  v = lane < int(blockDim.x / rssm::kWarpSize) ? partial[lane] : 0.f;
   return rssm::warp_sum(v);
 }
 
@@ -29,7 +32,7 @@ __device__ __forceinline__ float rounded(float v) { return rssm::round_through<a
 
 }  // namespace
 
-// Row r = (outer o, inner i) of x / residual / out starts at o * s_outer + i * s_inner (elements).
+// Row r = (outer o, inner i) of x / out starts at o * s_outer + i * s_inner (elements); residual rows are dense.
 struct RmsNormParams {
   const act_t* x;       // [outer, inner, dim]
   act_t* residual;      // nullable, [rows, dim] contiguous: residual += x in place, then the norm of the sum
@@ -39,6 +42,7 @@ struct RmsNormParams {
   int inner, dim;
   float eps;
   int unit_offset;      // scale by (1 + weight)
+  int vec, pad0;        // vec: dim, strides and pointers allow 16-byte vectors and dim <= kMaxRowVecs vectors/thread
 };
 
 // One CTA per row: out = rmsnorm(h) * w with h = x, or h = residual + x (stored back into residual).
@@ -47,6 +51,39 @@ extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNor
   const act_t* x = p.x + o * p.s_x_outer + i * p.s_x_inner;
   act_t* res = p.residual ? p.residual + (long long)row * p.dim : nullptr;
   act_t* out = p.out + o * p.s_out_outer + i * p.s_out_inner;
+  const float offset = p.unit_offset ? 1.f : 0.f;
+  if (p.vec) {
+    const int nvec = p.dim / kVec;
+    float h[kMaxRowVecs][kVec];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxRowVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= nvec) break;
+      rssm::load_vec<act_t, kVec>(x + j * kVec, h[k]);
+      if (res) {
+        float r[kVec];
+        rssm::load_vec<act_t, kVec>(res + j * kVec, r);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) h[k][e] = rounded(r[e] + h[k][e]);
+        rssm::store_vec<act_t, kVec>(res + j * kVec, h[k]);
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) ss = fmaf(h[k][e], h[k][e], ss);
+    }
+    const float inv = rsqrtf(block_sum(ss) / p.dim + p.eps);
+#pragma unroll
+    for (int k = 0; k < kMaxRowVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= nvec) break;
+      float w[kVec];
+      rssm::load_vec<act_t, kVec>(p.weight + j * kVec, w);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) h[k][e] = h[k][e] * inv * (w[e] + offset);
+      rssm::store_vec<act_t, kVec>(out + j * kVec, h[k]);
+    }
+    return;
+  }
   float ss = 0.f;
   for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {
     float h = rssm::to_float(x[c]);
@@ -57,31 +94,65 @@ extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNor
     ss = fmaf(h, h, ss);
   }
   const float inv = rsqrtf(block_sum(ss) / p.dim + p.eps);
-  for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {  // re-reads this thread's own elements (L1)
+  for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {  // re-reads this thread's own elements
     const float h = rssm::to_float(res ? res[c] : x[c]);
-    const float w = rssm::to_float(p.weight[c]) + (p.unit_offset ? 1.f : 0.f);
-    out[c] = rssm::from_float<act_t>(h * inv * w);
+    out[c] = rssm::from_float<act_t>(h * inv * (rssm::to_float(p.weight[c]) + offset));
   }
 }
 
 struct GatedNormParams {
   const act_t* x;       // [rows, groups * group_size] (row stride s_x)
   const act_t* z;       // [rows, groups * group_size] (row stride s_z)
-  const act_t* weight;  // [groups * group_size]
+  const act_t* weight;  // [weight_len], repeated along the row (weight_len: a multiple of group_size dividing it)
   act_t* out;           // [rows, groups * group_size] (row stride s_out)
   long long s_x, s_z, s_out;
-  int group_size;
+  int group_size, weight_len;
   float eps;
   int norm_before_gate;  // 0: norm(x * silu(z)) * w (Mamba-2); 1: norm(x) * w * silu(z) (Qwen3.5 GDN)
-  int pad0;
+  int vec, pad0;         // vec: as in RmsNormParams, for group_size
 };
 
 // One CTA per (row, group): RMSNorm over the group's channels with a SiLU gate.
 extern "C" __global__ void __launch_bounds__(kBlock) gated_rmsnorm_kernel(const GatedNormParams p) {
   const long long row = blockIdx.x;
   const int c0 = blockIdx.y * p.group_size;
+  const act_t* weight = p.weight + c0 % p.weight_len;
   const act_t* x = p.x + row * p.s_x + c0;
   const act_t* z = p.z + row * p.s_z + c0;
+  act_t* out = p.out + row * p.s_out + c0;
+  if (p.vec) {
+    const int nvec = p.group_size / kVec;
+    float v[kMaxRowVecs][kVec], g[kMaxRowVecs][kVec];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxRowVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= nvec) break;
+      rssm::load_vec<act_t, kVec>(x + j * kVec, v[k]);
+      rssm::load_vec<act_t, kVec>(z + j * kVec, g[k]);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        g[k][e] = rssm::siluf(g[k][e]);
+        if (!p.norm_before_gate) v[k][e] *= g[k][e];
+        ss = fmaf(v[k][e], v[k][e], ss);
+      }
+    }
+    const float inv = rsqrtf(block_sum(ss) / p.group_size + p.eps);
+#pragma unroll
+    for (int k = 0; k < kMaxRowVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= nvec) break;
+      float w[kVec];
+      rssm::load_vec<act_t, kVec>(weight + j * kVec, w);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        v[k][e] = v[k][e] * inv * w[e];
+        if (p.norm_before_gate) v[k][e] *= g[k][e];
+      }
+      rssm::store_vec<act_t, kVec>(out + j * kVec, v[k]);
+    }
+    return;
+  }
   float ss = 0.f;
   for (int c = threadIdx.x; c < p.group_size; c += blockDim.x) {
     float v = rssm::to_float(x[c]);
@@ -89,12 +160,11 @@ extern "C" __global__ void __launch_bounds__(kBlock) gated_rmsnorm_kernel(const 
     ss = fmaf(v, v, ss);
   }
   const float inv = rsqrtf(block_sum(ss) / p.group_size + p.eps);
-  act_t* out = p.out + row * p.s_out + c0;
   for (int c = threadIdx.x; c < p.group_size; c += blockDim.x) {
     const float g = rssm::siluf(rssm::to_float(z[c]));
     float v = rssm::to_float(x[c]);
     if (!p.norm_before_gate) v *= g;
-    v = v * inv * rssm::to_float(p.weight[c0 + c]);
+    v = v * inv * rssm::to_float(weight[c]);
     out[c] = rssm::from_float<act_t>(p.norm_before_gate ? v * g : v);
   }
 }
@@ -107,17 +177,56 @@ struct ConvParams {
   act_t* out;            // [batch, channels] (row stride s_out)
   long long s_x, s_out;
   int channels, width;
-  int silu, pad0;
+  int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors
 };
 
 constexpr int kMaxConvWidth = 8;
+constexpr int kVecConvWidth = 4;  // the vector path's width (every supported model's conv)
 
-// One thread per (row, channel): y = sum_k w_k * window_k + bias (rounded to act_t like the reference), optionally
-// SiLU; the state shifts by one input.
+__device__ __forceinline__ float conv_output(float y, const ConvParams& p, int c) {
+  if (p.bias) y += rssm::to_float(p.bias[c]);
+  y = rounded(y);
+  return p.silu ? rssm::siluf(y) : y;
+}
+
+// One thread per (row, channel) or, vec, per (row, kVec channels): y = sum_k w_k * window_k + bias (rounded to act_t
+// like the reference), optionally SiLU; the state shifts by one input.
 extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const ConvParams p) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= p.channels) return;
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
   const long long b = blockIdx.y;
+  if (p.vec) {
+    constexpr int kHist = kVecConvWidth - 1;
+    const int c0 = t * kVec;
+    if (c0 >= p.channels) return;
+    act_t* state = p.conv_state + (b * p.channels + c0) * kHist;
+    float s[kHist * kVec], w[kVecConvWidth * kVec], xn[kVec], y[kVec];
+#pragma unroll
+    for (int k = 0; k < kHist; ++k) rssm::load_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
+#pragma unroll
+    for (int k = 0; k < kVecConvWidth; ++k)
+      rssm::load_vec<act_t, kVec>(p.weight + (long long)c0 * kVecConvWidth + k * kVec,
+                                  reinterpret_cast<float(&)[kVec]>(w[k * kVec]));
+    rssm::load_vec<act_t, kVec>(p.x + b * p.s_x + c0, xn);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {  // channel c0 + e: state s[e*kHist .. +kHist), weights w[e*width .. +width)
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kHist; ++k) acc = fmaf(w[e * kVecConvWidth + k], s[e * kHist + k], acc);
+      acc = fmaf(w[e * kVecConvWidth + kHist], xn[e], acc);
+      y[e] = conv_output(acc, p, c0 + e);
+    }
+    rssm::store_vec<act_t, kVec>(p.out + b * p.s_out + c0, y);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+#pragma unroll
+      for (int k = 0; k < kHist; ++k) s[e * kHist + k] = k + 1 < kHist ? s[e * kHist + k + 1] : xn[e];
+    }
+#pragma unroll
+    for (int k = 0; k < kHist; ++k) rssm::store_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
+    return;
+  }
+  const int c = t;
+  if (c >= p.channels) return;
   const int hist = p.width - 1;
   act_t* state = p.conv_state + (b * p.channels + c) * hist;
   const act_t* w = p.weight + (long long)c * p.width;
@@ -130,36 +239,77 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const 
 #pragma unroll
   for (int k = 0; k < kMaxConvWidth; ++k)
     if (k < p.width) y = fmaf(rssm::to_float(w[k]), rssm::to_float(k < hist ? window[k] : x_new), y);
-  if (p.bias) y += rssm::to_float(p.bias[c]);
-  y = rounded(y);
-  if (p.silu) y = rssm::siluf(y);
-  p.out[b * p.s_out + c] = rssm::from_float<act_t>(y);
+  p.out[b * p.s_out + c] = rssm::from_float<act_t>(conv_output(y, p, c));
 #pragma unroll
   for (int k = 0; k < kMaxConvWidth; ++k)
     if (k < hist) state[k] = k + 1 < hist ? window[k + 1] : x_new;
 }
 
 struct ActParams {
-  const act_t* a;  // [n] contiguous: the activation's input (SwiGLU: the gate projection)
-  const act_t* b;  // [n] contiguous: SwiGLU's up projection (kind 1), else null
-  act_t* out;      // [n]
-  long long n;
+  const act_t* a;  // [rows, cols] (row stride s_a): the activation's input (SwiGLU: the gate projection)
+  const act_t* b;  // [rows, cols] (row stride s_b): SwiGLU's up projection (kind 1), else null
+  act_t* out;      // [rows, cols] contiguous
+  long long s_a, s_b;
+  int rows, cols;  // vec: cols counts 16-byte vectors and the strides are in vectors
   int kind;        // 0: relu(a)^2; 1: silu(a) * b
-  int pad0;
+  int vec;
 };
 
-// Elementwise MLP activations, rounding where the PyTorch reference rounds (after relu / silu).
-extern "C" __global__ void __launch_bounds__(kBlock) mlp_act_kernel(const ActParams p) {
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.n; i += stride) {
-    const float a = rssm::to_float(p.a[i]);
-    float y;
-    if (p.kind == 0) {
-      const float r = fmaxf(a, 0.f);
-      y = r * r;
-    } else {
-      y = rounded(rssm::siluf(a)) * rssm::to_float(p.b[i]);
-    }
-    p.out[i] = rssm::from_float<act_t>(y);
+__device__ __forceinline__ float mlp_act(float a, float b, int kind) {
+  if (kind == 0) {
+    const float r = fmaxf(a, 0.f);
+    return r * r;
   }
+  return rounded(rssm::siluf(a)) * b;  // the reference rounds silu(a) before the product
+}
+
+// Elementwise MLP activations (grid-stride over rows x cols).
+extern "C" __global__ void __launch_bounds__(kBlock) mlp_act_kernel(const ActParams p) {
+  const long long n = (long long)p.rows * p.cols, stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+    const long long r = i / p.cols, c = i % p.cols;
+    if (p.vec) {
+      float a[kVec], b[kVec];
+      rssm::load_vec<act_t, kVec>(p.a + (r * p.s_a + c) * kVec, a);
+      if (p.kind == 1) rssm::load_vec<act_t, kVec>(p.b + (r * p.s_b + c) * kVec, b);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) a[e] = mlp_act(a[e], p.kind == 1 ? b[e] : 0.f, p.kind);
+      rssm::store_vec<act_t, kVec>(p.out + i * kVec, a);
+    } else {
+      const float b = p.b ? rssm::to_float(p.b[r * p.s_b + c]) : 0.f;
+      p.out[i] = rssm::from_float<act_t>(mlp_act(rssm::to_float(p.a[r * p.s_a + c]), b, p.kind));
+    }
+  }
+}
+
+struct RopeParams {
+  const act_t* x;          // [rows, heads, head_dim] (strides s_x_row, s_x_head; channels dense)
+  const long long* pos;    // [rows] positions
+  act_t* out;              // [rows, heads, head_dim] contiguous
+  long long s_x_row, s_x_head;
+  int heads, head_dim, rotary_dim;
+  float theta;
+};
+
+// One CTA per (row, head), a thread per channel: rotate-half RoPE on the first rotary_dim channels (angle
+// pos * theta^(-i / half) in fp32 as the reference, reduced to [-pi, pi] in double), the rest copied.
+extern "C" __global__ void __launch_bounds__(kBlock) rope_kernel(const RopeParams p) {
+  const int row = blockIdx.x / p.heads, head = blockIdx.x % p.heads, c = threadIdx.x;
+  if (c >= p.head_dim) return;
+  const act_t* x = p.x + row * p.s_x_row + head * p.s_x_head;
+  act_t* out = p.out + ((long long)row * p.heads + head) * p.head_dim;
+  if (c >= p.rotary_dim) {
+    out[c] = x[c];
+    return;
+  }
+  const int half = p.rotary_dim / 2, i = c % half;
+  const float inv = float(pow(double(p.theta), double(-(float(i) / float(half)))));
+  const double ang = double(float(p.pos[row]) * inv);
+  constexpr double kTwoPi = 6.283185307179586;
+  const float r = float(ang - kTwoPi * rint(ang / kTwoPi));  // reduced to [-pi, pi] in double, then fp32 sin/cos
+  float sn, cs;
+  sincosf(r, &sn, &cs);
+  const float x1 = rssm::to_float(x[i]), x2 = rssm::to_float(x[i + half]);
+  const float y = c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn;
+  out[c] = rssm::from_float<act_t>(y);
 }

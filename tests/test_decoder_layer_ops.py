@@ -1,5 +1,6 @@
-"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update, MLP activations) against float64 math
-written out here: the CUDA kernels on a GPU, the PyTorch reference (their CPU path) without one."""
+"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update, MLP activations, RoPE) against float64
+math written out here: the CUDA kernels on a GPU (vector and element paths: aligned and odd sizes / strides), the
+PyTorch reference (their CPU path) without one."""
 from __future__ import annotations
 
 import pytest
@@ -33,10 +34,11 @@ def _silu64(v: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("unit_offset", [False, True])
-def test_rms_norm_rows_and_strided_heads(dtype, unit_offset):
+@pytest.mark.parametrize("dim", [3136, 100, 9000])  # vectors in registers / odd size / too long for registers
+def test_rms_norm_rows_and_strided_heads(dtype, unit_offset, dim):
     gen = torch.Generator().manual_seed(1)
-    x = _rnd(gen, 7, 3136, dtype=dtype)
-    w = _rnd(gen, 3136, dtype=dtype)
+    x = _rnd(gen, 7, dim, dtype=dtype)
+    w = _rnd(gen, dim, dtype=dtype)
     scale = w.double() + 1 if unit_offset else w.double()
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5, unit_offset).double(), _rms64(x, scale, 1e-5),
                                **_tol(dtype))
@@ -49,12 +51,13 @@ def test_rms_norm_rows_and_strided_heads(dtype, unit_offset):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm_updates_the_residual(dtype):
+@pytest.mark.parametrize("dim,offset", [(2560, 0), (2560, 1), (36, 0)])
+def test_add_rms_norm_updates_the_residual(dtype, dim, offset):
     gen = torch.Generator().manual_seed(2)
-    big = _rnd(gen, 6, 2 * 2560, dtype=dtype)
-    x = big[:, :2560]  # a row-strided input
-    res = _rnd(gen, 6, 2560, dtype=dtype)
-    w = _rnd(gen, 2560, dtype=dtype)
+    big = _rnd(gen, 6, 2 * dim + 1, dtype=dtype)
+    x = big[:, offset:offset + dim]  # a row-strided input (misaligned with an offset)
+    res = _rnd(gen, 6, dim, dtype=dtype)
+    w = _rnd(gen, dim, dtype=dtype)
     want_res = (res.double() + x.double()).to(dtype)
     out = ops.rms_norm(x, w, 1e-5, residual=res)
     torch.testing.assert_close(res, want_res, rtol=0, atol=0)
@@ -62,34 +65,38 @@ def test_add_rms_norm_updates_the_residual(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gated_rms_norm_both_orders(dtype):
+@pytest.mark.parametrize("z_extra", [64, 50])  # z's row stride keeps / breaks 16-byte alignment
+def test_gated_rms_norm_both_orders(dtype, z_extra):
     gen = torch.Generator().manual_seed(3)
     # Mamba-2: groups of 96 over 8 * 96 channels, z a slice of a wider projection
     y = _rnd(gen, 6, 8 * 96, dtype=dtype)
-    z = _rnd(gen, 6, 8 * 96 + 50, dtype=dtype)[:, :8 * 96]
+    z = _rnd(gen, 6, 8 * 96 + z_extra, dtype=dtype)[:, :8 * 96]
     w = _rnd(gen, 8 * 96, dtype=dtype)
     g = (y.double() * _silu64(z)).unflatten(-1, (8, 96))
     want = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5)).flatten(-2) * w.double()
     torch.testing.assert_close(ops.gated_rms_norm(y, z, w, 96, 1e-5, False).double(), want, **_tol(dtype))
-    # Qwen3.5 GDN: per value head, norm first, then the gate
+    # Qwen3.5 GDN: per value head (one weight shared by the heads), norm first, then the gate; z a slice of the
+    # packed input projection
     o = _rnd(gen, 6, 4, 128, dtype=dtype)
-    zq = _rnd(gen, 6, 4 * 128, dtype=dtype).unflatten(-1, (4, 128))
+    zq = _rnd(gen, 6, 4 * 128 + z_extra, dtype=dtype)[:, z_extra:]
     wq = _rnd(gen, 128, dtype=dtype)
-    want = _rms64(o, wq, 1e-6) * _silu64(zq)
-    torch.testing.assert_close(ops.gated_rms_norm(o, zq, wq, 128, 1e-6, True).double(), want, **_tol(dtype))
+    want = (_rms64(o, wq, 1e-6) * _silu64(zq.unflatten(-1, (4, 128)))).flatten(-2)
+    got = ops.gated_rms_norm(o.flatten(-2), zq, wq, 128, 1e-6, True)
+    torch.testing.assert_close(got.double(), want, **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width,bias,silu", [(4, True, True), (4, False, True), (3, True, False), (2, False, False)])
-def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu):
+@pytest.mark.parametrize("channels,offset", [(304, 0), (300, 3)])  # vector path (width 4) / element path
+def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu, channels, offset):
     gen = torch.Generator().manual_seed(4)
-    batch, channels = 5, 300  # not a multiple of the CTA width
+    batch = 5
     weight = _rnd(gen, channels, 1, width, dtype=dtype)
     b = _rnd(gen, channels, dtype=dtype) if bias else None
     state = _rnd(gen, batch, channels, width - 1, dtype=dtype)
     window = state.double()
     for _ in range(6):
-        x = _rnd(gen, batch, channels + 7, dtype=dtype)[:, 3:3 + channels]  # row-strided, offset input
+        x = _rnd(gen, batch, channels + 8, dtype=dtype)[:, offset:offset + channels]  # row-strided input
         window = torch.cat([window, x.double().unsqueeze(-1)], -1)
         y = (window * weight[:, 0].double()).sum(-1) + (b.double() if bias else 0)
         want = _silu64(y) if silu else y
@@ -100,11 +107,32 @@ def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mlp_activations(dtype):
+@pytest.mark.parametrize("width", [1000, 999])
+def test_mlp_activations(dtype, width):
     gen = torch.Generator().manual_seed(5)
-    a, b = _rnd(gen, 3, 1000, dtype=dtype), _rnd(gen, 3, 1000, dtype=dtype)
+    a, b = _rnd(gen, 3, 2 * width, dtype=dtype).split(width, -1)  # halves of a packed gate/up projection
     torch.testing.assert_close(ops.mlp_act(a, None, "relu2").double(), a.double().clamp(min=0) ** 2, **_tol(dtype))
     torch.testing.assert_close(ops.mlp_act(a, b, "swiglu").double(), _silu64(a) * b.double(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary_dim", [64, 256, 0])
+def test_rope_rotates_the_first_channels(dtype, rotary_dim):
+    gen = torch.Generator().manual_seed(6)
+    packed = _rnd(gen, 5, 4, 2 * 256, dtype=dtype)
+    q = packed.chunk(2, dim=-1)[0]  # [b, heads, 256] with a head stride of 512
+    pos = torch.tensor([0, 3, 17, 95, 4000], dtype=torch.int64, device=DEV)
+    half = rotary_dim // 2
+    want = q.double().clone()
+    if half:
+        inv = 1e7 ** (-torch.arange(half, dtype=torch.float64) / half)
+        ang = (pos.cpu().double()[:, None] * inv)[:, None, :].to(DEV)
+        x1, x2 = q.double()[..., :half], q.double()[..., half:rotary_dim]
+        want[..., :half] = x1 * ang.cos() - x2 * ang.sin()
+        want[..., half:rotary_dim] = x2 * ang.cos() + x1 * ang.sin()
+    # fp32 angles (as the reference) at position 4000: ~4e-4 absolute
+    tol = _tol(dtype) if dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(ops.rope(q, pos, rotary_dim, 1e7).double(), want, **tol)
 
 
 def test_bad_inputs_name_the_argument():
@@ -116,6 +144,8 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="group_size"):
         ops.gated_rms_norm(x, x, torch.ones(64), 48, 1e-5, False)
     with pytest.raises(ValueError, match="weight"):
+        ops.gated_rms_norm(x, x, torch.ones(48), 16, 1e-5, False)
+    with pytest.raises(ValueError, match="weight"):
         ops.conv1d_update(x, torch.zeros(4, 64, 9), torch.ones(64, 1, 10))
     with pytest.raises(ValueError, match="conv_state"):
         ops.conv1d_update(x, torch.zeros(4, 64, 2), torch.ones(64, 1, 4))
@@ -123,3 +153,7 @@ def test_bad_inputs_name_the_argument():
         ops.mlp_act(x, None, "swiglu")
     with pytest.raises(ValueError, match="kind"):
         ops.mlp_act(x, None, "gelu")
+    with pytest.raises(ValueError, match="rotary_dim"):
+        ops.rope(x.view(4, 2, 32), torch.zeros(4, dtype=torch.int64), 33, 1e4)
+    with pytest.raises(ValueError, match="pos"):
+        ops.rope(x.view(4, 2, 32), torch.zeros(3, dtype=torch.int64), 32, 1e4)

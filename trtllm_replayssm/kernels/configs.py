@@ -117,7 +117,7 @@ def decoder_layers_config(act_dtype: torch.dtype) -> KernelConfig:
     return KernelConfig(
         family="layers",
         source="decoder_layers.cu",
-        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel"),
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel"),
         params=(("act_t", CUDA_TYPE[act_dtype]),),
     )
 

@@ -10,6 +10,36 @@ from torch import nn
 from trtllm_replayssm.ops import layers as fused
 
 
+class PackedLinears(nn.Module):
+    """Bias-free linears over the same input whose weights are rows of one packed ``[sum(out), in]`` tensor: one GEMM
+    for all of them (:meth:`forward` returns the outputs side by side). The linears keep their names and parameters
+    (checkpoints load by name); :meth:`pack_` makes their weights views of the packed tensor, so a copy into a weight
+    writes it. A forward after anything replaced a weight's storage (a dtype cast) packs again."""
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        super().__init__()
+        self._linears = linears  # a tuple: registered where they are owned, not here
+        self.packed: torch.Tensor | None = None
+
+    @property
+    def sizes(self) -> list[int]:
+        return [lin.out_features for lin in self._linears]
+
+    @torch.no_grad()
+    def pack_(self) -> None:
+        packed = torch.cat([lin.weight.data for lin in self._linears], 0)
+        row = 0
+        for lin in self._linears:
+            lin.weight.data = packed[row:row + lin.out_features]
+            row += lin.out_features
+        self.packed = packed
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.packed is None or self._linears[0].weight.data_ptr() != self.packed.data_ptr():
+            self.pack_()  # first call, or a weight's storage was replaced (e.g. a cast)
+        return list(F.linear(x, self.packed).split(self.sizes, dim=-1))
+
+
 class RMSNorm(nn.Module):
     """RMSNorm; ``unit_offset`` scales by ``1 + weight`` (Qwen3.5 / Gemma style, weight initialised to 0)."""
 
@@ -28,7 +58,8 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm over groups of ``group_size`` channels with a SiLU gate ``z``.
+    """RMSNorm over groups of ``group_size`` channels with a SiLU gate ``z``; the ``dim`` weights repeat along wider
+    inputs (Qwen3.5: one per-head weight for all value heads).
 
     ``norm_before_gate=False`` (Mamba-2 / Nemotron-H): ``norm(x * silu(z)) * w``;
     ``True`` (Qwen3.5 GDN): ``norm(x) * w * silu(z)``.
@@ -60,16 +91,18 @@ class ReluSqMLP(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """Qwen MLP: ``down(silu(gate(x)) * up(x))``."""
+    """Qwen MLP: ``down(silu(gate(x)) * up(x))`` (gate and up in one GEMM)."""
 
     def __init__(self, hidden: int, inter: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up = PackedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.mlp_act(self.gate_proj(x), self.up_proj(x), "swiglu"))
+        gate, up = self.gate_up(x)
+        return self.down_proj(fused.mlp_act(gate, up, "swiglu"))
 
 
 class DenseExpertMoE(nn.Module):
@@ -106,8 +139,9 @@ def conv_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 # ---------------------------------------------------------------------- attention
 @dataclass
 class KVCache:
-    """Static KV cache of one attention layer: ``k, v [b, max_len, kv_heads, head_dim]``, ``pos [b]`` (int64,
-    the number of cached tokens, advanced in place on the device)."""
+    """Static KV cache of one attention layer: ``k, v [b, kv_heads, max_len, head_dim]`` (per-head rows dense, so
+    the decode matmuls read them in place), ``pos [b]`` (int64, the number of cached tokens, advanced in place on
+    the device)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -116,7 +150,7 @@ class KVCache:
     @classmethod
     def allocate(cls, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> "KVCache":
-        shape = (batch, max_len, kv_heads, head_dim)
+        shape = (batch, kv_heads, max_len, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(batch, dtype=torch.long, device=device))
 
@@ -124,21 +158,6 @@ class KVCache:
         self.k.zero_()
         self.v.zero_()
         self.pos.zero_()
-
-
-def _rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, hd]``; ``pos`` broadcasts to
-    ``x.shape[:-2]``."""
-    if rotary_dim == 0:
-        return x
-    half = rotary_dim // 2
-    inv = theta ** (-torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
-    ang = pos.float().unsqueeze(-1) * inv  # [..., half]
-    cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)
-    xr = x[..., :rotary_dim].float()
-    x1, x2 = xr[..., :half], xr[..., half:]
-    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return torch.cat([rot.to(x.dtype), x[..., rotary_dim:]], dim=-1)
 
 
 class Attention(nn.Module):
@@ -154,24 +173,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.qkv_proj = PackedLinears(self.q_proj, self.k_proj, self.v_proj)
         if qwen:
             self.q_norm = RMSNorm(head_dim, eps, unit_offset=True)
             self.k_norm = RMSNorm(head_dim, eps, unit_offset=True)
 
     def _qkv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
         lead = h.shape[:-1]
-        q = self.q_proj(h)
+        q, k, v = self.qkv_proj(h)
         gate = None
         if self.qwen:
             q, gate = q.view(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(*lead, self.heads * self.head_dim)
         q = q.reshape(*lead, self.heads, self.head_dim)
-        k = self.k_proj(h).view(*lead, self.kv_heads, self.head_dim)
-        v = self.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        k = k.view(*lead, self.kv_heads, self.head_dim)
+        v = v.view(*lead, self.kv_heads, self.head_dim)
         if self.qwen:
             q, k = self.q_norm(q), self.k_norm(k)
-            q = _rope(q, pos, self.rotary_dim, self.rope_theta)
-            k = _rope(k, pos, self.rotary_dim, self.rope_theta)
+            if self.rotary_dim:
+                q = fused.rope(q, pos, self.rotary_dim, self.rope_theta)
+                k = fused.rope(k, pos, self.rotary_dim, self.rope_theta)
         return q, k, v, gate
 
     def _out(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -184,8 +205,8 @@ class Attention(nn.Module):
         b, t, _ = h.shape
         pos = torch.arange(t, device=h.device).expand(b, t)
         q, k, v, gate = self._qkv(h, pos)
-        kv.k[:, :t].copy_(k)
-        kv.v[:, :t].copy_(v)
+        kv.k[:, :, :t].copy_(k.transpose(1, 2))
+        kv.v[:, :, :t].copy_(v.transpose(1, 2))
         kv.pos.fill_(t)
         rep = self.heads // self.kv_heads
         o = F.scaled_dot_product_attention(q.transpose(1, 2).float(),
@@ -197,15 +218,16 @@ class Attention(nn.Module):
         """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
         b = h.shape[0]
         q, k, v, gate = self._qkv(h, kv.pos)
-        rows = torch.arange(b, device=h.device)
-        kv.k.index_put_((rows, kv.pos), k)
-        kv.v.index_put_((rows, kv.pos), v)
+        rows = torch.arange(b, device=h.device)[:, None]
+        heads = torch.arange(self.kv_heads, device=h.device)[None, :]
+        kv.k.index_put_((rows, heads, kv.pos[:, None]), k)
+        kv.v.index_put_((rows, heads, kv.pos[:, None]), v)
         rep = self.heads // self.kv_heads
-        # matmuls in the cache dtype (fp32 accumulation), softmax in fp32
+        # matmuls in the cache dtype (fp32 accumulation) on the cache in place, softmax in fp32
         qg = q.view(b, self.kv_heads, rep, self.head_dim)
-        scores = torch.einsum("bkgd,btkd->bkgt", qg, kv.k).float() * self.head_dim ** -0.5
-        valid = torch.arange(kv.k.shape[1], device=h.device).unsqueeze(0) <= kv.pos.unsqueeze(1)  # [b, max_len]
+        scores = torch.matmul(qg, kv.k.transpose(-1, -2)).float() * self.head_dim ** -0.5  # [b, kv, rep, max_len]
+        valid = torch.arange(kv.k.shape[2], device=h.device).unsqueeze(0) <= kv.pos.unsqueeze(1)  # [b, max_len]
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        o = torch.einsum("bkgt,btkd->bkgd", scores.softmax(-1).to(kv.v.dtype), kv.v).reshape(b, -1)
+        o = torch.matmul(scores.softmax(-1).to(kv.v.dtype), kv.v).reshape(b, -1)
         kv.pos.add_(1)
         return self._out(o.to(h.dtype), gate)

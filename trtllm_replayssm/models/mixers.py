@@ -13,7 +13,7 @@ from torch import nn
 from .config import HybridConfig
 from trtllm_replayssm.ops.layers import conv1d_update
 
-from .layers import GatedRMSNorm, conv_prefill
+from .layers import GatedRMSNorm, PackedLinears, conv_prefill
 from .ssm_state import SSMStates
 
 # parameters kept in float32 whatever the model dtype (they enter the SSM ops as fp32)
@@ -123,6 +123,7 @@ class GatedDeltaNetMixer(nn.Module):
         self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(d, self.hv, bias=False)
         self.in_proj_a = nn.Linear(d, self.hv, bias=False)
+        self.in_proj = PackedLinears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)  # decode
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.zeros(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
@@ -141,8 +142,8 @@ class GatedDeltaNetMixer(nn.Module):
         return g, torch.sigmoid(b.float())
 
     def _finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        o = self.norm(o, z.unflatten(-1, (self.hv, self.dv)))
-        return self.out_proj(o.flatten(-2))
+        """``o [..., HV, V]``, ``z [..., HV * V]`` -> out_proj(norm(o) * silu(z)) (the norm per value head)."""
+        return self.out_proj(self.norm(o.flatten(-2), z))
 
     def prefill(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], state [b,HV,V,K] float32)."""
@@ -154,9 +155,10 @@ class GatedDeltaNetMixer(nn.Module):
 
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
-        q, k, v = self._split_qkv(conv1d_update(self.in_proj_qkv(hs), conv_state, self.conv1d.weight, None))
-        o = ssm.gdn_step(idx, q, k, v, self.in_proj_a(hs), self.in_proj_b(hs), self.A_log, self.dt_bias)
-        return self._finish(o, self.in_proj_z(hs))
+        qkv, z, b, a = self.in_proj(hs)
+        q, k, v = self._split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
+        o = ssm.gdn_step(idx, q, k, v, a, b, self.A_log, self.dt_bias)
+        return self._finish(o, z)
 
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         """Static random step inputs ``(q, k, v, a, b, A_log, dt_bias)`` for timing the SSM op alone."""

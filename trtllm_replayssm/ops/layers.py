@@ -1,5 +1,5 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
-the residual add), gated RMSNorm, the causal conv1d state update and the MLP activations. One CUDA launch each
+the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations and RoPE. One CUDA launch each
 (plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch
 reference (:mod:`trtllm_replayssm.reference.layers`). Shared by the baseline and the replay decoders alike."""
 from __future__ import annotations
@@ -20,18 +20,25 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.
 _RmsNormParams = make_struct("RmsNormParams", [
     ("x", _P), ("residual", _P), ("weight", _P), ("out", _P), ("s_x_outer", _I64), ("s_x_inner", _I64),
     ("s_out_outer", _I64), ("s_out_inner", _I64), ("inner", _I32), ("dim", _I32), ("eps", _F32),
-    ("unit_offset", _I32)])
+    ("unit_offset", _I32), ("vec", _I32), ("pad0", _I32)])
 _GatedNormParams = make_struct("GatedNormParams", [
     ("x", _P), ("z", _P), ("weight", _P), ("out", _P), ("s_x", _I64), ("s_z", _I64), ("s_out", _I64),
-    ("group_size", _I32), ("eps", _F32), ("norm_before_gate", _I32), ("pad0", _I32)])
+    ("group_size", _I32), ("weight_len", _I32), ("eps", _F32), ("norm_before_gate", _I32), ("vec", _I32),
+    ("pad0", _I32)])
 _ConvParams = make_struct("ConvParams", [
     ("x", _P), ("conv_state", _P), ("weight", _P), ("bias", _P), ("out", _P), ("s_x", _I64), ("s_out", _I64),
-    ("channels", _I32), ("width", _I32), ("silu", _I32), ("pad0", _I32)])
-_ActParams = make_struct("ActParams", [("a", _P), ("b", _P), ("out", _P), ("n", _I64), ("kind", _I32),
-                                       ("pad0", _I32)])
+    ("channels", _I32), ("width", _I32), ("silu", _I32), ("vec", _I32)])
+_ActParams = make_struct("ActParams", [("a", _P), ("b", _P), ("out", _P), ("s_a", _I64), ("s_b", _I64),
+                                       ("rows", _I32), ("cols", _I32), ("kind", _I32), ("vec", _I32)])
+_RopeParams = make_struct("RopeParams", [
+    ("x", _P), ("pos", _P), ("out", _P), ("s_x_row", _I64), ("s_x_head", _I64), ("heads", _I32), ("head_dim", _I32),
+    ("rotary_dim", _I32), ("theta", _F32)])
 
-NORM_THREADS = 256  # plugins/decoder_layers.cu kBlock (the most threads per CTA)
-MAX_CONV_WIDTH = 8  # plugins/decoder_layers.cu kMaxConvWidth
+# plugins/decoder_layers.cu: kBlock, kMaxRowVecs, kMaxConvWidth, kVecConvWidth
+MAX_THREADS = 256
+MAX_ROW_VECS = 4
+MAX_CONV_WIDTH = 8
+VEC_CONV_WIDTH = 4
 MLP_ACTS = ("relu2", "swiglu")
 
 
@@ -39,9 +46,24 @@ def _kernel(name: str, t: torch.Tensor):
     return get_kernel(decoder_layers_config(t.dtype), name, t.device)
 
 
-def _norm_threads(cols: int) -> int:
-    """Threads per row: about 4 columns each, a multiple of a warp, at most NORM_THREADS."""
-    return max(32, min(NORM_THREADS, ((cols + 3) // 4 + 31) // 32 * 32))
+def vector_elems(t: torch.Tensor) -> int:
+    """Elements of ``t``'s dtype in a 16-byte vector."""
+    return 16 // t.element_size()
+
+
+def _vectorizable(elems: int, tensors: list[torch.Tensor | None], strides: list[int]) -> bool:
+    """Whether ``elems``-element vectors stay 16-byte aligned in every tensor at every given stride."""
+    return (all(t is None or t.data_ptr() % 16 == 0 for t in tensors) and all(s % elems == 0 for s in strides))
+
+
+def _row_plan(cols: int, elems: int, vec: bool) -> tuple[int, bool]:
+    """(threads per row, vector path) of a norm over ``cols`` channels: a vector (else about 4 channels) per
+    thread, a multiple of a warp, at most MAX_THREADS; vectors only where a row fits MAX_ROW_VECS per thread."""
+    if vec and cols % elems == 0:
+        threads = max(32, min(MAX_THREADS, (cols // elems + 31) // 32 * 32))
+        if cols // elems <= threads * MAX_ROW_VECS:
+            return threads, True
+    return max(32, min(MAX_THREADS, ((cols + 3) // 4 + 31) // 32 * 32)), False
 
 
 def _rows3(t: torch.Tensor) -> torch.Tensor:
@@ -72,12 +94,15 @@ def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
 
 def _rms_norm_launch(x, residual, weight, eps, unit_offset, out) -> None:
     x3, o3 = _rows3(x), _rows3(out)
-    rows = x3.shape[0] * x3.shape[1]
+    rows, dim = x3.shape[0] * x3.shape[1], x3.shape[2]
     if rows == 0:
         return
+    elems = vector_elems(x)
+    strides = [x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), dim]
+    threads, vec = _row_plan(dim, elems, _vectorizable(elems, [x3, residual, weight, o3], strides))
     params = _RmsNormParams(ptr(x3), ptr(residual), ptr(weight), ptr(o3), x3.stride(0), x3.stride(1), o3.stride(0),
-                            o3.stride(1), x3.shape[1], x3.shape[2], float(eps), int(unit_offset))
-    launch(_kernel("rmsnorm_kernel", x), (rows, 1, 1), (_norm_threads(x3.shape[2]), 1, 1), params)
+                            o3.stride(1), x3.shape[1], dim, float(eps), int(unit_offset), int(vec), 0)
+    launch(_kernel("rmsnorm_kernel", x), (rows, 1, 1), (threads, 1, 1), params)
 
 
 @_rms_norm_op.register_kernel("cuda")
@@ -101,10 +126,12 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
     x2, z2, o2 = _rows2(x), _rows2(z), _rows2(out)
     if x2.shape[0] == 0:
         return
+    elems = vector_elems(x)
+    strides = [x2.stride(0), z2.stride(0), o2.stride(0), group_size]
+    threads, vec = _row_plan(group_size, elems, _vectorizable(elems, [x2, z2, weight, o2], strides))
     params = _GatedNormParams(ptr(x2), ptr(z2), ptr(weight), ptr(o2), x2.stride(0), z2.stride(0), o2.stride(0),
-                              group_size, float(eps), int(norm_before_gate), 0)
-    launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], x2.shape[1] // group_size, 1),
-           (_norm_threads(group_size), 1, 1), params)
+                              group_size, weight.shape[0], float(eps), int(norm_before_gate), int(vec), 0)
+    launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], x2.shape[1] // group_size, 1), (threads, 1, 1), params)
 
 
 @torch.library.custom_op("replayssm::conv1d_update", mutates_args=("conv_state", "out"))
@@ -118,10 +145,14 @@ def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
     batch, channels = x.shape
     if batch == 0:
         return
+    width, elems = weight.shape[-1], vector_elems(x)
+    vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
+                                                    [x.stride(0), out.stride(0), channels])
+    threads = channels // elems if vec else channels
     params = _ConvParams(ptr(x), ptr(conv_state), ptr(weight), ptr(bias), ptr(out), x.stride(0), out.stride(0),
-                         channels, weight.shape[-1], int(silu), 0)
-    launch(_kernel("conv1d_update_kernel", x), ((channels + NORM_THREADS - 1) // NORM_THREADS, batch, 1),
-           (NORM_THREADS, 1, 1), params)
+                         channels, width, int(silu), int(vec))
+    launch(_kernel("conv1d_update_kernel", x), ((threads + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
+           (MAX_THREADS, 1, 1), params)
 
 
 @torch.library.custom_op("replayssm::mlp_act", mutates_args=("out",))
@@ -131,15 +162,38 @@ def _mlp_act_op(a: torch.Tensor, b: Optional[torch.Tensor], kind: str, out: torc
 
 @_mlp_act_op.register_kernel("cuda")
 def _mlp_act_cuda(a, b, kind, out) -> None:
-    n = a.numel()
-    if n == 0:
+    a2, b2 = _rows2(a), None if b is None else _rows2(b)
+    rows, cols = a2.shape
+    if rows * cols == 0:
         return
-    params = _ActParams(ptr(a), ptr(b), ptr(out), n, MLP_ACTS.index(kind), 0)
-    blocks = min((n + NORM_THREADS - 1) // NORM_THREADS, 16 * 1024)
-    launch(_kernel("mlp_act_kernel", a), (blocks, 1, 1), (NORM_THREADS, 1, 1), params)
+    elems = vector_elems(a)
+    s_a, s_b = a2.stride(0), 0 if b2 is None else b2.stride(0)
+    vec = _vectorizable(elems, [a2, b2, out], [s_a, s_b, cols])
+    step = elems if vec else 1
+    params = _ActParams(ptr(a2), ptr(b2), ptr(out), s_a // step, s_b // step, rows, cols // step,
+                        MLP_ACTS.index(kind), int(vec))
+    blocks = min((rows * cols // step + MAX_THREADS - 1) // MAX_THREADS, 16 * 1024)
+    launch(_kernel("mlp_act_kernel", a), (blocks, 1, 1), (MAX_THREADS, 1, 1), params)
 
 
-for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op):
+@torch.library.custom_op("replayssm::rope", mutates_args=("out",))
+def _rope_op(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float, out: torch.Tensor) -> None:
+    out.copy_(ref.rope(x, pos, rotary_dim, theta))
+
+
+@_rope_op.register_kernel("cuda")
+def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
+    x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
+    rows, heads, head_dim = x3.shape
+    if rows == 0:
+        return
+    pos_rows = pos.expand(x.shape[:-2]).reshape(-1).contiguous()
+    params = _RopeParams(ptr(x3), ptr(pos_rows), ptr(out), x3.stride(0), x3.stride(1), heads, head_dim, rotary_dim,
+                         float(theta))
+    launch(_kernel("rope_kernel", x), (rows * heads, 1, 1), ((head_dim + 31) // 32 * 32, 1, 1), params)
+
+
+for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op, _rope_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
@@ -166,12 +220,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
                    norm_before_gate: bool) -> torch.Tensor:
     """Gated RMSNorm over groups of ``group_size`` channels of ``x [..., D]`` with gate ``z`` (same shape; last dims
-    dense), ``weight [D]``: ``norm(x * silu(z)) * w`` or, ``norm_before_gate``, ``norm(x) * w * silu(z)``."""
+    dense): ``norm(x * silu(z)) * w`` or, ``norm_before_gate``, ``norm(x) * w * silu(z)``. ``weight [W]`` repeats
+    along the row (``W`` a multiple of ``group_size`` dividing ``D``: ``D`` for per-channel weights, ``group_size``
+    for one weight shared by all groups)."""
     chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
     chk.check_tensor("z", z, tuple(x.shape), (x.dtype,), x.device)
-    if group_size < 1 or x.shape[-1] % group_size:
-        raise ValueError(f"group_size: expected a divisor of the last dim {x.shape[-1]}, got {group_size}")
-    _check_weight("weight", weight, x.shape[-1], x)
+    D = x.shape[-1]
+    if group_size < 1 or D % group_size:
+        raise ValueError(f"group_size: expected a divisor of the last dim {D}, got {group_size}")
+    chk.check_tensor("weight", weight, (None,), (x.dtype,), x.device)
+    if weight.shape[0] % group_size or D % weight.shape[0]:
+        raise ValueError(f"weight: expected a length that is a multiple of group_size={group_size} and divides {D}, "
+                         f"got {weight.shape[0]}")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.ops.replayssm.gated_rms_norm(x, z, weight, int(group_size), float(eps), bool(norm_before_gate), out)
     return out
@@ -197,13 +257,34 @@ def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
 
 
 def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
-    """MLP activation: ``relu2`` (``relu(a)^2``, ``b`` None) or ``swiglu`` (``silu(a) * b``); contiguous inputs."""
+    """MLP activation of ``a [..., I]`` (last dim dense): ``relu2`` (``relu(a)^2``, ``b`` None) or ``swiglu``
+    (``silu(a) * b``, ``b`` of ``a``'s shape, e.g. the two halves of one packed gate/up projection)."""
     if kind not in MLP_ACTS:
         raise ValueError(f"kind: expected one of {MLP_ACTS}, got {kind!r}")
-    chk.check_tensor("a", a, (None,) * max(a.dim(), 1), chk.ACT_DTYPES, inner_contiguous=a.dim())
+    chk.check_tensor("a", a, (None,) * max(a.dim(), 1), chk.ACT_DTYPES)
     if (kind == "swiglu") != (b is not None):
         raise ValueError(f"b: expected {'a tensor' if kind == 'swiglu' else 'None'} for kind={kind!r}")
-    chk.check_optional("b", b, tuple(a.shape), (a.dtype,), a.device, inner_contiguous=a.dim())
-    out = torch.empty_like(a)
+    chk.check_optional("b", b, tuple(a.shape), (a.dtype,), a.device)
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     torch.ops.replayssm.mlp_act(a, b, kind, out)
+    return out
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, head_dim]`` (last dim dense) at
+    positions ``pos`` (int64, broadcast to ``x.shape[:-2]``); the other channels are copied. Returns a new tensor."""
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 2), chk.ACT_DTYPES)
+    head_dim = x.shape[-1]
+    if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim: expected an even number in [0, {head_dim}], got {rotary_dim}")
+    if head_dim > MAX_THREADS:
+        raise ValueError(f"x: head_dim (last dim) must be at most {MAX_THREADS}, got {head_dim}")
+    if not isinstance(pos, torch.Tensor) or pos.dtype != torch.int64 or pos.device != x.device:
+        raise TypeError(f"pos: expected an int64 tensor on {x.device}")
+    try:
+        torch.broadcast_shapes(pos.shape, x.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"pos: shape {list(pos.shape)} does not broadcast to {list(x.shape[:-2])}") from None
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.ops.replayssm.rope(x, pos, int(rotary_dim), float(theta), out)
     return out

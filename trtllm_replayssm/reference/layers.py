@@ -24,13 +24,14 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
                    norm_before_gate: bool) -> torch.Tensor:
     """RMSNorm over groups of ``group_size`` channels of the last dim with a SiLU gate ``z``:
-    ``norm(x * silu(z)) * w`` or, with ``norm_before_gate``, ``norm(x) * w * silu(z)``."""
+    ``norm(x * silu(z)) * w`` or, with ``norm_before_gate``, ``norm(x) * w * silu(z)``; ``weight`` repeats along
+    the last dim."""
     xf, zf = x.float(), z.float()
     if not norm_before_gate:
         xf = xf * F.silu(zf)
     g = xf.unflatten(-1, (-1, group_size))
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    y = g.flatten(-2) * weight.float()
+    y = g.flatten(-2) * weight.float().repeat(x.shape[-1] // weight.shape[0])
     if norm_before_gate:
         y = y * F.silu(zf)
     return y.to(x.dtype)
@@ -57,3 +58,18 @@ def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     if kind == "swiglu":
         return F.silu(a) * b
     raise ValueError(f"kind: expected 'relu2' or 'swiglu', got {kind!r}")
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, hd]``; ``pos`` broadcasts to
+    ``x.shape[:-2]``."""
+    if rotary_dim == 0:
+        return x.clone()
+    half = rotary_dim // 2
+    inv = theta ** (-torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.float().unsqueeze(-1) * inv  # [..., half]
+    cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)
+    xr = x[..., :rotary_dim].float()
+    x1, x2 = xr[..., :half], xr[..., half:]
+    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([rot.to(x.dtype), x[..., rotary_dim:]], dim=-1)
