@@ -54,12 +54,13 @@ extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNor
   const float offset = p.unit_offset ? 1.f : 0.f;
   if (p.vec) {
     const int nvec = p.dim / kVec;
-    float h[kMaxRowVecs][kVec];
+    float h[kMaxRowVecs][kVec], w[kMaxRowVecs][kVec];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxRowVecs; ++k) {
       const int j = threadIdx.x + k * blockDim.x;
       if (j >= nvec) break;
+      rssm::load_vec<act_t, kVec>(p.weight + j * kVec, w[k]);  // issued with the row's loads, used after the sum
       rssm::load_vec<act_t, kVec>(x + j * kVec, h[k]);
       if (res) {
         float r[kVec];
@@ -76,10 +77,8 @@ extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNor
     for (int k = 0; k < kMaxRowVecs; ++k) {
       const int j = threadIdx.x + k * blockDim.x;
       if (j >= nvec) break;
-      float w[kVec];
-      rssm::load_vec<act_t, kVec>(p.weight + j * kVec, w);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) h[k][e] = h[k][e] * inv * (w[e] + offset);
+      for (int e = 0; e < kVec; ++e) h[k][e] = h[k][e] * inv * (w[k][e] + offset);
       rssm::store_vec<act_t, kVec>(out + j * kVec, h[k]);
     }
     return;
@@ -106,51 +105,67 @@ struct GatedNormParams {
   const act_t* weight;  // [weight_len], repeated along the row (weight_len: a multiple of group_size dividing it)
   act_t* out;           // [rows, groups * group_size] (row stride s_out)
   long long s_x, s_z, s_out;
-  int group_size, weight_len;
+  int group_size, groups, weight_len;
   float eps;
   int norm_before_gate;  // 0: norm(x * silu(z)) * w (Mamba-2); 1: norm(x) * w * silu(z) (Qwen3.5 GDN)
-  int vec, pad0;         // vec: as in RmsNormParams, for group_size
+  int vec;               // vec: as in RmsNormParams, for group_size
+  int warp_groups;       // > 0 (vec only): a warp per group, warp_groups groups per CTA; 0: a CTA per group
+  int pad0;
 };
 
-// One CTA per (row, group): RMSNorm over the group's channels with a SiLU gate.
+// The vector path for one (row, group): thread t of n holds vectors t, t + n, ... in registers.
+template <bool kWarpReduce>
+__device__ __forceinline__ void gated_norm_vec(const GatedNormParams& p, const act_t* x, const act_t* z,
+                                               const act_t* weight, act_t* out, int t, int n) {
+  const int nvec = p.group_size / kVec;
+  float v[kMaxRowVecs][kVec], g[kMaxRowVecs][kVec];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxRowVecs; ++k) {
+    const int j = t + k * n;
+    if (j >= nvec) break;
+    rssm::load_vec<act_t, kVec>(x + j * kVec, v[k]);
+    rssm::load_vec<act_t, kVec>(z + j * kVec, g[k]);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      g[k][e] = rssm::siluf(g[k][e]);
+      if (!p.norm_before_gate) v[k][e] *= g[k][e];
+      ss = fmaf(v[k][e], v[k][e], ss);
+    }
+  }
+  const float inv = rsqrtf((kWarpReduce ? rssm::warp_sum(ss) : block_sum(ss)) / p.group_size + p.eps);
+#pragma unroll
+  for (int k = 0; k < kMaxRowVecs; ++k) {
+    const int j = t + k * n;
+    if (j >= nvec) break;
+    float w[kVec];
+    rssm::load_vec<act_t, kVec>(weight + j * kVec, w);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      v[k][e] = v[k][e] * inv * w[e];
+      if (p.norm_before_gate) v[k][e] *= g[k][e];
+    }
+    rssm::store_vec<act_t, kVec>(out + j * kVec, v[k]);
+  }
+}
+
+// RMSNorm over groups of channels with a SiLU gate: a CTA per (row, group), or a warp per (row, group).
 extern "C" __global__ void __launch_bounds__(kBlock) gated_rmsnorm_kernel(const GatedNormParams p) {
   const long long row = blockIdx.x;
-  const int c0 = blockIdx.y * p.group_size;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int group = p.warp_groups ? blockIdx.y * p.warp_groups + warp : blockIdx.y;
+  if (group >= p.groups) return;  // warp-uniform
+  const int c0 = group * p.group_size;
   const act_t* weight = p.weight + c0 % p.weight_len;
   const act_t* x = p.x + row * p.s_x + c0;
   const act_t* z = p.z + row * p.s_z + c0;
   act_t* out = p.out + row * p.s_out + c0;
+  if (p.warp_groups) {
+    gated_norm_vec<true>(p, x, z, weight, out, lane, rssm::kWarpSize);
+    return;
+  }
   if (p.vec) {
-    const int nvec = p.group_size / kVec;
-    float v[kMaxRowVecs][kVec], g[kMaxRowVecs][kVec];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxRowVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (j >= nvec) break;
-      rssm::load_vec<act_t, kVec>(x + j * kVec, v[k]);
-      rssm::load_vec<act_t, kVec>(z + j * kVec, g[k]);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        g[k][e] = rssm::siluf(g[k][e]);
-        if (!p.norm_before_gate) v[k][e] *= g[k][e];
-        ss = fmaf(v[k][e], v[k][e], ss);
-      }
-    }
-    const float inv = rsqrtf(block_sum(ss) / p.group_size + p.eps);
-#pragma unroll
-    for (int k = 0; k < kMaxRowVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (j >= nvec) break;
-      float w[kVec];
-      rssm::load_vec<act_t, kVec>(weight + j * kVec, w);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        v[k][e] = v[k][e] * inv * w[e];
-        if (p.norm_before_gate) v[k][e] *= g[k][e];
-      }
-      rssm::store_vec<act_t, kVec>(out + j * kVec, v[k]);
-    }
+    gated_norm_vec<false>(p, x, z, weight, out, threadIdx.x, blockDim.x);
     return;
   }
   float ss = 0.f;

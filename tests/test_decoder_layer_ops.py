@@ -86,6 +86,17 @@ def test_gated_rms_norm_both_orders(dtype, z_extra):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [1536, 40])  # a CTA per group (too long for a warp) / a warp per group
+def test_gated_rms_norm_group_sizes(dtype, group_size):
+    gen = torch.Generator().manual_seed(7)
+    y, z = _rnd(gen, 3, 2 * group_size, dtype=dtype), _rnd(gen, 3, 2 * group_size, dtype=dtype)
+    w = _rnd(gen, 2 * group_size, dtype=dtype)
+    g = (y.double() * _silu64(z)).unflatten(-1, (2, group_size))
+    want = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5)).flatten(-2) * w.double()
+    torch.testing.assert_close(ops.gated_rms_norm(y, z, w, group_size, 1e-5, False).double(), want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width,bias,silu", [(4, True, True), (4, False, True), (3, True, False), (2, False, False)])
 @pytest.mark.parametrize("channels,offset", [(304, 0), (300, 3)])  # vector path (width 4) / element path
 def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu, channels, offset):

@@ -208,7 +208,7 @@ class HybridLM(nn.Module):
 
     def _final(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         norm = self.backbone.norm_f if self.cfg.arch == "nemotron_h" else self.model.norm
-        return self.lm_head(norm.add_forward(delta, h)).float()
+        return self.lm_head(norm.add_forward(delta, h))
 
     def _mixer(self, i: int, block: nn.Module, x: torch.Tensor, state: DecodeState, prefill: bool) -> torch.Tensor:
         kind = block.kind
@@ -240,8 +240,8 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Run prompts ``tokens [b, T]`` from an empty state; hands the SSM states to ``state``. Returns the float32
-        logits of the last position ``[b, vocab]``."""
+        """Run prompts ``tokens [b, T]`` from an empty state; hands the SSM states to ``state``. Returns the logits of
+        the last position ``[b, vocab]`` in the model dtype."""
         b, t = tokens.shape
         if b != state.batch or t >= state.max_len:
             raise ValueError(f"tokens: expected shape [{state.batch}, < {state.max_len}], got {list(tokens.shape)}")
@@ -251,7 +251,8 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """One decode step for ``tokens [b]``; returns float32 logits ``[b, vocab]``. No host sync (graph safe)."""
+        """One decode step for ``tokens [b]``; returns the logits ``[b, vocab]`` in the model dtype (as the lm_head
+        computes them; their argmax is the float32 argmax). No host sync (graph safe)."""
         return self._final(*self._forward(tokens, state, prefill=False))
 
     def ssm_probe(self, state: DecodeState, seed: int = 0) -> Callable[[], None]:

@@ -74,6 +74,14 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.h))
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.g, cfg.rms_eps, norm_before_gate=False)
         self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
+        self._A: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def A(self) -> torch.Tensor:
+        """``A = -exp(A_log)`` (float32), computed again only when ``A_log`` changed (not in every decode step)."""
+        key = (self.A_log.data_ptr(), self.A_log._version)
+        if self._A is None or self._A[0] != key:
+            self._A = (key, -torch.exp(self.A_log.detach().float()))
+        return self._A[1]
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return zxbcdt.split([self.d_inner, self.conv_dim, self.h], dim=-1)
@@ -90,7 +98,7 @@ class Mamba2Mixer(nn.Module):
         xbc, conv_state = conv_prefill(xbc, self.conv1d.weight, self.conv1d.bias)
         x, B, C = self._split_xbc(F.silu(xbc))
         delta = F.softplus(dt.float() + self.dt_bias.float())
-        y, state = mamba2_scan(x, delta, -torch.exp(self.A_log.float()), B, C, self.D)
+        y, state = mamba2_scan(x, delta, self.A(), B, C, self.D)
         y = self.norm(y.flatten(-2).to(hs.dtype), z)
         return self.out_proj(y), conv_state, state
 
@@ -98,7 +106,7 @@ class Mamba2Mixer(nn.Module):
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         z, xbc, dt = self._split(self.in_proj(hs))
         x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
-        y = ssm.mamba2_step(idx, x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias)
+        y = ssm.mamba2_step(idx, x, dt, self.A(), B, C, self.D, self.dt_bias)
         return self.out_proj(self.norm(y.flatten(-2), z))
 
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -108,7 +116,7 @@ class Mamba2Mixer(nn.Module):
         dt = torch.randn((batch, self.h), generator=gen, device=dev).to(dtype)
         B = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
         C = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
-        return x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias
+        return x, dt, self.A(), B, C, self.D, self.dt_bias
 
 
 class GatedDeltaNetMixer(nn.Module):

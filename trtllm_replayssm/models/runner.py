@@ -112,7 +112,7 @@ def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, ste
             step_us.append((time.perf_counter() - t0) * 1e6)
         # outside the timed region
         kept[s].copy_(logits[:rows])
-        top2 = logits.topk(2, dim=-1).values
+        top2 = logits.topk(2, dim=-1).values.float()
         top[s].copy_(top2[:, 0])
         gaps[s].copy_(top2[:, 0] - top2[:, 1])
         tokens[s + 1].copy_(tok)

@@ -23,8 +23,8 @@ _RmsNormParams = make_struct("RmsNormParams", [
     ("unit_offset", _I32), ("vec", _I32), ("pad0", _I32)])
 _GatedNormParams = make_struct("GatedNormParams", [
     ("x", _P), ("z", _P), ("weight", _P), ("out", _P), ("s_x", _I64), ("s_z", _I64), ("s_out", _I64),
-    ("group_size", _I32), ("weight_len", _I32), ("eps", _F32), ("norm_before_gate", _I32), ("vec", _I32),
-    ("pad0", _I32)])
+    ("group_size", _I32), ("groups", _I32), ("weight_len", _I32), ("eps", _F32), ("norm_before_gate", _I32),
+    ("vec", _I32), ("warp_groups", _I32), ("pad0", _I32)])
 _ConvParams = make_struct("ConvParams", [
     ("x", _P), ("conv_state", _P), ("weight", _P), ("bias", _P), ("out", _P), ("s_x", _I64), ("s_out", _I64),
     ("channels", _I32), ("width", _I32), ("silu", _I32), ("vec", _I32)])
@@ -36,6 +36,7 @@ _RopeParams = make_struct("RopeParams", [
 
 # plugins/decoder_layers.cu: kBlock, kMaxRowVecs, kMaxConvWidth, kVecConvWidth
 MAX_THREADS = 256
+WARPS_PER_CTA = MAX_THREADS // 32
 MAX_ROW_VECS = 4
 MAX_CONV_WIDTH = 8
 VEC_CONV_WIDTH = 4
@@ -129,9 +130,17 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
     elems = vector_elems(x)
     strides = [x2.stride(0), z2.stride(0), o2.stride(0), group_size]
     threads, vec = _row_plan(group_size, elems, _vectorizable(elems, [x2, z2, weight, o2], strides))
+    groups = x2.shape[1] // group_size
+    # a warp per group where a warp holds the group in registers (more loads in flight than a CTA per group)
+    warp_groups = min(WARPS_PER_CTA, groups) if vec and group_size // elems <= 32 * MAX_ROW_VECS else 0
+    if warp_groups:
+        threads, grid_y = 32 * warp_groups, (groups + warp_groups - 1) // warp_groups
+    else:
+        grid_y = groups
     params = _GatedNormParams(ptr(x2), ptr(z2), ptr(weight), ptr(o2), x2.stride(0), z2.stride(0), o2.stride(0),
-                              group_size, weight.shape[0], float(eps), int(norm_before_gate), int(vec), 0)
-    launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], x2.shape[1] // group_size, 1), (threads, 1, 1), params)
+                              group_size, groups, weight.shape[0], float(eps), int(norm_before_gate), int(vec),
+                              warp_groups, 0)
+    launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], grid_y, 1), (threads, 1, 1), params)
 
 
 @torch.library.custom_op("replayssm::conv1d_update", mutates_args=("conv_state", "out"))
