@@ -328,3 +328,100 @@ extern "C" __global__ void __launch_bounds__(kBlock) rope_kernel(const RopeParam
   const float y = c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn;
   out[c] = rssm::from_float<act_t>(y);
 }
+
+struct AttnParams {
+  const act_t* q;        // [batch, heads, head_dim] (strides s_q_b, s_q_h)
+  const act_t* k_new;    // [batch, kv_heads, head_dim] (strides s_k_b, s_k_h): this token's key
+  const act_t* v_new;    // [batch, kv_heads, head_dim] (strides s_v_b, s_v_h): this token's value
+  const act_t* gate;     // nullable, [batch, heads, head_dim] (strides s_g_b, s_g_h): output gate, o * sigmoid(gate)
+  act_t* k_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
+  act_t* v_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
+  const long long* pos;  // [batch]: cached tokens before this one (this token goes to position pos)
+  act_t* out;            // [batch, heads * head_dim] contiguous
+  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_g_b, s_g_h;
+  int heads, kv_heads, head_dim, max_len;
+  float scale;
+  int pad0;
+};
+
+constexpr int kAttnMaxRep = 16;        // query heads per key/value head (host: ops/layers.py ATTN_MAX_REP)
+constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
+
+// Single-token GQA attention over a static KV cache, a CTA per (key/value head, batch row): appends this token's key
+// and value at `pos`, scores q·k (rounded to act_t, then scaled, as the reference's matmul + float), softmax in fp32
+// over positions 0..pos (probabilities rounded to act_t), then probabilities · V (fp32 accumulation), optionally gated.
+// Dynamic shared memory: the group's queries [rep][head_dim] and scores [rep][max_len] in fp32.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_kernel(const AttnParams p) {
+  extern __shared__ float attn_smem[];
+  const int kvh = blockIdx.x, b = blockIdx.y, rep = p.heads / p.kv_heads, hd = p.head_dim;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int nwarps = blockDim.x / rssm::kWarpSize;
+  const long long t_new = p.pos[b];
+  float* q_s = attn_smem;                // [rep][hd]
+  float* s_s = attn_smem + rep * hd;     // [rep][max_len]
+  const long long cache_row = ((long long)b * p.kv_heads + kvh) * p.max_len;
+  act_t* k_cache = p.k_cache + cache_row * hd;
+  act_t* v_cache = p.v_cache + cache_row * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    k_cache[t_new * hd + d] = p.k_new[b * p.s_k_b + kvh * p.s_k_h + d];
+    v_cache[t_new * hd + d] = p.v_new[b * p.s_v_b + kvh * p.s_v_h + d];
+  }
+  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
+    q_s[i] = rssm::to_float(p.q[b * p.s_q_b + (long long)(kvh * rep + i / hd) * p.s_q_h + i % hd]);
+  __syncthreads();  // the appended key/value and the queries are visible to the CTA
+
+  const int n_pos = int(t_new) + 1, per_lane = hd / rssm::kWarpSize;
+  for (int t = warp; t < n_pos; t += nwarps) {  // a warp per cached position: lane holds head_dim / 32 channels
+    float kv[kAttnMaxLanesElems];
+#pragma unroll
+    for (int e = 0; e < kAttnMaxLanesElems; ++e)
+      if (e < per_lane) kv[e] = rssm::to_float(k_cache[(long long)t * hd + e * rssm::kWarpSize + lane]);
+    for (int r = 0; r < rep; ++r) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kAttnMaxLanesElems; ++e)
+        if (e < per_lane) dot = fmaf(q_s[r * hd + e * rssm::kWarpSize + lane], kv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == 0) s_s[r * p.max_len + t] = rounded(dot) * p.scale;
+    }
+  }
+  __syncthreads();
+  for (int r = warp; r < rep; r += nwarps) {  // a warp per query head: softmax over the positions
+    float* s = s_s + r * p.max_len;
+    float m = -__int_as_float(0x7f800000);  // -inf
+    for (int t = lane; t < n_pos; t += rssm::kWarpSize) m = fmaxf(m, s[t]);
+#pragma unroll
+    for (int o = rssm::kWarpSize / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sum = 0.f;
+    for (int t = lane; t < n_pos; t += rssm::kWarpSize) {
+      const float e = expf(s[t] - m);
+      s[t] = e;
+      sum += e;
+    }
+    const float inv = 1.f / rssm::warp_sum(sum);
+    for (int t = lane; t < n_pos; t += rssm::kWarpSize) s[t] = rounded(s[t] * inv);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {  // a thread per channel: o = sum_t p_t v_t for every head
+    float acc[kAttnMaxRep];
+#pragma unroll
+    for (int r = 0; r < kAttnMaxRep; ++r) acc[r] = 0.f;
+    for (int t = 0; t < n_pos; ++t) {
+      const float v = rssm::to_float(v_cache[(long long)t * hd + d]);
+#pragma unroll
+      for (int r = 0; r < kAttnMaxRep; ++r)
+        if (r < rep) acc[r] = fmaf(s_s[r * p.max_len + t], v, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kAttnMaxRep; ++r) {
+      if (r >= rep) break;
+      const int head = kvh * rep + r;
+      float o = rounded(acc[r]);
+      if (p.gate) {
+        const float g = rssm::to_float(p.gate[b * p.s_g_b + (long long)head * p.s_g_h + d]);
+        o *= rounded(rssm::sigmoidf(g));
+      }
+      p.out[((long long)b * p.heads + head) * hd + d] = rssm::from_float<act_t>(o);
+    }
+  }
+}

@@ -1,5 +1,5 @@
-"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update, MLP activations, RoPE) against float64
-math written out here: the CUDA kernels on a GPU (vector and element paths: aligned and odd sizes / strides), the
+"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update, MLP activations, RoPE, attention) against
+float64 math written out here: the CUDA kernels on a GPU (vector and element paths: aligned and odd sizes / strides), the
 PyTorch reference (their CPU path) without one."""
 from __future__ import annotations
 
@@ -146,6 +146,35 @@ def test_rope_rotates_the_first_channels(dtype, rotary_dim):
     torch.testing.assert_close(ops.rope(q, pos, rotary_dim, 1e7).double(), want, **tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,hd,gated", [(40, 8, 128, False), (16, 4, 256, True), (32, 2, 256, True),
+                                                      (64, 2, 64, False)])  # the last: rep 32, the PyTorch path
+def test_attention_decode_appends_and_attends(dtype, heads, kv_heads, hd, gated):
+    gen = torch.Generator().manual_seed(8)
+    b, max_len = 3, 37
+    k_cache, v_cache = _rnd(gen, b, kv_heads, max_len, hd, dtype=dtype), _rnd(gen, b, kv_heads, max_len, hd, dtype=dtype)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    packed = _rnd(gen, b, heads, 2 * hd, dtype=dtype)
+    q, gate = packed.chunk(2, dim=-1)  # strided heads, as the packed q/gate projection gives them
+    k = _rnd(gen, b, kv_heads + 1, hd, dtype=dtype)[:, 1:]
+    v = _rnd(gen, b, kv_heads, hd, dtype=dtype)
+    pos = torch.tensor([0, 17, max_len - 1], dtype=torch.int64, device=DEV)
+    out = ops.attention_decode(q, k, v, k_cache, v_cache, pos, hd ** -0.5, gate if gated else None)
+    rep = heads // kv_heads
+    for row in range(b):
+        p = int(pos[row])
+        k0[row, :, p], v0[row, :, p] = k[row], v[row]
+        torch.testing.assert_close(k_cache[row], k0[row], rtol=0, atol=0)  # only position pos written
+        torch.testing.assert_close(v_cache[row], v0[row], rtol=0, atol=0)
+        for h in range(heads):
+            keys, vals = k0[row, h // rep, :p + 1].double(), v0[row, h // rep, :p + 1].double()
+            w = torch.softmax(keys @ q[row, h].double() * hd ** -0.5, 0)
+            want = w @ vals
+            if gated:
+                want = want * torch.sigmoid(gate[row, h].double())
+            torch.testing.assert_close(out[row, h * hd:(h + 1) * hd].double(), want, **_tol(dtype))
+
+
 def test_bad_inputs_name_the_argument():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="weight"):
@@ -164,6 +193,9 @@ def test_bad_inputs_name_the_argument():
         ops.mlp_act(x, None, "swiglu")
     with pytest.raises(ValueError, match="kind"):
         ops.mlp_act(x, None, "gelu")
+    with pytest.raises(ValueError, match="kv_heads"):
+        ops.attention_decode(x.view(4, 2, 32), x.view(4, 2, 32)[:, :1], x.view(4, 2, 32)[:, :1],
+                             torch.zeros(4, 3, 8, 32), torch.zeros(4, 3, 8, 32), torch.zeros(4, dtype=torch.int64), 1.0)
     with pytest.raises(ValueError, match="rotary_dim"):
         ops.rope(x.view(4, 2, 32), torch.zeros(4, dtype=torch.int64), 33, 1e4)
     with pytest.raises(ValueError, match="pos"):

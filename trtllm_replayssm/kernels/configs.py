@@ -113,11 +113,12 @@ def kda_config(key_dim: int, value_dim: int, state_dtype: torch.dtype, act_dtype
 
 def decoder_layers_config(act_dtype: torch.dtype) -> KernelConfig:
     """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update, MLP
-    activations) for one activation dtype."""
+    activations, RoPE, single-token attention) for one activation dtype."""
     return KernelConfig(
         family="layers",
         source="decoder_layers.cu",
-        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel"),
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel",
+                 "attention_decode_kernel"),
         params=(("act_t", CUDA_TYPE[act_dtype]),),
     )
 

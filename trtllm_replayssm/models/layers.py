@@ -182,9 +182,8 @@ class Attention(nn.Module):
         lead = h.shape[:-1]
         q, k, v = self.qkv_proj(h)
         gate = None
-        if self.qwen:
+        if self.qwen:  # gate: [..., heads, hd]
             q, gate = q.view(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(*lead, self.heads * self.head_dim)
         q = q.reshape(*lead, self.heads, self.head_dim)
         k = k.view(*lead, self.kv_heads, self.head_dim)
         v = v.view(*lead, self.kv_heads, self.head_dim)
@@ -197,7 +196,7 @@ class Attention(nn.Module):
 
     def _out(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         if gate is not None:
-            o = o * torch.sigmoid(gate)
+            o = o * torch.sigmoid(gate.flatten(-2))
         return self.o_proj(o)
 
     def prefill(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
@@ -216,18 +215,7 @@ class Attention(nn.Module):
 
     def decode(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
-        b = h.shape[0]
         q, k, v, gate = self._qkv(h, kv.pos)
-        rows = torch.arange(b, device=h.device)[:, None]
-        heads = torch.arange(self.kv_heads, device=h.device)[None, :]
-        kv.k.index_put_((rows, heads, kv.pos[:, None]), k)
-        kv.v.index_put_((rows, heads, kv.pos[:, None]), v)
-        rep = self.heads // self.kv_heads
-        # matmuls in the cache dtype (fp32 accumulation) on the cache in place, softmax in fp32
-        qg = q.view(b, self.kv_heads, rep, self.head_dim)
-        scores = torch.matmul(qg, kv.k.transpose(-1, -2)).float() * self.head_dim ** -0.5  # [b, kv, rep, max_len]
-        valid = torch.arange(kv.k.shape[2], device=h.device).unsqueeze(0) <= kv.pos.unsqueeze(1)  # [b, max_len]
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        o = torch.matmul(scores.softmax(-1).to(kv.v.dtype), kv.v).reshape(b, -1)
+        o = fused.attention_decode(q, k, v, kv.k, kv.v, kv.pos, self.head_dim ** -0.5, gate)
         kv.pos.add_(1)
-        return self._out(o.to(h.dtype), gate)
+        return self.o_proj(o)

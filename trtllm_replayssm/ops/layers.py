@@ -1,5 +1,6 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
-the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations and RoPE. One CUDA launch each
+the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations, RoPE and single-token
+attention over a static KV cache. One CUDA launch each
 (plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch
 reference (:mod:`trtllm_replayssm.reference.layers`). Shared by the baseline and the replay decoders alike."""
 from __future__ import annotations
@@ -30,6 +31,11 @@ _ConvParams = make_struct("ConvParams", [
     ("channels", _I32), ("width", _I32), ("silu", _I32), ("vec", _I32)])
 _ActParams = make_struct("ActParams", [("a", _P), ("b", _P), ("out", _P), ("s_a", _I64), ("s_b", _I64),
                                        ("rows", _I32), ("cols", _I32), ("kind", _I32), ("vec", _I32)])
+_AttnParams = make_struct("AttnParams", [
+    ("q", _P), ("k_new", _P), ("v_new", _P), ("gate", _P), ("k_cache", _P), ("v_cache", _P), ("pos", _P), ("out", _P),
+    ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
+    ("s_g_b", _I64), ("s_g_h", _I64), ("heads", _I32), ("kv_heads", _I32), ("head_dim", _I32), ("max_len", _I32),
+    ("scale", _F32), ("pad0", _I32)])
 _RopeParams = make_struct("RopeParams", [
     ("x", _P), ("pos", _P), ("out", _P), ("s_x_row", _I64), ("s_x_head", _I64), ("heads", _I32), ("head_dim", _I32),
     ("rotary_dim", _I32), ("theta", _F32)])
@@ -41,6 +47,8 @@ MAX_ROW_VECS = 4
 MAX_CONV_WIDTH = 8
 VEC_CONV_WIDTH = 4
 MLP_ACTS = ("relu2", "swiglu")
+ATTN_MAX_REP = 16          # plugins/decoder_layers.cu kAttnMaxRep
+ATTN_MAX_SHARED = 48 * 1024  # the attention kernel's dynamic shared memory limit (no opt-in above the default)
 
 
 def _kernel(name: str, t: torch.Tensor):
@@ -202,7 +210,37 @@ def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
     launch(_kernel("rope_kernel", x), (rows * heads, 1, 1), ((head_dim + 31) // 32 * 32, 1, 1), params)
 
 
-for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op, _rope_op):
+@torch.library.custom_op("replayssm::attention_decode", mutates_args=("k_cache", "v_cache", "out"))
+def _attention_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
+                         out: torch.Tensor) -> None:
+    out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))
+
+
+def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: int) -> int:
+    """Dynamic shared memory of the attention kernel: a group's queries and scores in fp32."""
+    return 4 * (heads // kv_heads) * (head_dim + max_len)
+
+
+@_attention_decode_op.register_kernel("cuda")
+def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> None:
+    b, heads, head_dim = q.shape
+    _, kv_heads, max_len, _ = k_cache.shape
+    if b == 0:
+        return
+    shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
+    if (heads // kv_heads > ATTN_MAX_REP or head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED):
+        out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))  # shapes the kernel does not take
+        return
+    g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
+    params = _AttnParams(ptr(q), ptr(k), ptr(v), ptr(gate), ptr(k_cache), ptr(v_cache), ptr(pos), ptr(out),
+                         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g_b, g_h,
+                         heads, kv_heads, head_dim, max_len, float(scale), 0)
+    launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
+
+
+for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op, _rope_op,
+            _attention_decode_op):
     _op.register_fake(lambda *args, **kwargs: None)
 
 
@@ -296,4 +334,28 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
         raise ValueError(f"pos: shape {list(pos.shape)} does not broadcast to {list(x.shape[:-2])}") from None
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.ops.replayssm.rope(x, pos, int(rotary_dim), float(theta), out)
+    return out
+
+
+def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of GQA attention over a static KV cache: appends ``k, v [b, kv_heads, hd]`` at ``pos [b]``
+    (int64) of ``k_cache, v_cache [b, kv_heads, max_len, hd]`` (contiguous), attends ``q [b, heads, hd]`` over
+    positions ``0..pos``, multiplies by ``sigmoid(gate)`` (``q``'s shape) if given. Last dims dense. Returns
+    ``[b, heads * hd]``; ``pos`` is not advanced. On CUDA one kernel (up to 16 query heads per key head, head_dim a
+    multiple of 32 up to 256, a group's scores within 48 KiB of shared memory); other shapes and the CPU run the
+    PyTorch reference."""
+    chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
+    b, heads, hd = q.shape
+    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
+    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
+    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
+    chk.check_tensor("k", k, (b, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("v", v, (b, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_optional("gate", gate, (b, heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
+    out = torch.empty((b, heads * hd), dtype=q.dtype, device=q.device)
+    torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), out)
     return out

@@ -73,3 +73,24 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
     x1, x2 = xr[..., :half], xr[..., half:]
     rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return torch.cat([rot.to(x.dtype), x[..., rotary_dim:]], dim=-1)
+
+
+def attention_decode_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """Single-token GQA attention over a static KV cache: writes ``k, v [b, kv, hd]`` at position ``pos [b]`` of
+    ``k_cache, v_cache [b, kv, max_len, hd]``, attends ``q [b, heads, hd]`` over positions ``0..pos`` (matmuls in the
+    cache dtype with fp32 accumulation, softmax in fp32), gates by ``sigmoid(gate [b, heads, hd])`` if given.
+    Returns ``[b, heads * hd]``."""
+    b, heads, hd = q.shape
+    kv_heads = k.shape[1]
+    rows = torch.arange(b, device=q.device)[:, None]
+    k_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], pos[:, None]), k)
+    v_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], pos[:, None]), v)
+    qg = q.reshape(b, kv_heads, heads // kv_heads, hd)
+    scores = torch.matmul(qg, k_cache.transpose(-1, -2)).float() * scale  # [b, kv, rep, max_len]
+    valid = torch.arange(k_cache.shape[2], device=q.device).unsqueeze(0) <= pos.unsqueeze(1)  # [b, max_len]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    o = torch.matmul(scores.softmax(-1).to(v_cache.dtype), v_cache).reshape(b, heads, hd)
+    if gate is not None:
+        o = o * torch.sigmoid(gate)
+    return o.reshape(b, heads * hd)
