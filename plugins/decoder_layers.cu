@@ -350,13 +350,19 @@ constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
 // Single-token GQA attention over a static KV cache, a CTA per (key/value head, batch row): appends this token's key
 // and value at `pos`, scores q·k (rounded to act_t, then scaled, as the reference's matmul + float), softmax in fp32
 // over positions 0..pos (probabilities rounded to act_t), then probabilities · V (fp32 accumulation), optionally gated.
-// Dynamic shared memory: the group's queries [rep][head_dim] and scores [rep][max_len] in fp32.
+// Dynamic shared memory: the group's queries [rep][head_dim] and scores [rep][max_len] in fp32. A row whose pos is
+// outside the cache writes nothing to it and NaN outputs (the host cannot check device positions without a sync).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_kernel(const AttnParams p) {
   extern __shared__ float attn_smem[];
   const int kvh = blockIdx.x, b = blockIdx.y, rep = p.heads / p.kv_heads, hd = p.head_dim;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int nwarps = blockDim.x / rssm::kWarpSize;
   const long long t_new = p.pos[b];
+  if (t_new < 0 || t_new >= p.max_len) {  // a full cache: nothing written outside it, the row's outputs are NaN
+    for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
+      p.out[((long long)b * p.heads + kvh * rep) * hd + i] = rssm::from_float<act_t>(__int_as_float(0x7fc00000));
+    return;
+  }
   float* q_s = attn_smem;                // [rep][hd]
   float* s_s = attn_smem + rep * hd;     // [rep][max_len]
   const long long cache_row = ((long long)b * p.kv_heads + kvh) * p.max_len;

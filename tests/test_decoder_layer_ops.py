@@ -175,6 +175,22 @@ def test_attention_decode_appends_and_attends(dtype, heads, kv_heads, hd, gated)
             torch.testing.assert_close(out[row, h * hd:(h + 1) * hd].double(), want, **_tol(dtype))
 
 
+@pytest.mark.gpu
+def test_attention_decode_full_cache_writes_nothing_outside():
+    gen = torch.Generator().manual_seed(9)
+    b, heads, kv_heads, hd, max_len = 2, 8, 2, 128, 5
+    k_cache = _rnd(gen, b, kv_heads, max_len, hd, dtype=torch.bfloat16)
+    v_cache = _rnd(gen, b, kv_heads, max_len, hd, dtype=torch.bfloat16)
+    guard = torch.zeros(2 * b * kv_heads * max_len * hd, dtype=torch.bfloat16, device=DEV)
+    k_view = guard[:k_cache.numel()].view_as(k_cache).copy_(k_cache)  # the cache sits first in a zeroed buffer
+    q, k, v = (_rnd(gen, b, n, hd, dtype=torch.bfloat16) for n in (heads, kv_heads, kv_heads))
+    pos = torch.tensor([2, max_len], dtype=torch.int64, device=DEV)  # row 1's cache is full
+    out = ops.attention_decode(q, k, v, k_view, v_cache, pos, hd ** -0.5)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[0]).all()
+    assert not guard[k_cache.numel():].any()  # nothing written past the cache
+    torch.testing.assert_close(k_view[1], k_cache[1], rtol=0, atol=0)
+
+
 def test_bad_inputs_name_the_argument():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="weight"):

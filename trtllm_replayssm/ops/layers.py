@@ -342,7 +342,8 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     """One decode step of GQA attention over a static KV cache: appends ``k, v [b, kv_heads, hd]`` at ``pos [b]``
     (int64) of ``k_cache, v_cache [b, kv_heads, max_len, hd]`` (contiguous), attends ``q [b, heads, hd]`` over
     positions ``0..pos``, multiplies by ``sigmoid(gate)`` (``q``'s shape) if given. Last dims dense. Returns
-    ``[b, heads * hd]``; ``pos`` is not advanced. On CUDA one kernel (up to 16 query heads per key head, head_dim a
+    ``[b, heads * hd]``; ``pos`` is not advanced. A row whose ``pos`` is outside the cache: the CUDA kernel writes
+    nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (up to 16 query heads per key head, head_dim a
     multiple of 32 up to 256, a group's scores within 48 KiB of shared memory); other shapes and the CPU run the
     PyTorch reference."""
     chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
