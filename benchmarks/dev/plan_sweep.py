@@ -2,7 +2,8 @@
 (CTAs per SM, stages) plan and the fold buffer forced off or left to the plan, timed with the bench protocol (cold-L2
 pools, CUDA graph over whole L-cycles, staggered cursors, medians) next to our baseline.
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES_JSON
-CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false)], ...]
+CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode))],
+...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive small-batch path)
 (The logs benchmarks/results/dev/sweep-*.log also name a compile-time VARIANT of the main kernel: temporary hooks of
 the development commit f9af46f, removed since: 1 consumers release each stage at once (streaming alone), 2 flush tiles
 computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
@@ -14,6 +15,7 @@ import torch
 
 from trtllm_replayssm.bench import byte_model, inputs, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.kernels.configs import dtype_from_name
 from trtllm_replayssm.ops import _launch
 from trtllm_replayssm.ops import gdn as gdn_ops
 from trtllm_replayssm.ops import mamba2 as m2_ops
@@ -23,8 +25,9 @@ ceil = timing.copy_ceiling_gbps(dev)
 l2 = timing.l2_bytes(dev)
 print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
 base_cache = {}
-for model, sd, batch, tile, plan, *fold in json.loads(sys.argv[1]):
-    _launch.FOLD_BUFFER_ENABLED = fold[0] if fold else True
+for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
+    fold, mode = (extra + [True, "replay"][len(extra):])[:2]
+    _launch.FOLD_BUFFER_ENABLED = fold
     shape = shape_from_preset(model)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
     step = (inputs.mamba2_step if shape.family == "mamba2" else inputs.delta_step)(shape, batch, gen, dev)
@@ -38,13 +41,15 @@ for model, sd, batch, tile, plan, *fold in json.loads(sys.argv[1]):
     base = base_cache[(model, sd, batch)]
     ops.ROWS_PER_CTA_OVERRIDE, _launch.PERSISTENT_OVERRIDE = tile, tuple(plan) if plan else None
     try:
-        case = ours.replay_case(shape, batch, sd, step, pools, 16, "replay", gen, dev)
+        case = ours.replay_case(shape, batch, sd, step, pools, 16, mode, gen, dev)
         us = timing.time_calls([f for _ in range(16) for f in case.calls])
     except Exception as exc:  # report and go on
-        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold}: FAIL {type(exc).__name__}: {exc}", flush=True)
+        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode}: FAIL {type(exc).__name__}: {exc}",
+              flush=True)
         continue
-    gbps = batch * byte_model.step_bytes("replay", shape, sd, 16, "replay") / (us * 1e-6) / 1e9
-    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold}: replay {us:7.1f} us "
+    flush = _launch.force_flush_for(shape.family, mode, batch, shape.heads, dtype_from_name(sd), dev)
+    gbps = batch * byte_model.step_bytes("replay", shape, sd, 16, "flush" if flush else "replay") / (us * 1e-6) / 1e9
+    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode}: replay {us:7.1f} us "
           f"({100 * gbps / ceil:4.1f}% copy) baseline {base:7.1f} us x{base / us:.3f}", flush=True)
     del case
     torch.cuda.empty_cache()
