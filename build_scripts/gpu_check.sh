@@ -34,7 +34,8 @@ fi
 
 if has tests; then
   timeout 420 python3 -m pytest -q -m "gpu or kernels" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
-  for t in "tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py -k sanitizer_smoke"; do
+  for t in "tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py -k sanitizer_smoke" \
+           "tests/test_decoder_layer_ops.py"; do
     timeout 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
       python3 -m pytest -q $t > "$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer memcheck [$t]: rc=$? $(grep -h 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
