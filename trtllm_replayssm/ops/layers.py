@@ -1,8 +1,8 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
 the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations, RoPE and single-token
-attention over a static KV cache. One CUDA launch each
-(plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch
-reference (:mod:`trtllm_replayssm.reference.layers`). Shared by the baseline and the replay decoders alike."""
+attention over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
+elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replayssm.reference.layers`). Shared by the
+baseline and the replay decoders alike."""
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +47,7 @@ MAX_ROW_VECS = 4
 MAX_CONV_WIDTH = 8
 VEC_CONV_WIDTH = 4
 MLP_ACTS = ("relu2", "swiglu")
-ATTN_MAX_REP = 16          # plugins/decoder_layers.cu kAttnMaxRep
+ATTN_MAX_REP = 16  # plugins/decoder_layers.cu kAttnMaxRep
 ATTN_MAX_SHARED = 48 * 1024  # the attention kernel's dynamic shared memory limit (no opt-in above the default)
 
 
