@@ -344,7 +344,6 @@ struct AttnParams {
   int pad0;
 };
 
-constexpr int kAttnMaxRep = 16;        // query heads per key/value head (host: ops/layers.py ATTN_MAX_REP)
 constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
 
 // Single-token GQA attention over a static KV cache, a CTA per (key/value head, batch row): appends this token's key
@@ -408,26 +407,13 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_ke
     for (int t = lane; t < n_pos; t += rssm::kWarpSize) s[t] = rounded(s[t] * inv);
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {  // a thread per channel: o = sum_t p_t v_t for every head
-    float acc[kAttnMaxRep];
-#pragma unroll
-    for (int r = 0; r < kAttnMaxRep; ++r) acc[r] = 0.f;
-    for (int t = 0; t < n_pos; ++t) {
-      const float v = rssm::to_float(v_cache[(long long)t * hd + d]);
-#pragma unroll
-      for (int r = 0; r < kAttnMaxRep; ++r)
-        if (r < rep) acc[r] = fmaf(s_s[r * p.max_len + t], v, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kAttnMaxRep; ++r) {
-      if (r >= rep) break;
-      const int head = kvh * rep + r;
-      float o = rounded(acc[r]);
-      if (p.gate) {
-        const float g = rssm::to_float(p.gate[b * p.s_g_b + (long long)head * p.s_g_h + d]);
-        o *= rounded(rssm::sigmoidf(g));
-      }
-      p.out[((long long)b * p.heads + head) * hd + d] = rssm::from_float<act_t>(o);
-    }
+  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x) {  // a thread per (head, channel): o = sum_t p_t v_t
+    const int r = i / hd, d = i % hd, head = kvh * rep + r;         // (the group's V rows are re-read from L1)
+    const float* probs = s_s + r * p.max_len;
+    float acc = 0.f;
+    for (int t = 0; t < n_pos; ++t) acc = fmaf(probs[t], rssm::to_float(v_cache[(long long)t * hd + d]), acc);
+    float o = rounded(acc);
+    if (p.gate) o *= rounded(rssm::sigmoidf(rssm::to_float(p.gate[b * p.s_g_b + (long long)head * p.s_g_h + d])));
+    p.out[((long long)b * p.heads + head) * hd + d] = rssm::from_float<act_t>(o);
   }
 }

@@ -148,7 +148,7 @@ def test_rope_rotates_the_first_channels(dtype, rotary_dim):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,hd,gated", [(40, 8, 128, False), (16, 4, 256, True), (32, 2, 256, True),
-                                                      (64, 2, 64, False)])  # the last: rep 32, the PyTorch path
+                                                      (64, 2, 64, False), (8, 2, 48, True)])  # rep 32; head_dim 48: PyTorch
 def test_attention_decode_appends_and_attends(dtype, heads, kv_heads, hd, gated):
     gen = torch.Generator().manual_seed(8)
     b, max_len = 3, 37

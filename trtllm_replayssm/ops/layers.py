@@ -47,7 +47,6 @@ MAX_ROW_VECS = 4
 MAX_CONV_WIDTH = 8
 VEC_CONV_WIDTH = 4
 MLP_ACTS = ("relu2", "swiglu")
-ATTN_MAX_REP = 16  # plugins/decoder_layers.cu kAttnMaxRep
 ATTN_MAX_SHARED = 48 * 1024  # the attention kernel's dynamic shared memory limit (no opt-in above the default)
 
 
@@ -229,7 +228,7 @@ def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> 
     if b == 0:
         return
     shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
-    if (heads // kv_heads > ATTN_MAX_REP or head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED):
+    if head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:
         out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))  # shapes the kernel does not take
         return
     g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
@@ -343,9 +342,9 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     (int64) of ``k_cache, v_cache [b, kv_heads, max_len, hd]`` (contiguous), attends ``q [b, heads, hd]`` over
     positions ``0..pos``, multiplies by ``sigmoid(gate)`` (``q``'s shape) if given. Last dims dense. Returns
     ``[b, heads * hd]``; ``pos`` is not advanced. A row whose ``pos`` is outside the cache: the CUDA kernel writes
-    nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (up to 16 query heads per key head, head_dim a
-    multiple of 32 up to 256, a group's scores within 48 KiB of shared memory); other shapes and the CPU run the
-    PyTorch reference."""
+    nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (head_dim a
+    multiple of 32 up to 256, a group's queries and scores within 48 KiB of shared memory); other shapes and the CPU
+    run the PyTorch reference."""
     chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
     b, heads, hd = q.shape
     chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
