@@ -26,7 +26,8 @@ l2 = timing.l2_bytes(dev)
 print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
 base_cache = {}
 for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
-    fold, mode = (extra + [True, "replay"][len(extra):])[:2]
+    fold = extra[0] if extra else True
+    mode = extra[1] if len(extra) > 1 else "replay"
     _launch.FOLD_BUFFER_ENABLED = fold
     shape = shape_from_preset(model)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))

@@ -244,16 +244,12 @@ for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_o
 
 
 # ---------------------------------------------------------------------------------------------------- public API
-def _check_weight(name: str, weight: torch.Tensor, dim: int, x: torch.Tensor) -> None:
-    chk.check_tensor(name, weight, (dim,), (x.dtype,), x.device)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x [..., D]`` (last dim dense) scaled by ``weight [D]`` (``1 + weight`` with ``unit_offset``).
     With ``residual`` (``x``'s shape, contiguous): ``residual += x`` in place first and the sum is normalised."""
     chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
-    _check_weight("weight", weight, x.shape[-1], x)
+    chk.check_tensor("weight", weight, (x.shape[-1],), (x.dtype,), x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if residual is None:
         torch.ops.replayssm.rms_norm(x, weight, float(eps), bool(unit_offset), out)
