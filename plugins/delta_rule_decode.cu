@@ -317,21 +317,28 @@ __host__ __device__ constexpr int rec_lg(int L) { return rec_q(L) + 2 * kK; }
 __host__ __device__ constexpr int rec_kq(int L) { return rec_q(L) + 3 * kK; }
 __host__ __device__ constexpr int rec_len(int L) { return (rec_kq(L) + 2 + 3) / 4 * 4; }
 
-// Replay step 1, one warp per (batch row, value head) item (grid: ceil(batch * HV / 4) CTAs of 4 warps, so the
-// whole batch runs in about one wave): the item's record (see rec_*) into the per-row scratch; for non-flush rows
-// appends k (once per key head) and the cumulative gate at ring position w; advances the cursor once every value head
-// of the row has read it. Lets the main kernel launch at once (programmatic dependent launch).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_prep_kernel(const DeltaParams p) {
-  asm volatile("griddepcontrol.launch_dependents;");
+// Warp-collective: the record's q~, k, log-decay lg (per key channel of this lane; GDN repeats its scalar), k·q~ and
+// beta into `rec` (rec_*); the ring coefficients are written by the caller.
+__device__ __forceinline__ void write_record_tail(float* rec, int L, const float (&qn)[kEpl], const float (&kn)[kEpl],
+                                                  const float (&lg)[kGates], float kq, float beta) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
-  const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
-  if (item >= p.batch * p.num_v_heads) return;
-  const int b = item / p.num_v_heads, hv = item % p.num_v_heads;
-  const int slot = p.slot_idx[b];
-  if (slot == p.pad_slot_id) return;
+  float lg_all[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
+  rssm::store_vec<float, kEpl>(rec + rec_q(L) + col0, qn);
+  rssm::store_vec<float, kEpl>(rec + rec_k(L) + col0, kn);
+  rssm::store_vec<float, kEpl>(rec + rec_lg(L) + col0, lg_all);
+  if (lane == 0) {
+    rec[rec_kq(L)] = kq;
+    rec[rec_kq(L) + 1] = beta;
+  }
+}
+
+// KDA prep item (batch row b, value head hv): ring keys decayed per channel, kd_j·q~ and kd_j·k, loaded kPrepChunk
+// at a time; the record; for a non-flush row the gates (and k) at ring position w.
+__device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int hv, int slot, int w, bool flush) {
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
-  const bool flush = p.force_flush || w == p.L - 1;
   float qn[kEpl], kn[kEpl];
   const float kq = normalized_qk(p, b, h, col0, qn, kn);
   float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
@@ -355,28 +362,95 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_pre
       }
     }
   }
-  float lg_all[kEpl];
-#pragma unroll
-  for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
-  rssm::store_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
-  rssm::store_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
-  rssm::store_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg_all);
-  if (lane == 0) {
-    rec[rec_kq(p.L)] = kq;
-    rec[rec_kq(p.L) + 1] = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
-  }
+  write_record_tail(rec, p.L, qn, kn, lg, kq,
+                    rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32)));
   if (!flush) {
     if (hv % group == 0) {
       act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
       rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
     }
-    if constexpr (kPerChannel) rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
-    else if (lane == 0) g_ring[w] = lg[0];
+    rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
   }
+}
+
+// GDN prep item (batch row b, key head h): the raw ring dot products k_j·q~, k_j·k once (loaded kPrepChunk keys at a
+// time, lane j keeping entry j's); the value heads' log-decays lg and betas a lane each (32 value heads at a time);
+// per value head, its scalar decays e^{lg - G_j} times the dot products and the record; for a non-flush row k and the
+// gates at ring position w.
+__device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h, int slot, int w, bool flush) {
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int group = p.num_v_heads / p.num_k_heads;
+  float qn[kEpl], kn[kEpl];
+  const float kq = normalized_qk(p, b, h, col0, qn, kn);
+  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  float raw_q = 0.f, raw_k = 0.f;
+  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
+    float kj[kPrepChunk][kEpl];
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c)
+      if (j0 + c < w) rssm::load_vec<act_t, kEpl>(k_ring + (long long)(j0 + c) * kK + col0, kj[c]);
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c) {
+      if (j0 + c >= w) break;
+      float dq, dk;
+      ring_key_dots(kj[c], qn, kn, dq, dk);
+      if (lane == j0 + c) {
+        raw_q = dq;
+        raw_k = dk;
+      }
+    }
+  }
+  const float* g_rings = p.g_ring + slot * p.s_gr_slot;
+  for (int i0 = 0; i0 < group; i0 += rssm::kWarpSize) {
+    float lg_lane[kGates] = {}, beta_lane = 0.f;  // value head h * group + i0 + lane
+    if (i0 + lane < group) {
+      const int hv = h * group + i0 + lane;
+      checkpoint_log_decay(p, b, hv, col0, g_rings + hv * p.s_gr_head, w, lg_lane);
+      beta_lane = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    }
+#pragma unroll 1
+    for (int i = i0; i < min(group, i0 + rssm::kWarpSize); ++i) {
+      const int hv = h * group + i;
+      float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+      float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
+      const float lg[kGates] = {__shfl_sync(0xffffffffu, lg_lane[0], i - i0)};
+      if (lane < w) {
+        const float decay = __expf(lg[0] - g_ring[lane]);
+        rec[rec_cq(p.L) + lane] = raw_q * decay;
+        rec[rec_ck(p.L) + lane] = raw_k * decay;
+      }
+      write_record_tail(rec, p.L, qn, kn, lg, kq, __shfl_sync(0xffffffffu, beta_lane, i - i0));
+      if (!flush && lane == 0) g_ring[w] = lg[0];
+    }
+  }
+  if (!flush) {
+    act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
+    rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
+  }
+}
+
+// Replay step 1, one warp per item: (batch row, key head) for GDN (the value heads of a key head share q, k and the
+// ring keys and differ only in scalar decays, so the dot products are computed once), (batch row, value head) for
+// KDA (per-channel decays). Grid: ceil(batch * items per row / 4) CTAs of 4 warps. Writes each value head's record
+// (see rec_*) into the per-row scratch; for non-flush rows appends k and the gates at ring position w; advances the
+// cursor once every item of the row has read it. Lets the main kernel launch at once (programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_prep_kernel(const DeltaParams p) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const int heads = kPerChannel ? p.num_v_heads : p.num_k_heads;  // items per batch row
+  const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
+  if (item >= p.batch * heads) return;
+  const int b = item / heads, head = item % heads;
+  const int slot = p.slot_idx[b];
+  if (slot == p.pad_slot_id) return;
+  const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
+  const bool flush = p.force_flush || w == p.L - 1;
+  if constexpr (kPerChannel) kda_prep_item(p, b, head, slot, w, flush);
+  else gdn_prep_item(p, b, head, slot, w, flush);
   __syncwarp();  // every lane has read the cursor
   if (lane == 0) {
-    if (hv == 0) p.step[b] = flush ? -(w + 1) : w;
-    rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, flush ? 0 : w + 1);
+    if (head == 0) p.step[b] = flush ? -(w + 1) : w;
+    rssm::arrive_and_advance(p.cursor, p.arrive, slot, heads, flush ? 0 : w + 1);
   }
 }
 

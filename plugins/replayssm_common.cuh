@@ -133,17 +133,17 @@ __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(
 __device__ __forceinline__ float siluf(float v) { return v * sigmoidf(v); }
 
 // ---------------------------------------------------------------------------------------------- cursor advance
-// Called once per CTA by thread 0 after every thread of the CTA has read `cursor[slot]` (i.e. after a __syncthreads
-// that follows the read). The CTA arriving last among `ctas_per_slot` writes the new cursor and re-arms the counter,
-// so all CTAs of the row see the old cursor and the next launch sees the new one. CUDA-graph safe, no host sync.
+// Called once per CTA (or warp) by one thread after every thread of it has read `cursor[slot]` (i.e. after a
+// __syncthreads / __syncwarp that follows the read). The arrival that comes last among `ctas_per_slot` writes the new
+// cursor and re-arms the counter, so every reader of the row sees the old cursor and the next launch sees the new one.
+// No fence: the only readers of what this launch writes (cursor, counter, ring entries) are later launches, ordered by
+// the kernel boundary (or griddepcontrol.wait). CUDA-graph safe, no host sync.
 __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int* __restrict__ arrive, int slot,
                                                    int ctas_per_slot, int new_cursor) {
-  __threadfence();
   const int before = atomicAdd(arrive + slot, 1);
   if (before == ctas_per_slot - 1) {
     cursor[slot] = new_cursor;
     arrive[slot] = 0;
-    __threadfence();
   }
 }
 

@@ -125,7 +125,8 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
 
 def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
-    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, value head)), the state kernels on
+    """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, key head) for GDN, per (row, value
+    head) for KDA), the state kernels on
     (V / tile, HV, batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their
     inputs through shared memory) as a programmatic dependent launch of the prep kernel."""
     batch, v_heads, value_dim = v.shape
@@ -138,8 +139,9 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
     block = (32 * NUM_WARPS, 1, 1)
     for name in kernel_names:
         function = get_kernel(config, name, v.device)
-        if name.endswith("_prep_kernel"):  # one warp per (batch row, value head)
-            launch(function, (-(-batch * v_heads // NUM_WARPS), 1, 1), block, params)
+        if name.endswith("_prep_kernel"):  # one warp per (batch row, key head) (GDN) or (batch row, value head) (KDA)
+            items = batch * (v_heads if family == "kda" else q.shape[1])
+            launch(function, (-(-items // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
