@@ -2,19 +2,22 @@
 (CTAs per SM, stages) plan and the fold buffer forced off or left to the plan, timed with the bench protocol (cold-L2
 pools, CUDA graph over whole L-cycles, staggered cursors, medians) next to our baseline.
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES_JSON
-CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode))],
-...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive small-batch path)
+CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode(,
+plugins)))], ...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive small-batch path;
+plugins: a directory of kernel sources to compile instead of plugins/, for A/B runs of kernel variants in one process)
 (The logs benchmarks/results/dev/sweep-*.log also name a compile-time VARIANT of the main kernel: temporary hooks of
 the development commit f9af46f, removed since: 1 consumers release each stage at once (streaming alone), 2 flush tiles
 computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
 import json
 import sys
 import zlib
+from pathlib import Path
 
 import torch
 
 from trtllm_replayssm.bench import byte_model, inputs, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.kernels import compiler, loader
 from trtllm_replayssm.kernels.configs import dtype_from_name
 from trtllm_replayssm.ops import _launch
 from trtllm_replayssm.ops import gdn as gdn_ops
@@ -28,6 +31,10 @@ base_cache = {}
 for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
     fold = extra[0] if extra else True
     mode = extra[1] if len(extra) > 1 else "replay"
+    plugins = Path(extra[2]) if len(extra) > 2 and extra[2] else Path(__file__).resolve().parents[2] / "plugins"
+    if plugins.resolve() != compiler.PLUGIN_DIR.resolve():
+        compiler.PLUGIN_DIR = plugins
+        loader._MODULES.clear()  # modules are keyed by config only
     _launch.FOLD_BUFFER_ENABLED = fold
     shape = shape_from_preset(model)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
@@ -45,12 +52,12 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
         case = ours.replay_case(shape, batch, sd, step, pools, 16, mode, gen, dev)
         us = timing.time_calls([f for _ in range(16) for f in case.calls])
     except Exception as exc:  # report and go on
-        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode}: FAIL {type(exc).__name__}: {exc}",
+        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name}: FAIL {type(exc).__name__}: {exc}",
               flush=True)
         continue
     flush = _launch.force_flush_for(shape.family, mode, batch, shape.heads, dtype_from_name(sd), dev)
     gbps = batch * byte_model.step_bytes("replay", shape, sd, 16, "flush" if flush else "replay") / (us * 1e-6) / 1e9
-    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode}: replay {us:7.1f} us "
+    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name}: replay {us:7.1f} us "
           f"({100 * gbps / ceil:4.1f}% copy) baseline {base:7.1f} us x{base / us:.3f}", flush=True)
     del case
     torch.cuda.empty_cache()
