@@ -460,7 +460,7 @@ constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
-constexpr int kFoldChunk = 8 / kEpl > 1 ? 8 / kEpl : 1;  // ring keys a flush decays at once (registers)
+constexpr int kFoldChunk = 16 / kEpl > 1 ? 16 / kEpl : 1;  // ring keys a flush decays at once (registers)
 constexpr int kFoldRows = 32 / kEpl < 8 ? 32 / kEpl : 8;    // state rows a flush folds at once (registers)
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }

@@ -3,8 +3,10 @@
 pools, CUDA graph over whole L-cycles, staggered cursors, medians) next to our baseline.
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES_JSON
 CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode(,
-plugins)))], ...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive small-batch path;
-plugins: a directory of kernel sources to compile instead of plugins/, for A/B runs of kernel variants in one process)
+plugins(, settings))))], ...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive
+small-batch path; plugins: a directory of kernel sources to compile instead of plugins/, for A/B runs of kernel
+variants in one process; settings: {"gdn.NAME" or "launch.NAME": value} module settings of ops.gdn / ops._launch,
+kept for later cases)
 (The logs benchmarks/results/dev/sweep-*.log also name a compile-time VARIANT of the main kernel: temporary hooks of
 the development commit f9af46f, removed since: 1 consumers release each stage at once (streaming alone), 2 flush tiles
 computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
@@ -32,6 +34,9 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
     fold = extra[0] if extra else True
     mode = extra[1] if len(extra) > 1 else "replay"
     plugins = Path(extra[2]) if len(extra) > 2 and extra[2] else Path(__file__).resolve().parents[2] / "plugins"
+    for key, value in (extra[3] if len(extra) > 3 else {}).items():
+        module, name = key.split(".")
+        setattr({"gdn": gdn_ops, "launch": _launch}[module], name, value)
     if plugins.resolve() != compiler.PLUGIN_DIR.resolve():
         compiler.PLUGIN_DIR = plugins
         loader._MODULES.clear()  # modules are keyed by config only

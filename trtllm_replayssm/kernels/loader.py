@@ -100,6 +100,21 @@ def allow_dynamic_shared(function, nbytes: int) -> None:
     _DYNAMIC_SHARED[key] = nbytes
 
 
+_MAX_SHARED_CARVEOUT: set[int] = set()
+
+
+def prefer_max_shared(function) -> None:
+    """Ask for the whole L1 as shared memory for ``function`` (once), like the persistent kernels it runs before, so
+    an SM need not drain to change its carveout between the two."""
+    key = int(function)
+    if key in _MAX_SHARED_CARVEOUT:
+        return
+    driver = _driver()
+    carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    _check(driver.cuFuncSetAttribute(function, carveout, 100), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+    _MAX_SHARED_CARVEOUT.add(key)
+
+
 def launch(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure,
            stream: torch.cuda.Stream | None = None, shared_bytes: int = 0, programmatic: bool = False) -> None:
     """Launch ``function`` with one by-value struct parameter on ``stream`` (default: torch's current stream).

@@ -21,7 +21,7 @@ import torch
 
 from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_len
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
-from trtllm_replayssm.kernels.loader import get_kernel, launch
+from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
 from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
                                           persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
@@ -51,6 +51,8 @@ _DeltaParams = make_struct("DeltaParams", [
 
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
+# The prep kernel asks for the main kernel's shared-memory carveout (for A/B sweeps).
+PREP_MAX_SHARED_CARVEOUT = True
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
 
@@ -141,6 +143,8 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
         function = get_kernel(config, name, v.device)
         if name.endswith("_prep_kernel"):  # one warp per (batch row, key head) (GDN) or (batch row, value head) (KDA)
             items = batch * (v_heads if family == "kda" else q.shape[1])
+            if PREP_MAX_SHARED_CARVEOUT:
+                prefer_max_shared(function)
             launch(function, (-(-items // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
