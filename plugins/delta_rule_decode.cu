@@ -109,9 +109,10 @@ __device__ __forceinline__ void current_log_gate(const DeltaParams& p, int b, in
   }
 }
 
-// Current token: l2-normalised q (times scale) and k of key head h (this lane's channels); returns k·q~ (warp-wide).
+// Current token: l2-normalised q (times scale) and k of key head h (this lane's channels) and their multipliers
+// q~ = q_mul q, k = k_mul k_raw; returns k·q~ (warp-wide).
 __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
-                                               float (&kn)[kEpl]) {
+                                               float (&kn)[kEpl], float& q_mul, float& k_mul) {
   rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, qn);
   rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, kn);
   float qq = 0.f, kk = 0.f;
@@ -120,7 +121,8 @@ __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int 
     qq = fmaf(qn[e], qn[e], qq);
     kk = fmaf(kn[e], kn[e], kk);
   }
-  const float q_mul = p.scale * rsqrtf(rssm::warp_sum(qq) + kL2Eps), k_mul = rsqrtf(rssm::warp_sum(kk) + kL2Eps);
+  q_mul = p.scale * rsqrtf(rssm::warp_sum(qq) + kL2Eps);
+  k_mul = rsqrtf(rssm::warp_sum(kk) + kL2Eps);
   float kq = 0.f;
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) {
@@ -129,6 +131,12 @@ __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int 
     kq = fmaf(kn[e], qn[e], kq);
   }
   return rssm::warp_sum(kq);
+}
+
+__device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
+                                               float (&kn)[kEpl]) {
+  float q_mul, k_mul;
+  return normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
 }
 
 // lg = g + G: log-decay of the checkpoint to after the current token (G = g_ring[w-1], 0 for an empty ring).
@@ -306,31 +314,30 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
 }
 
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
-// then q~ and k (l2-normalised, q~ scaled), the log-decay lg of the checkpoint to after the token (per key channel;
-// GDN repeats its scalar), k·q~ and beta. trtllm_replayssm/ops/gdn.py:record_len mirrors the length.
-// q~, k and lg start on a 16-byte boundary (vector loads and stores).
+// the log-decay lg of the checkpoint to after the token (per key channel for KDA, one for GDN; from a 16-byte
+// boundary), then the multipliers of q and k (q~ = q_mul q, k = k_mul k_raw: the main kernel's producer copies the
+// raw q and k rows), k·q~ and beta. trtllm_replayssm/cache.py:delta_record_len mirrors the length.
 __host__ __device__ constexpr int rec_cq(int) { return 0; }
 __host__ __device__ constexpr int rec_ck(int L) { return L; }
-__host__ __device__ constexpr int rec_q(int L) { return (2 * L + 3) / 4 * 4; }
-__host__ __device__ constexpr int rec_k(int L) { return rec_q(L) + kK; }
-__host__ __device__ constexpr int rec_lg(int L) { return rec_q(L) + 2 * kK; }
-__host__ __device__ constexpr int rec_kq(int L) { return rec_q(L) + 3 * kK; }
-__host__ __device__ constexpr int rec_len(int L) { return (rec_kq(L) + 2 + 3) / 4 * 4; }
+__host__ __device__ constexpr int rec_lg(int L) { return (2 * L + 3) / 4 * 4; }
+__host__ __device__ constexpr int rec_sc(int L) { return rec_lg(L) + (kGates + 3) / 4 * 4; }  // q_mul, k_mul, kq, beta
+__host__ __device__ constexpr int rec_len(int L) { return rec_sc(L) + 4; }
 
-// Warp-collective: the record's q~, k, log-decay lg (per key channel of this lane; GDN repeats its scalar), k·q~ and
-// beta into `rec` (rec_*); the ring coefficients are written by the caller.
-__device__ __forceinline__ void write_record_tail(float* rec, int L, const float (&qn)[kEpl], const float (&kn)[kEpl],
-                                                  const float (&lg)[kGates], float kq, float beta) {
+// The record's q and k multipliers (lane 0 of a warp).
+__device__ __forceinline__ void write_record_muls(float* rec, int L, float q_mul, float k_mul) {
+  rec[rec_sc(L)] = q_mul;
+  rec[rec_sc(L) + 1] = k_mul;
+}
+
+// Warp-collective: the record's log-decay lg (per key channel of this lane for KDA), k·q~ and beta into `rec`
+// (rec_*); the ring coefficients and multipliers are written by the caller.
+__device__ __forceinline__ void write_record_tail(float* rec, int L, const float (&lg)[kGates], float kq, float beta) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
-  float lg_all[kEpl];
-#pragma unroll
-  for (int e = 0; e < kEpl; ++e) lg_all[e] = lg[kPerChannel ? e : 0];
-  rssm::store_vec<float, kEpl>(rec + rec_q(L) + col0, qn);
-  rssm::store_vec<float, kEpl>(rec + rec_k(L) + col0, kn);
-  rssm::store_vec<float, kEpl>(rec + rec_lg(L) + col0, lg_all);
+  if constexpr (kPerChannel) rssm::store_vec<float, kGates>(rec + rec_lg(L) + col0, lg);
   if (lane == 0) {
-    rec[rec_kq(L)] = kq;
-    rec[rec_kq(L) + 1] = beta;
+    if constexpr (!kPerChannel) rec[rec_lg(L)] = lg[0];
+    rec[rec_sc(L) + 2] = kq;
+    rec[rec_sc(L) + 3] = beta;
   }
 }
 
@@ -339,13 +346,14 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
 __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int hv, int slot, int w, bool flush) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  float qn[kEpl], kn[kEpl];
-  const float kq = normalized_qk(p, b, h, col0, qn, kn);
+  float qn[kEpl], kn[kEpl], q_mul, k_mul;
+  const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
   float lg[kGates];
   checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
+  if (lane == 0) write_record_muls(rec, p.L, q_mul, k_mul);
   for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
     float kd[kPrepChunk][kEpl];
 #pragma unroll
@@ -362,8 +370,8 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
       }
     }
   }
-  write_record_tail(rec, p.L, qn, kn, lg, kq,
-                    rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32)));
+  write_record_tail(rec, p.L, lg, kq, rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h,
+                                                                   p.beta_is_f32)));
   if (!flush) {
     if (hv % group == 0) {
       act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
@@ -380,8 +388,8 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
 __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h, int slot, int w, bool flush) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads;
-  float qn[kEpl], kn[kEpl];
-  const float kq = normalized_qk(p, b, h, col0, qn, kn);
+  float qn[kEpl], kn[kEpl], q_mul, k_mul;
+  const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float raw_q = 0.f, raw_k = 0.f;
   for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
@@ -419,7 +427,8 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
         rec[rec_cq(p.L) + lane] = raw_q * decay;
         rec[rec_ck(p.L) + lane] = raw_k * decay;
       }
-      write_record_tail(rec, p.L, qn, kn, lg, kq, __shfl_sync(0xffffffffu, beta_lane, i - i0));
+      if (lane == 0) write_record_muls(rec, p.L, q_mul, k_mul);
+      write_record_tail(rec, p.L, lg, kq, __shfl_sync(0xffffffffu, beta_lane, i - i0));
       if (!flush && lane == 0) g_ring[w] = lg[0];
     }
   }
@@ -460,15 +469,16 @@ constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
-constexpr int kFoldChunk = 16 / kEpl > 1 ? 16 / kEpl : 1;  // ring keys a flush decays at once (registers)
+constexpr int kFoldChunk = kEpl <= 4 ? 16 / kEpl : 1;  // ring keys a flush decays at once (registers)
 constexpr int kFoldRows = 32 / kEpl < 8 ? 32 / kEpl : 8;    // state rows a flush folds at once (registers)
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
-// One shared-memory stage: the checkpoint tile, then the tile's slot and step, its record, v of its rows and the u
-// ring rows j < w ([L][kTile]); trtllm_replayssm/ops/gdn.py:stage_bytes mirrors the total.
+// One shared-memory stage: the checkpoint tile, then the tile's slot and step, its record, v of its rows, the raw q
+// and k rows of its key head and the u ring rows j < w ([L][kTile]); trtllm_replayssm/ops/gdn.py:stage_bytes mirrors
+// the total.
 struct StageLayout {
-  int info, rec, v, u_ring, bytes;
+  int info, rec, v, qk, u_ring, bytes;
 };
 
 __device__ __forceinline__ StageLayout stage_layout(int L) {
@@ -476,7 +486,8 @@ __device__ __forceinline__ StageLayout stage_layout(int L) {
   l.info = kTileBytes;
   l.rec = l.info + 16;
   l.v = l.rec + round16(rec_len(L) * 4);
-  l.u_ring = l.v + round16(kTile * int(sizeof(act_t)));
+  l.qk = l.v + round16(kTile * int(sizeof(act_t)));
+  l.u_ring = l.qk + round16(2 * kK * int(sizeof(act_t)));
   l.bytes = (l.u_ring + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
   return l;
 }
@@ -517,13 +528,17 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
                          rec_len(p.L));
     rssm::cp_async_words(stage + lay.v, static_cast<const act_t*>(p.v) + c.b * p.s_v_b + c.hv * p.s_v_h + c.row0,
                          kRowWords);
+    const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+    constexpr int kKeyWords = kK * int(sizeof(act_t)) / 4;
+    rssm::cp_async_words(stage + lay.qk, static_cast<const act_t*>(p.q) + c.b * p.s_q_b + h * p.s_q_h, kKeyWords);
+    rssm::cp_async_words(stage + lay.qk + kKeyWords * 4, static_cast<const act_t*>(p.k) + c.b * p.s_k_b + h * p.s_k_h,
+                         kKeyWords);
     const act_t* ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
     for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
       const int j = q / kRowWords, word = q % kRowWords;
       rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
                       reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
     }
-    const int h = c.hv / (p.num_v_heads / p.num_k_heads);
     const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
     const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
     if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
@@ -610,17 +625,22 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
   const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.u_ring);
   const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
+  const act_t* qk_s = reinterpret_cast<const act_t*>(stage + lay.qk);
   float qn[kEpl], kn[kEpl], lg[kEpl], dec[kEpl], xq[kEpl], xk[kEpl];
-  rssm::load_vec<float, kEpl>(rec + rec_q(p.L) + col0, qn);
-  rssm::load_vec<float, kEpl>(rec + rec_k(p.L) + col0, kn);
-  rssm::load_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg);
+  rssm::load_vec<act_t, kEpl>(qk_s + col0, qn);
+  rssm::load_vec<act_t, kEpl>(qk_s + kK + col0, kn);
+  if constexpr (kPerChannel) rssm::load_vec<float, kEpl>(rec + rec_lg(p.L) + col0, lg);
+  const float q_mul = rec[rec_sc(p.L)], k_mul = rec[rec_sc(p.L) + 1];
+  const float kq = rec[rec_sc(p.L) + 2], beta = rec[rec_sc(p.L) + 3];
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) {
+    if constexpr (!kPerChannel) lg[e] = rec[rec_lg(p.L)];
+    qn[e] *= q_mul;
+    kn[e] *= k_mul;
     dec[e] = __expf(lg[e]);
     xq[e] = dec[e] * qn[e];
     xk[e] = dec[e] * kn[e];
   }
-  const float kq = rec[rec_kq(p.L)], beta = rec[rec_kq(p.L) + 1];
   // Ring terms Σ_{j<w} (cq_j, ck_j) u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row l % kRows.
   const int r = lane % kRows, grp = lane / kRows, wr = warp * kRows + r;
   float pq = 0.f, pk = 0.f;

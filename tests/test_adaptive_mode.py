@@ -42,7 +42,7 @@ def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
     monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
     fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=True)
     assert fold == 16 * 128 * 2 + 16 * 128 * 4
-    small, large = gdn.stage_bytes(16, 32, 128, 4, 2), gdn.stage_bytes(16, 64, 128, 4, 2)
+    small, large = gdn.stage_bytes(16, 32, 128, 4, 2, True), gdn.stage_bytes(16, 64, 128, 4, 2, True)
     assert _launch.persistent_plan(small, 10_000, CUDA, fold) == (3 * 132, 3, fold)
     assert _launch.persistent_plan(large, 10_000, CUDA, fold) == (3 * 132, 2, 0)  # two stages leave no room
     monkeypatch.setattr(_launch, "FOLD_BUFFER_ENABLED", False)

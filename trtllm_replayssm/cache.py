@@ -160,7 +160,8 @@ class ReplayStateCache:
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
         gate_shape = (slots, num_v_heads, L) if family == "gdn" else (slots, num_v_heads, L, head_k_dim)
-        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim), dtype=torch.float32, device=device)
+        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, family == "kda"), dtype=torch.float32,
+                           device=device)
         step = torch.zeros(slots, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
@@ -249,10 +250,12 @@ def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[t
             torch.zeros(num_layers, slots, dtype=torch.int32, device=device))
 
 
-def delta_record_len(L: int, key_dim: int) -> int:
-    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), q~, k and the
-    log-decay (3 K, from a 16-byte boundary), k·q~ and beta, padded to 4 (mirrors plugins/delta_rule_decode.cu:rec_len)."""
-    return ((2 * L + 3) // 4 * 4 + 3 * key_dim + 2 + 3) // 4 * 4
+def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
+    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), the log-decay
+    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta (mirrors
+    plugins/delta_rule_decode.cu:rec_len)."""
+    r4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
+    return r4(2 * L) + r4(key_dim if per_channel_gate else 1) + 4
 
 
 def _check_positive(**values: int) -> None:

@@ -83,12 +83,13 @@ def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device
     return tile
 
 
-def stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int) -> int:
+def stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int, per_channel_gate: bool) -> int:
     """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x K) checkpoint tile, slot/step,
-    the record, v of the rows and L u-ring rows (mirrors plugins/delta_rule_decode.cu:stage_layout)."""
+    the record, v of the rows, the raw q and k rows and L u-ring rows (mirrors
+    plugins/delta_rule_decode.cu:stage_layout)."""
     r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
-    total = rows * key_dim * state_elem + 16 + r16(delta_record_len(L, key_dim) * 4) + r16(rows * act_elem) \
-        + r16(L * rows * act_elem)
+    total = rows * key_dim * state_elem + 16 + r16(delta_record_len(L, key_dim, per_channel_gate) * 4) \
+        + r16(rows * act_elem) + r16(2 * key_dim * act_elem) + r16(L * rows * act_elem)
     return (total + 127) // 128 * 128
 
 
@@ -113,7 +114,8 @@ def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: t
 @functools.lru_cache(maxsize=None)
 def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
                   per_channel_gate: bool, ctas_per_sm: int) -> int:
-    stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem) for t in tile_choices(value_dim, key_dim)}
+    stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem, per_channel_gate)
+             for t in tile_choices(value_dim, key_dim)}
     fits = fitting_tiles(list(stage), tile, act_elem, stage, ctas_per_sm)
     if not fits:
         return tile
@@ -147,7 +149,8 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
                 prefer_max_shared(function)
             launch(function, (-(-items // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
-            params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size())
+            params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size(),
+                                             family == "kda")
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
                               fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
         else:
@@ -209,8 +212,8 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
-    chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K)), (torch.float32,), dev,
-                     inner_contiguous=2)
+    chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K, per_channel_gate)),
+                     (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
