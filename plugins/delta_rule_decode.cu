@@ -320,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
 __host__ __device__ constexpr int rec_cq(int) { return 0; }
 __host__ __device__ constexpr int rec_ck(int L) { return L; }
 __host__ __device__ constexpr int rec_lg(int L) { return (2 * L + 3) / 4 * 4; }
-__host__ __device__ constexpr int rec_sc(int L) { return rec_lg(L) + (kGates + 3) / 4 * 4; }  // q_mul, k_mul, kq, beta
+__host__ __device__ constexpr int rec_sc(int L) { return rec_lg(L) + (kPerChannel ? kK : 4); }  // q_mul, k_mul, kq, beta
 __host__ __device__ constexpr int rec_len(int L) { return rec_sc(L) + 4; }
 
 // The record's q and k multipliers (lane 0 of a warp).

@@ -36,18 +36,24 @@ def test_default_threshold_is_8_work_items_per_sm(monkeypatch):
 
 
 def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
-    """persistent_plan keeps the fold buffer only if the CTA keeps its number of stages; GDN/KDA row tiles."""
+    """persistent_plan keeps the fold buffer only if the CTA keeps its number of stages, or, fold_first (KDA), while
+    3 stages remain; GDN/KDA row tiles."""
     from trtllm_replayssm.ops import gdn
 
     monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
     fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=True)
     assert fold == 16 * 128 * 2 + 16 * 128 * 4
     small, large = gdn.stage_bytes(16, 32, 128, 4, 2, True), gdn.stage_bytes(16, 64, 128, 4, 2, True)
-    assert _launch.persistent_plan(small, 10_000, CUDA, fold) == (3 * 132, 3, fold)
-    assert _launch.persistent_plan(large, 10_000, CUDA, fold) == (3 * 132, 2, 0)  # two stages leave no room
+    assert _launch.persistent_plan(small, 10_000, CUDA, fold) == (3 * 132, 4, 0)  # the buffer would cost a stage
+    assert _launch.persistent_plan(small, 10_000, CUDA, fold, fold_first=True) == (3 * 132, 3, fold)
+    assert _launch.persistent_plan(large, 10_000, CUDA, fold, fold_first=True) == (3 * 132, 2, 0)  # 1 stage left
+    gdn_fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=False)
+    gdn_stage = gdn.stage_bytes(16, 64, 128, 4, 2, False)
+    assert _launch.persistent_plan(gdn_stage, 10_000, CUDA, gdn_fold) == (3 * 132, 2, gdn_fold)
     monkeypatch.setattr(_launch, "FOLD_BUFFER_ENABLED", False)
-    assert _launch.persistent_plan(small, 10_000, CUDA, fold)[2] == 0
-    # fp32 K = V = 128, launch heuristic 64 rows: KDA takes the largest tile that keeps its fold buffer, GDN the largest
+    assert _launch.persistent_plan(small, 10_000, CUDA, fold, fold_first=True) == (3 * 132, 4, 0)
+    # fp32 K = V = 128, launch heuristic 64 rows: KDA takes the largest tile that keeps its fold buffer with 3 stages,
+    # GDN the largest
     assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, True, 3) == 32
     assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, False, 3) == 64
     assert gdn._fitting_tile(128, 128, 16, 2, 2, 64, True, 3) == 64  # bf16 state: the buffer fits at 64 rows

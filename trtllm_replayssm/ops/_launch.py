@@ -84,13 +84,23 @@ def stages_for(stage_bytes: int, ctas_per_sm: int | None = None, reserved: int =
     return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas - 2048 - reserved) // stage_bytes)  # + static smem
 
 
+# A fold buffer that costs a stage is still taken while this many stages remain (``fold_first`` plans: KDA, whose
+# flush decays [L][K] gates; Kimi-Linear fp32 batch 256 on the H200: 3 stages + buffer 181.9 us, 4 stages without
+# 191.8 us, benchmarks/results/dev/sweep-15-compact-record.log).
+FOLD_FIRST_MIN_STAGES = 3
+
+
 def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
-                    fold_bytes: int = 0) -> tuple[int, int, int]:
+                    fold_bytes: int = 0, fold_first: bool = False) -> tuple[int, int, int]:
     """(grid size, stages, fold buffer bytes) of a persistent replay kernel streaming ``num_tiles`` stages of
-    ``stage_bytes``. The fold buffer (``fold_bytes``: a flush tile's ring inputs) is kept where it costs no stage."""
+    ``stage_bytes``. The fold buffer (``fold_bytes``: a flush tile's ring inputs) is kept where it costs no stage, or,
+    ``fold_first``, while FOLD_FIRST_MIN_STAGES stages remain."""
     ctas_per_sm, stages = persistent_ctas_per_sm(), (PERSISTENT_OVERRIDE or (0, 0))[1]
     if not stages:
         stages = stages_for(stage_bytes, ctas_per_sm)
+        if fold_first and FOLD_BUFFER_ENABLED and fold_bytes:
+            with_fold = stages_for(stage_bytes, ctas_per_sm, fold_bytes)
+            stages = with_fold if with_fold >= FOLD_FIRST_MIN_STAGES else stages
     if not 2 <= stages <= MAX_STAGES:
         raise ValueError(f"state tile of {stage_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
     fits = stages_for(stage_bytes, ctas_per_sm, fold_bytes) >= stages
@@ -107,10 +117,11 @@ def fitting_tiles(choices: list[int], tile: int, act_elem: int, stage_of: dict[i
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
-                      fold_bytes: int) -> None:
+                      fold_bytes: int, fold_first: bool = False) -> None:
     """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages`` and
     ``params.fold_bytes`` from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory."""
-    grid, params.stages, params.fold_bytes = persistent_plan(params.stage_bytes, num_tiles, device, fold_bytes)
+    grid, params.stages, params.fold_bytes = persistent_plan(params.stage_bytes, num_tiles, device, fold_bytes,
+                                                             fold_first)
     shared = params.stages * params.stage_bytes + params.fold_bytes
     allow_dynamic_shared(function, shared)
     launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared, programmatic=True)

@@ -23,9 +23,9 @@ from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_le
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
-                                          persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
-                                          stages_for, stride)
+from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for, launch_persistent,
+                                          make_struct, persistent_ctas_per_sm, ptr, require_persistent_arch,
+                                          rows_per_cta, stages_for, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -121,7 +121,7 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
         return tile
     if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
         fold = fold_bytes(L, key_dim, act_elem, True)
-        buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= stages_for(stage[t], ctas_per_sm)]
+        buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= FOLD_FIRST_MIN_STAGES]
         if buffered:
             return max(buffered)
     return max(fits)
@@ -152,7 +152,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size(),
                                              family == "kda")
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
-                              fold_bytes(params.L, key_dim, v.element_size(), family == "kda"))
+                              fold_bytes(params.L, key_dim, v.element_size(), family == "kda"), family == "kda")
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 
