@@ -344,7 +344,7 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
     b, heads, hd = q.shape
     chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
-    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    kv_heads = k_cache.shape[1]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
     chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
