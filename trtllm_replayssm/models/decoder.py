@@ -206,9 +206,9 @@ class HybridLM(nn.Module):
         emb = self.backbone.embeddings if self.cfg.arch == "nemotron_h" else self.model.embed_tokens
         return emb(tokens)
 
-    def _final(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    def _final(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         norm = self.backbone.norm_f if self.cfg.arch == "nemotron_h" else self.model.norm
-        return self.lm_head(norm.add_forward(delta, h))
+        return self.lm_head(_residual_norm(norm, delta, h))
 
     def _mixer(self, i: int, block: nn.Module, x: torch.Tensor, state: DecodeState, prefill: bool) -> torch.Tensor:
         kind = block.kind
@@ -225,16 +225,17 @@ class HybridLM(nn.Module):
             return block.mixer.prefill(x, kv) if prefill else block.mixer.decode(x, kv)
         return block.mixer(x)
 
-    def _forward(self, tokens: torch.Tensor, state: DecodeState, prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, tokens: torch.Tensor, state: DecodeState,
+                 prefill: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The residual stream ``h`` and the last block's output ``delta`` not yet added to it (each norm adds the
         previous block's output to ``h`` in place and normalises the sum in one fused op)."""
         h = self._embed(tokens)
-        delta = torch.zeros_like(h)
+        delta = None  # nothing to add before the first block
         for i, block in enumerate(self.trunk.layers):
             if self.cfg.arch == "nemotron_h":
-                delta = self._mixer(i, block, block.norm.add_forward(delta, h), state, prefill)
+                delta = self._mixer(i, block, _residual_norm(block.norm, delta, h), state, prefill)
             else:
-                delta = self._mixer(i, block, block.input_layernorm.add_forward(delta, h), state, prefill)
+                delta = self._mixer(i, block, _residual_norm(block.input_layernorm, delta, h), state, prefill)
                 delta = block.mlp(block.post_attention_layernorm.add_forward(delta, h))
         return h, delta
 
@@ -268,3 +269,8 @@ class HybridLM(nn.Module):
                 step(j, *args)
 
         return run
+
+
+def _residual_norm(norm: nn.Module, delta: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
+    """``norm(h + delta)`` with ``h += delta`` in place (the residual stream); ``delta`` None: ``norm(h)``."""
+    return norm(h) if delta is None else norm.add_forward(delta, h)
