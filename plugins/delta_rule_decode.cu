@@ -18,9 +18,10 @@
 //
 // Kernels: `delta_state_update_kernel` (baseline), `delta_flush_decode_kernel` (adaptive small-batch mode: every row
 // flushes; with an empty ring it is the baseline step), and the replay as two launches: `delta_replay_prep_kernel`
-// (grid (batch, HV): the ring coefficients kd_j·q~, kd_j·k into a per-slot scratch, appends k and the gate, advances
-// the cursor) and `delta_replay_main_kernel` (grid (V / VTILE, HV, batch), a programmatic dependent launch: streams
-// the state tile with a short dependency chain; flush rows fold).
+// (a warp per (batch row, key head) for GDN, per (batch row, value head) for KDA: each value head's record of ring
+// coefficients kd_j·q~, kd_j·k and scalars into a per-row scratch, appends k and the gate, advances the cursor) and
+// `delta_replay_main_kernel` (persistent, warp-specialised, a programmatic dependent launch: streams the checkpoint
+// tiles and their inputs through shared-memory stages; flush tiles fold).
 #include "replayssm_common.cuh"
 
 #if !defined(DK) || !defined(DV) || !defined(VTILE) || !defined(KDA)
