@@ -83,6 +83,21 @@ def get_kernel(config: KernelConfig, name: str, device: torch.device):
     return entry[1][name]
 
 
+_MAX_SHARED_CARVEOUT: set[int] = set()
+
+
+def prefer_max_shared(function) -> None:
+    """Ask for the whole L1 as shared memory for ``function`` (once): the persistent kernels' carveout, also asked for
+    by a kernel launched just before one of them, so an SM need not drain to change its carveout between the two."""
+    key = int(function)
+    if key in _MAX_SHARED_CARVEOUT:
+        return
+    driver = _driver()
+    carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    _check(driver.cuFuncSetAttribute(function, carveout, 100), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+    _MAX_SHARED_CARVEOUT.add(key)
+
+
 _DYNAMIC_SHARED: dict[int, int] = {}
 
 
@@ -95,24 +110,8 @@ def allow_dynamic_shared(function, nbytes: int) -> None:
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     _check(driver.cuFuncSetAttribute(function, attr, nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
     # All of L1 as shared memory, or the driver may pick a carveout that fits fewer CTAs per SM than planned.
-    carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    _check(driver.cuFuncSetAttribute(function, carveout, 100), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+    prefer_max_shared(function)
     _DYNAMIC_SHARED[key] = nbytes
-
-
-_MAX_SHARED_CARVEOUT: set[int] = set()
-
-
-def prefer_max_shared(function) -> None:
-    """Ask for the whole L1 as shared memory for ``function`` (once), like the persistent kernels it runs before, so
-    an SM need not drain to change its carveout between the two."""
-    key = int(function)
-    if key in _MAX_SHARED_CARVEOUT:
-        return
-    driver = _driver()
-    carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    _check(driver.cuFuncSetAttribute(function, carveout, 100), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
-    _MAX_SHARED_CARVEOUT.add(key)
 
 
 def launch(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure,
