@@ -19,9 +19,9 @@
 // Kernels: `delta_state_update_kernel` (baseline), `delta_flush_decode_kernel` (adaptive small-batch mode: every row
 // flushes; with an empty ring it is the baseline step), and the replay as two launches: `delta_replay_prep_kernel`
 // (a warp per (batch row, key head) for GDN, per (batch row, value head) for KDA: each value head's record of ring
-// coefficients kd_j·q~, kd_j·k and scalars into a per-row scratch, appends k and the gate, advances the cursor) and
+// coefficients kd_j·q~, kd_j·k and scalars into a per-row scratch, the row's step, appends k and the gate) and
 // `delta_replay_main_kernel` (persistent, warp-specialised, a programmatic dependent launch: streams the checkpoint
-// tiles and their inputs through shared-memory stages; flush tiles fold).
+// tiles and their inputs through shared-memory stages, advances each row's cursor; flush tiles fold).
 #include "replayssm_common.cuh"
 
 #if !defined(DK) || !defined(DV) || !defined(VTILE) || !defined(KDA)
@@ -385,10 +385,26 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
 // GDN prep item (batch row b, key head h): the raw ring dot products k_j·q~, k_j·k once (loaded kPrepChunk keys at a
 // time, lane j keeping entry j's); the value heads' log-decays lg and betas a lane each (32 value heads at a time);
 // per value head, its scalar decays e^{lg - G_j} times the dot products and the record; for a non-flush row k and the
-// gates at ring position w.
+// gates at ring position w. The first value heads' gate loads go out before the ring keys' (one round trip for all).
+constexpr int kGatePreload = 2;  // value heads per key head whose ring gates G_j are loaded up front (64 registers)
+
 __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h, int slot, int w, bool flush) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads;
+  float* g_rings = p.g_ring + slot * p.s_gr_slot + (long long)h * group * p.s_gr_head;  // value head h * group
+  // Lane l: value head i0 + l's log-decay and beta.
+  auto head_scalars = [&](int i0, float (&lg_lane)[kGates], float& beta_lane) {
+    if (i0 + lane < group) {
+      const int hv = h * group + i0 + lane;
+      checkpoint_log_decay(p, b, hv, col0, g_rings + (i0 + lane) * p.s_gr_head, w, lg_lane);
+      beta_lane = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    }
+  };
+  float g_pre[kGatePreload];  // lane j < w: G_j of value head i < kGatePreload
+#pragma unroll
+  for (int i = 0; i < kGatePreload; ++i) g_pre[i] = i < group && lane < w ? g_rings[i * p.s_gr_head + lane] : 0.f;
+  float lg_lane[kGates] = {}, beta_lane = 0.f;
+  head_scalars(0, lg_lane, beta_lane);
   float qn[kEpl], kn[kEpl], q_mul, k_mul;
   const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
@@ -409,22 +425,18 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
       }
     }
   }
-  const float* g_rings = p.g_ring + slot * p.s_gr_slot;
   for (int i0 = 0; i0 < group; i0 += rssm::kWarpSize) {
-    float lg_lane[kGates] = {}, beta_lane = 0.f;  // value head h * group + i0 + lane
-    if (i0 + lane < group) {
-      const int hv = h * group + i0 + lane;
-      checkpoint_log_decay(p, b, hv, col0, g_rings + hv * p.s_gr_head, w, lg_lane);
-      beta_lane = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
-    }
+    if (i0 > 0) head_scalars(i0, lg_lane, beta_lane);
 #pragma unroll 1
     for (int i = i0; i < min(group, i0 + rssm::kWarpSize); ++i) {
-      const int hv = h * group + i;
-      float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-      float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
+      float* g_ring = g_rings + i * p.s_gr_head;
+      float* rec = p.coef + b * p.s_coef_row + (long long)(h * group + i) * rec_len(p.L);
       const float lg[kGates] = {__shfl_sync(0xffffffffu, lg_lane[0], i - i0)};
       if (lane < w) {
-        const float decay = __expf(lg[0] - g_ring[lane]);
+        float gj = i < kGatePreload ? 0.f : g_ring[lane];
+#pragma unroll
+        for (int c = 0; c < kGatePreload; ++c) gj = c == i ? g_pre[c] : gj;
+        const float decay = __expf(lg[0] - gj);
         rec[rec_cq(p.L) + lane] = raw_q * decay;
         rec[rec_ck(p.L) + lane] = raw_k * decay;
       }
@@ -442,8 +454,9 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
 // Replay step 1, one warp per item: (batch row, key head) for GDN (the value heads of a key head share q, k and the
 // ring keys and differ only in scalar decays, so the dot products are computed once), (batch row, value head) for
 // KDA (per-channel decays). Grid: ceil(batch * items per row / 4) CTAs of 4 warps. Writes each value head's record
-// (see rec_*) into the per-row scratch; for non-flush rows appends k and the gates at ring position w; advances the
-// cursor once every item of the row has read it. Lets the main kernel launch at once (programmatic dependent launch).
+// (see rec_*) into the per-row scratch and the row's step (w, or -(w + 1) for a flush: the main kernel's producer
+// advances the cursor from it once prep has finished); for non-flush rows appends k and the gates at ring position
+// w. Lets the main kernel launch at once (programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_prep_kernel(const DeltaParams p) {
   asm volatile("griddepcontrol.launch_dependents;");
   const int lane = threadIdx.x % rssm::kWarpSize;
@@ -457,11 +470,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 8) delta_replay_pre
   const bool flush = p.force_flush || w == p.L - 1;
   if constexpr (kPerChannel) kda_prep_item(p, b, head, slot, w, flush);
   else gdn_prep_item(p, b, head, slot, w, flush);
-  __syncwarp();  // every lane has read the cursor
-  if (lane == 0) {
-    if (head == 0) p.step[b] = flush ? -(w + 1) : w;
-    rssm::arrive_and_advance(p.cursor, p.arrive, slot, heads, flush ? 0 : w + 1);
-  }
+  if (lane == 0 && head == 0) p.step[b] = flush ? -(w + 1) : w;  // the main kernel advances the cursor from it
 }
 
 namespace {
@@ -509,7 +518,8 @@ __device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
 }
 
 // Producer warp (rssm::produce_tiles): besides slot and step, each tile's record, v rows and u ring rows j < w go
-// into its stage; a flush tile's ring keys and gates into the fold buffer (or an L2 prefetch without one).
+// into its stage; a flush tile's ring keys and gates into the fold buffer (or an L2 prefetch without one). The
+// producer of a row's first tile writes the row's new cursor (the prep kernel, its only reader, has finished).
 __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
   const int lane = threadIdx.x % rssm::kWarpSize;
@@ -525,6 +535,7 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
   int folds = 0;
   auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
     const int w = info < 0 ? -info - 1 : info;
+    if (lane == 0 && c.hv == 0 && c.row0 == 0) p.cursor[slot] = info < 0 ? 0 : w + 1;  // prep has read it
     rssm::cp_async_words(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * rec_len(p.L),
                          rec_len(p.L));
     rssm::cp_async_words(stage + lay.v, static_cast<const act_t*>(p.v) + c.b * p.s_v_b + c.hv * p.s_v_h + c.row0,
@@ -556,13 +567,29 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
                       p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
+// KDA flush tile with a fold buffer: the consumer warps decay the buffer's ring keys once for the whole tile,
+// kd_j = e^{lg - G_j} ⊙ k_j written over G_j (fp32, [L][K]), then wait for each other (named barrier 1).
+__device__ __forceinline__ void decay_fold_keys(int w, const float (&lg)[kEpl], const act_t* k_buf, float* g_buf) {
+  const int warp = threadIdx.x / rssm::kWarpSize, col0 = (threadIdx.x % rssm::kWarpSize) * kEpl;
+  for (int j = warp; j < w; j += rssm::kNumWarps) {
+    float kd[kEpl], gj[kEpl];
+    rssm::load_vec<act_t, kEpl>(k_buf + (long long)j * kK + col0, kd);
+    rssm::load_vec<float, kEpl>(g_buf + (long long)j * kK + col0, gj);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
+    rssm::store_vec<float, kEpl>(g_buf + (long long)j * kK + col0, kd);
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(rssm::kThreads) : "memory");  // the consumer warps only
+}
+
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
-// `u_lane`: lane r holds u of row r. Ring keys and gates (`k_ring`, `g_ring`) come from the fold buffer or global
-// memory; they are decayed in chunks of kFoldChunk entries.
+// `u_lane`: lane r holds u of row r. The decayed ring keys come from `kd_s` (shared, [L][K] fp32: decay_fold_keys)
+// or, where it is null, are decayed here from the ring keys and gates (`k_ring`, `g_ring`: the fold buffer or global
+// memory) in chunks of kFoldChunk entries.
 __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord& c, int slot, int w,
                                           const float (&lg)[kEpl], const float (&dec)[kEpl], const float (&kn)[kEpl],
                                           float u_lane, const act_t* u_s, const state_t* rows, const act_t* k_ring,
-                                          const float* g_ring) {
+                                          const float* g_ring, const float* kd_s) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int wr0 = warp * kRows;  // in the tile
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
@@ -584,8 +611,11 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
     for (int j0 = 0; j0 < w; j0 += kFoldChunk) {
       float kd[kFoldChunk][kEpl];
 #pragma unroll
-      for (int k = 0; k < kFoldChunk; ++k)
-        if (j0 + k < w) decayed_key(p, k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
+      for (int k = 0; k < kFoldChunk; ++k) {
+        if (j0 + k >= w) break;
+        if (kPerChannel && kd_s != nullptr) rssm::load_vec<float, kEpl>(kd_s + (j0 + k) * kK + col0, kd[k]);
+        else decayed_key(p, k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
+      }
 #pragma unroll
       for (int k = 0; k < kFoldChunk; ++k) {
         if (j0 + k >= w) break;
@@ -606,12 +636,30 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
   }
 }
 
+// This lane's parts of S0[row]·xq and S0[row]·xk for the warp's kRows stage rows (`rows`: row 0 at this lane's
+// channels).
+__device__ __forceinline__ void row_dots(const state_t* rows, const float (&xq)[kEpl], const float (&xk)[kEpl],
+                                         float (&pq)[kRows], float (&pk)[kRows]) {
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    float sv[kEpl];
+    rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
+    pq[rr] = 0.f;
+    pk[rr] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      pq[rr] = fmaf(sv[e], xq[e], pq[rr]);
+      pk[rr] = fmaf(sv[e], xk[e], pk[rr]);
+    }
+  }
+}
+
 // One consumer warp's rows (warp * kRows ...) of the tile in `stage` (complete). Lane r finishes row r:
 //   a_q = S0·(e^{lg} ⊙ q~) + Σ_{j<w} cq_j u_j,  a_k likewise with k and ck,  u = beta (v - a_k),  o = a_q + u (k·q~)
 // Non-flush: appends u at ring position w (the checkpoint is never written). Flush: folds and stores the checkpoint.
 // Releases the stage once its shared memory is read.
 __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
-                                            rssm::TilePipe& pipe, int s, const unsigned char* fold_buf, int& folds) {
+                                            rssm::TilePipe& pipe, int s, unsigned char* fold_buf, int& folds) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
@@ -657,23 +705,23 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     rq += __shfl_down_sync(0xffffffffu, pq, g * kRows);
     rk += __shfl_down_sync(0xffffffffu, pk, g * kRows);
   }
-  float aq_lane = 0.f, ak_lane = 0.f;
+  // Checkpoint terms S0[row]·xq, S0[row]·xk: this lane's parts for every row, then one transposed reduction.
+  float aq_lane, ak_lane;
+  if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, r + kRows ak
+    float pq[kRows], pk[kRows], parts[2 * kRows];
+    row_dots(rows, xq, xk, pq, pk);
 #pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    float sv[kEpl];
-    rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
-    float aq = 0.f, ak = 0.f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) {
-      aq = fmaf(sv[e], xq[e], aq);
-      ak = fmaf(sv[e], xk[e], ak);
+    for (int rr = 0; rr < kRows; ++rr) {
+      parts[rr] = pq[rr];
+      parts[kRows + rr] = pk[rr];
     }
-    aq = rssm::warp_sum(aq);
-    ak = rssm::warp_sum(ak);
-    if (lane == rr) {
-      aq_lane = aq;
-      ak_lane = ak;
-    }
+    aq_lane = rssm::warp_sum_scatter<2 * kRows>(parts);
+    ak_lane = __shfl_sync(0xffffffffu, aq_lane, lane + kRows);
+  } else {
+    float pq[kRows], pk[kRows];
+    row_dots(rows, xq, xk, pq, pk);
+    aq_lane = rssm::warp_sum_scatter<kRows>(pq);
+    ak_lane = rssm::warp_sum_scatter<kRows>(pk);
   }
   const float u = beta * (rssm::to_float(v_s[wr]) - ak_lane - rk);
   const float o = aq_lane + rq + u * kq;
@@ -681,12 +729,18 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     const int h = c.hv / (p.num_v_heads / p.num_k_heads);
     const act_t* k_src = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
     const float* g_src = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+    const float* kd_s = nullptr;
     if (p.fold_bytes) {
       rssm::fold_buffer_wait(pipe, folds);
       k_src = reinterpret_cast<const act_t*>(fold_buf);
-      g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
+      float* g_buf = reinterpret_cast<float*>(fold_buf + fold_gates_offset(p.L));
+      g_src = g_buf;
+      if constexpr (kPerChannel) {
+        decay_fold_keys(w, lg, k_src, g_buf);
+        kd_s = g_buf;
+      }
     }
-    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src);
+    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src, kd_s);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;
@@ -719,7 +773,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
     produce(p, pipe, stage_mem, num_tiles);
     return;
   }
-  const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;  // flush tiles done: the fold buffer's phase
   rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
     replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
