@@ -34,7 +34,9 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
     fold = extra[0] if extra else True
     mode = extra[1] if len(extra) > 1 else "replay"
     plugins = Path(extra[2]) if len(extra) > 2 and extra[2] else Path(__file__).resolve().parents[2] / "plugins"
-    for key, value in (extra[3] if len(extra) > 3 else {}).items():
+    settings = extra[3] if len(extra) > 3 else {}
+    tag = " ".join(f"{k.split('.')[1]}={v}" for k, v in settings.items())
+    for key, value in settings.items():
         module, name = key.split(".")
         setattr({"gdn": gdn_ops, "launch": _launch}[module], name, value)
     if plugins.resolve() != compiler.PLUGIN_DIR.resolve():
@@ -57,12 +59,12 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
         case = ours.replay_case(shape, batch, sd, step, pools, 16, mode, gen, dev)
         us = timing.time_calls([f for _ in range(16) for f in case.calls])
     except Exception as exc:  # report and go on
-        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name}: FAIL {type(exc).__name__}: {exc}",
+        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name} {tag}: FAIL {type(exc).__name__}: {exc}",
               flush=True)
         continue
     flush = _launch.force_flush_for(shape.family, mode, batch, shape.heads, dtype_from_name(sd), dev)
     gbps = batch * byte_model.step_bytes("replay", shape, sd, 16, "flush" if flush else "replay") / (us * 1e-6) / 1e9
-    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name}: replay {us:7.1f} us "
+    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name} {tag}: replay {us:7.1f} us "
           f"({100 * gbps / ceil:4.1f}% copy) baseline {base:7.1f} us x{base / us:.3f}", flush=True)
     del case
     torch.cuda.empty_cache()
