@@ -69,21 +69,12 @@ constexpr int kEpl = kK / rssm::kWarpSize;       // key channels per lane
 constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
 constexpr int kTile = VTILE;                      // state rows per CTA
 constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
-constexpr int kPrepChunk = kEpl <= 4 ? 4 : 1;  // ring keys whose loads the prep kernel issues at once
+constexpr int kGdnPrepChunk = kEpl <= 4 ? 8 : 2;  // GDN ring keys whose loads the prep issues at once (registers)
 constexpr float kL2Eps = 1e-6f;
 constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
 static_assert(kTile % rssm::kNumWarps == 0 && kV % kTile == 0, "row tile must divide V and be a multiple of 4");
 static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output lane per row)");
-
-// Replay staging: per-entry coefficients, ring values of the tile rows, decayed ring keys (flush only).
-struct ReplaySmem {
-  float cq[rssm::kMaxL];                 // kd_j · q~
-  float ck[rssm::kMaxL];                 // kd_j · k
-  float u[rssm::kMaxL][kTile + 1];          // u_j[row] (padded: lane j reads row r conflict-free)
-  alignas(16) float kd[rssm::kMaxL][kK];  // kd_j (flush rows only)
-};
-static_assert(sizeof(ReplaySmem) <= 48 * 1024, "static shared memory limit");
 
 __device__ __forceinline__ float load_scalar(const void* base, long long off, int is_f32) {
   return is_f32 ? static_cast<const float*>(base)[off] : rssm::to_float(static_cast<const act_t*>(base)[off]);
@@ -185,10 +176,38 @@ __device__ __forceinline__ void ring_key_dots(const float (&kd)[kEpl], const flo
   dk = rssm::warp_sum(dk);
 }
 
-// One flushing decode step of this CTA's row tile. kReplay = false: the baseline (no ring, no cursor; `sm` unused);
-// true: the adaptive-mode flush, which first folds the ring entries a row still holds (none in the steady state).
+// The ring entries j < w folded into this warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the
+// state after the ring's last token, e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ with G = g_ring[w-1] (exponents <= 0).
+// Ring inputs are read from global memory (the adaptive-mode flush needs this only after a switch from replay).
+__device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
+                                                    int col0, float (&acc)[kRows][kEpl]) {
+  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+  float big_g[kGates];
+  if constexpr (kPerChannel) rssm::load_vec<float, kGates>(g_ring + (long long)(w - 1) * kK + col0, big_g);
+  else big_g[0] = g_ring[w - 1];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] *= __expf(big_g[kPerChannel ? e : 0]);
+  for (int j = 0; j < w; ++j) {
+    float kd[kEpl];
+    decayed_key(p, k_ring, g_ring, j, col0, big_g, kd);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float uj = rssm::to_float(u_ring[(long long)j * kV + r]);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[e], acc[r][e]);
+    }
+  }
+}
+
+// One flushing decode step of this CTA's row tile, the state read once into registers. kReplay = false: the baseline
+// (no ring, no cursor); true: the adaptive-mode flush, which first folds the ring entries a row still holds into the
+// loaded rows (none in the steady state, where it is the baseline step plus a cursor read).
 template <bool kReplay>
-__device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm) {
+__device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const int b = blockIdx.z;
   const int slot = p.slot_idx[b];
   if (slot == p.pad_slot_id) return;
@@ -203,45 +222,28 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
 
-  int w = 0;
-  if constexpr (kReplay) w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
+  auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA
+    const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
+    if (w == 0) return;
+    fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, w, col0, acc);
+    __syncthreads();  // every thread has read the cursor
+    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
+  };
+  // The cursor check goes before the token's input loads for GDN and after them for KDA: the faster order for each at
+  // batch 1-8 on the H200 (benchmarks/results/dev/sweep-24-flush-order.log).
+  if constexpr (kReplay && !kPerChannel) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
   const float kq = normalized_qk(p, b, h, col0, qn, kn);
-  const float* g_ring = kReplay ? p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head : nullptr;
   float lg[kGates];
-  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
+  current_log_gate(p, b, hv, col0, lg);
   const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
   const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
-  float cq = 0.f, ck = 0.f;  // lane j < w: kd_j · q~, kd_j · k
-  if (kReplay && w > 0) {  // uniform per CTA: rows with an empty ring skip the staging and the cursor write
-    const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
-    for (int i = threadIdx.x; i < w * kTile; i += rssm::kThreads)
-      sm->u[i / kTile][i % kTile] = rssm::to_float(u_ring[(long long)(i / kTile) * kV + i % kTile]);
-    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-    for (int j = warp; j < w; j += rssm::kNumWarps) {  // one warp per ring entry
-      float kd[kEpl];
-      decayed_key(p, k_ring, g_ring, j, col0, lg, kd);
-      float dq, dk;
-      ring_key_dots(kd, qn, kn, dq, dk);
-      if (lane == 0) {
-        sm->cq[j] = dq;
-        sm->ck[j] = dk;
-      }
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) sm->kd[j][col0 + e] = kd[e];
-    }
-    __syncthreads();  // every thread has read the cursor; staging done
-    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
-    if (lane < w) {
-      cq = sm->cq[lane];
-      ck = sm->ck[lane];
-    }
-  }
+  if constexpr (kReplay && kPerChannel) fold_pending_ring();
 
-  // Per row: a_q, a_k from the checkpoint registers plus the ring term of entry `lane`; then u and o.
+  // Per row: a_q = S·(e^{g} ⊙ q~), a_k likewise with k; then u and o.
   float decay[kGates];
 #pragma unroll
   for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
@@ -261,11 +263,6 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
       aq = fmaf(acc[r][e], xq[e], aq);
       ak = fmaf(acc[r][e], xk[e], ak);
     }
-    if (kReplay && lane < w) {
-      const float uj = sm->u[lane][wrow0 + r];
-      aq = fmaf(cq, uj, aq);
-      ak = fmaf(ck, uj, ak);
-    }
     aq = rssm::warp_sum(aq);
     ak = rssm::warp_sum(ak);
     const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
@@ -275,28 +272,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
   if (lane < kRows)
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
 
-  // Flush: S = e^{g+G} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, folded in the registers that hold S0.
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay[kPerChannel ? e : 0];
-  if (kReplay && w > 0) {
-    for (int j = 0; j < w; ++j) {
-      float kd[kEpl];
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) kd[e] = sm->kd[j][col0 + e];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float uj = sm->u[j][wrow0 + r];
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[e], acc[r][e]);
-      }
-    }
-  }
+  // S = e^{g} ⊙ S + u kᵀ, in the registers that hold S.
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e]);
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e] * decay[kPerChannel ? e : 0]);
     rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
   }
 }
@@ -305,13 +285,12 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, ReplaySmem* sm)
 
 // Baseline: u = beta (v - S Diag(alpha) k), S = S Diag(alpha) + u kᵀ, o = S q~. Reads and writes the state every step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_state_update_kernel(const DeltaParams p) {
-  delta_step<false>(p, nullptr);
+  delta_step<false>(p);
 }
 
 // Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_kernel(const DeltaParams p) {
-  __shared__ ReplaySmem sm;
-  delta_step<true>(p, &sm);
+  delta_step<true>(p);
 }
 
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
@@ -342,8 +321,15 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
   }
 }
 
+// KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
+// shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
+// KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
+// shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
+constexpr int kPrepChunk = kEpl <= 4 ? 3 : 1;
+
 // KDA prep item (batch row b, value head hv): ring keys decayed per channel, kd_j·q~ and kd_j·k, loaded kPrepChunk
-// at a time; the record; for a non-flush row the gates (and k) at ring position w.
+// at a time (raw loads all in flight, then the math); the record; for a non-flush row the gates (and k) at ring
+// position w.
 __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int hv, int slot, int w, bool flush) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
@@ -355,16 +341,25 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
   if (lane == 0) write_record_muls(rec, p.L, q_mul, k_mul);
-  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
-    float kd[kPrepChunk][kEpl];
-#pragma unroll
-    for (int c = 0; c < kPrepChunk; ++c)
-      if (j0 + c < w) decayed_key(p, k_ring, g_ring, j0 + c, col0, lg, kd[c]);
+  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {
+    rssm::RawVecOf<act_t, kEpl> k_raw[kPrepChunk];
+    rssm::RawVecOf<float, kEpl> g_raw[kPrepChunk];
 #pragma unroll
     for (int c = 0; c < kPrepChunk; ++c) {
       if (j0 + c >= w) break;
+      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
+      rssm::load_raw(g_ring + (long long)(j0 + c) * kK + col0, g_raw[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < kPrepChunk; ++c) {
+      if (j0 + c >= w) break;
+      float kd[kEpl], gj[kEpl];
+      rssm::unpack(k_raw[c], kd);
+      rssm::unpack(g_raw[c], gj);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
       float dq, dk;
-      ring_key_dots(kd[c], qn, kn, dq, dk);
+      ring_key_dots(kd, qn, kn, dq, dk);
       if (lane == 0) {
         rec[rec_cq(p.L) + j0 + c] = dq;
         rec[rec_ck(p.L) + j0 + c] = dk;
@@ -382,7 +377,7 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
   }
 }
 
-// GDN prep item (batch row b, key head h): the raw ring dot products k_j·q~, k_j·k once (loaded kPrepChunk keys at a
+// GDN prep item (batch row b, key head h): the raw ring dot products k_j·q~, k_j·k once (loaded kGdnPrepChunk keys at a
 // time, lane j keeping entry j's); the value heads' log-decays lg and betas a lane each (32 value heads at a time);
 // per value head, its scalar decays e^{lg - G_j} times the dot products and the record; for a non-flush row k and the
 // gates at ring position w. The first value heads' gate loads go out before the ring keys' (one round trip for all).
@@ -409,16 +404,19 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
   const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float raw_q = 0.f, raw_k = 0.f;
-  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {  // ring keys in chunks: their loads go out together
-    float kj[kPrepChunk][kEpl];
+  for (int j0 = 0; j0 < w; j0 += kGdnPrepChunk) {  // ring keys in chunks: all loads in flight, then the math
+    rssm::RawVecOf<act_t, kEpl> k_raw[kGdnPrepChunk];
 #pragma unroll
-    for (int c = 0; c < kPrepChunk; ++c)
-      if (j0 + c < w) rssm::load_vec<act_t, kEpl>(k_ring + (long long)(j0 + c) * kK + col0, kj[c]);
-#pragma unroll
-    for (int c = 0; c < kPrepChunk; ++c) {
+    for (int c = 0; c < kGdnPrepChunk; ++c) {
       if (j0 + c >= w) break;
-      float dq, dk;
-      ring_key_dots(kj[c], qn, kn, dq, dk);
+      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < kGdnPrepChunk; ++c) {
+      if (j0 + c >= w) break;
+      float kj[kEpl], dq, dk;
+      rssm::unpack(k_raw[c], kj);
+      ring_key_dots(kj, qn, kn, dq, dk);
       if (lane == j0 + c) {
         raw_q = dq;
         raw_k = dk;

@@ -82,6 +82,28 @@ __device__ __forceinline__ float raw_elem(const Raw& raw, int i) {
   return word_elem<T>(raw_word(raw, i / kPerWord), i % kPerWord);
 }
 
+// E consecutive T held as the raw registers of their loads: load_raw issues the loads, unpack widens them later, so a
+// batch of loads is in flight before the first value is used (load_vec widens at once).
+template <typename T, int E> struct RawVecOf {
+  typename VecTraits<T, E>::Raw chunk[VecTraits<T, E>::kChunks];
+};
+
+template <typename T, int E>
+__device__ __forceinline__ void load_raw(const T* __restrict__ src, RawVecOf<T, E>& dst) {
+  const auto* raw = reinterpret_cast<const typename VecTraits<T, E>::Raw*>(src);
+#pragma unroll
+  for (int c = 0; c < VecTraits<T, E>::kChunks; ++c) dst.chunk[c] = raw[c];
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void unpack(const RawVecOf<T, E>& src, float (&dst)[E]) {
+  using VT = VecTraits<T, E>;
+#pragma unroll
+  for (int c = 0; c < VT::kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < VT::kPerChunk; ++i) dst[c * VT::kPerChunk + i] = raw_elem<T>(src.chunk[c], i);
+}
+
 // Narrows E floats to T and stores them (same alignment rule as load_vec).
 template <typename T, int E>
 __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src)[E]) {
