@@ -222,15 +222,16 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
 
+  int w = 0;
+  if constexpr (kReplay) w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
   auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA
-    const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
     if (w == 0) return;
     fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, w, col0, acc);
     __syncthreads();  // every thread has read the cursor
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
   };
-  // The cursor check goes before the token's input loads for GDN and after them for KDA: the faster order for each at
-  // batch 1-8 on the H200 (benchmarks/results/dev/sweep-24-flush-order.log).
+  // The fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the faster order
+  // for each at batch 1-8 on the H200 (benchmarks/results/dev/sweep-24-flush-order.log).
   if constexpr (kReplay && !kPerChannel) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
