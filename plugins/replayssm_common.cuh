@@ -126,17 +126,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Transposed warp reduction of N per-lane partial sums (N a power of two <= 32): lane l returns the warp-wide sum of
-// v[l % N] (v is clobbered). Each halving step trades half of the values with the partner lane (N - 1 shuffles in
-// all, independent within a step), then a butterfly over the lane bits above N: instead of 5 N shuffles for N
-// warp_sum calls.
-template <int N>
-__device__ __forceinline__ float warp_sum_scatter(float (&v)[N]) {
-  static_assert(N >= 1 && N <= kWarpSize && (N & (N - 1)) == 0, "N must be a power of two <= 32");
+// Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the warp-wide sum
+// of v[l % kValues] (v is clobbered). Each halving step trades half of the values with the partner lane (kValues - 1
+// shuffles in all, independent within a step), then a butterfly over the lane bits above kValues: instead of
+// 5 kValues shuffles for kValues warp_sum calls. (Template parameters here avoid the kernels' one-letter macros.)
+template <int kValues>
+__device__ __forceinline__ float warp_sum_scatter(float (&v)[kValues]) {
+  static_assert(kValues >= 1 && kValues <= kWarpSize && (kValues & (kValues - 1)) == 0,
+                "kValues must be a power of two <= 32");
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
-  for (int step = 1; step < N; step *= 2) {
-    const int m = N / (2 * step);
+  for (int step = 1; step < kValues; step *= 2) {
+    const int m = kValues / (2 * step);
     const bool upper = lane & m;  // keeps the values [m, 2m) of its range, the partner lane [0, m)
 #pragma unroll
     for (int i = 0; i < m; ++i) {
@@ -146,7 +147,7 @@ __device__ __forceinline__ float warp_sum_scatter(float (&v)[N]) {
   }
   float total = v[0];
 #pragma unroll
-  for (int m = N; m < kWarpSize; m *= 2) total += __shfl_xor_sync(0xffffffffu, total, m);
+  for (int m = kValues; m < kWarpSize; m *= 2) total += __shfl_xor_sync(0xffffffffu, total, m);
   return total;
 }
 
