@@ -324,8 +324,6 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
 
 // KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
 // shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
-// KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
-// shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
 constexpr int kPrepChunk = kEpl <= 4 ? 3 : 1;
 
 // KDA prep item (batch row b, value head hv): ring keys decayed per channel, kd_j·q~ and kd_j·k, loaded kPrepChunk
