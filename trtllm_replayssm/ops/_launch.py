@@ -109,11 +109,11 @@ def persistent_plan(stage_bytes: int, num_tiles: int, device: torch.device,
     return min(num_tiles, ctas_per_sm * sm_count(index)), stages, fold
 
 
-def fitting_tiles(choices: list[int], tile: int, act_elem: int, stage_of: dict[int, int],
-                  ctas_per_sm: int) -> list[int]:
-    """Row tiles up to ``tile`` whose rows move by 4-byte copies and whose stage (``stage_of[t]`` bytes) fits at
-    least twice per CTA of a persistent replay kernel."""
-    return [t for t in choices if t <= tile and t * act_elem % 4 == 0 and stages_for(stage_of[t], ctas_per_sm) >= 2]
+def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_sm: int) -> list[int]:
+    """The row tiles of ``stage_of`` (tile -> stage bytes) up to ``tile`` whose rows move by 4-byte copies and whose
+    stage fits at least twice per CTA of a persistent replay kernel."""
+    return [t for t, stage in stage_of.items()
+            if t <= tile and t * act_elem % 4 == 0 and stages_for(stage, ctas_per_sm) >= 2]
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,

@@ -116,7 +116,7 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
                   per_channel_gate: bool, ctas_per_sm: int) -> int:
     stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem, per_channel_gate)
              for t in tile_choices(value_dim, key_dim)}
-    fits = fitting_tiles(list(stage), tile, act_elem, stage, ctas_per_sm)
+    fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     if not fits:
         return tile
     if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
@@ -130,9 +130,9 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
 def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor,
                  q: torch.Tensor, v: torch.Tensor) -> None:
     """Launch delta-rule kernels in order: ``*_prep_kernel`` (a warp per (row, key head) for GDN, per (row, value
-    head) for KDA), the state kernels on
-    (V / tile, HV, batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x K) state tiles and their
-    inputs through shared memory) as a programmatic dependent launch of the prep kernel."""
+    head) for KDA), the state kernels on (V / tile, HV, batch) CTAs, ``*_main_kernel`` persistent (a few CTAs per SM
+    streaming (tile x K) state tiles and their inputs through shared memory) as a programmatic dependent launch of
+    the prep kernel."""
     batch, v_heads, value_dim = v.shape
     key_dim = q.shape[2]
     replay = any(name.endswith("_main_kernel") for name in kernel_names)

@@ -84,7 +84,7 @@ def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: to
 def _fitting_tile(head_dim: int, d_state: int, L: int, state_elem: int, act_elem: int, tile: int,
                   ctas_per_sm: int) -> int:
     stage = {t: stage_bytes(L, t, d_state, state_elem, act_elem) for t in tile_choices(head_dim, d_state)}
-    fits = fitting_tiles(list(stage), tile, act_elem, stage, ctas_per_sm)
+    fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     return max(fits) if fits else tile
 
 
