@@ -131,19 +131,21 @@ __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int 
   return normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
 }
 
+// G = g_ring[w-1] (w >= 1): the ring's cumulative log-gate after its last entry (this lane's channels for KDA).
+__device__ __forceinline__ void ring_log_gate(const float* g_ring, int w, int col0, float (&big_g)[kGates]) {
+  if constexpr (kPerChannel) rssm::load_vec<float, kGates>(g_ring + (long long)(w - 1) * kK + col0, big_g);
+  else big_g[0] = g_ring[w - 1];
+}
+
 // lg = g + G: log-decay of the checkpoint to after the current token (G = g_ring[w-1], 0 for an empty ring).
 __device__ __forceinline__ void checkpoint_log_decay(const DeltaParams& p, int b, int hv, int col0, const float* g_ring,
                                                      int w, float (&lg)[kGates]) {
   current_log_gate(p, b, hv, col0, lg);
-  if (g_ring == nullptr || w == 0) return;
-  if constexpr (kPerChannel) {
-    float big_g[kEpl];
-    rssm::load_vec<float, kEpl>(g_ring + (long long)(w - 1) * kK + col0, big_g);
+  if (w == 0) return;
+  float big_g[kGates];
+  ring_log_gate(g_ring, w, col0, big_g);
 #pragma unroll
-    for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
-  } else {
-    lg[0] += g_ring[w - 1];
-  }
+  for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
 }
 
 // Ring key j decayed to after the current token: kd = e^{lg - G_j} ⊙ k_j (exponent <= 0).
@@ -185,8 +187,7 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
   float big_g[kGates];
-  if constexpr (kPerChannel) rssm::load_vec<float, kGates>(g_ring + (long long)(w - 1) * kK + col0, big_g);
-  else big_g[0] = g_ring[w - 1];
+  ring_log_gate(g_ring, w, col0, big_g);
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
