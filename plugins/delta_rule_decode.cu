@@ -149,8 +149,8 @@ __device__ __forceinline__ void checkpoint_log_decay(const DeltaParams& p, int b
 }
 
 // Ring key j decayed to after the current token: kd = e^{lg - G_j} ⊙ k_j (exponent <= 0).
-__device__ __forceinline__ void decayed_key(const DeltaParams& p, const act_t* k_ring, const float* g_ring, int j,
-                                            int col0, const float (&lg)[kGates], float (&kd)[kEpl]) {
+__device__ __forceinline__ void decayed_key(const act_t* k_ring, const float* g_ring, int j, int col0,
+                                            const float (&lg)[kGates], float (&kd)[kEpl]) {
   rssm::load_vec<act_t, kEpl>(k_ring + (long long)j * kK + col0, kd);
   if constexpr (kPerChannel) {
     float gj[kEpl];
@@ -194,7 +194,7 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
     for (int e = 0; e < kEpl; ++e) acc[r][e] *= __expf(big_g[kPerChannel ? e : 0]);
   for (int j = 0; j < w; ++j) {
     float kd[kEpl];
-    decayed_key(p, k_ring, g_ring, j, col0, big_g, kd);
+    decayed_key(k_ring, g_ring, j, col0, big_g, kd);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float uj = rssm::to_float(u_ring[(long long)j * kV + r]);
@@ -570,12 +570,12 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
 // kd_j = e^{lg - G_j} ⊙ k_j written over G_j (fp32, [L][K]), then wait for each other (named barrier 1).
 __device__ __forceinline__ void decay_fold_keys(int w, const float (&lg)[kEpl], const act_t* k_buf, float* g_buf) {
   const int warp = threadIdx.x / rssm::kWarpSize, col0 = (threadIdx.x % rssm::kWarpSize) * kEpl;
-  for (int j = warp; j < w; j += rssm::kNumWarps) {
-    float kd[kEpl], gj[kEpl];
-    rssm::load_vec<act_t, kEpl>(k_buf + (long long)j * kK + col0, kd);
-    rssm::load_vec<float, kEpl>(g_buf + (long long)j * kK + col0, gj);
+  float lg_g[kGates];  // (kGates == kEpl for KDA, the only caller)
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
+  for (int e = 0; e < kGates; ++e) lg_g[e] = lg[e];
+  for (int j = warp; j < w; j += rssm::kNumWarps) {
+    float kd[kEpl];
+    decayed_key(k_buf, g_buf, j, col0, lg_g, kd);
     rssm::store_vec<float, kEpl>(g_buf + (long long)j * kK + col0, kd);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(rssm::kThreads) : "memory");  // the consumer warps only
@@ -613,7 +613,7 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
       for (int k = 0; k < kFoldChunk; ++k) {
         if (j0 + k >= w) break;
         if (kPerChannel && kd_s != nullptr) rssm::load_vec<float, kEpl>(kd_s + (j0 + k) * kK + col0, kd[k]);
-        else decayed_key(p, k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
+        else decayed_key(k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
       }
 #pragma unroll
       for (int k = 0; k < kFoldChunk; ++k) {
