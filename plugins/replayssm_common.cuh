@@ -162,17 +162,6 @@ __device__ __forceinline__ float warp_suffix_sum(float v) {
   return v;
 }
 
-// Inclusive prefix sum over lanes: lane j gets sum_{i <= j} v_i.
-__device__ __forceinline__ float warp_prefix_sum(float v) {
-  const int lane = threadIdx.x % kWarpSize;
-#pragma unroll
-  for (int off = 1; off < kWarpSize; off <<= 1) {
-    const float other = __shfl_up_sync(0xffffffffu, v, off);
-    if (lane >= off) v += other;
-  }
-  return v;
-}
-
 // ---------------------------------------------------------------------------------------------- decay math
 // softplus with the threshold used by Mamba-2 / GDN reference code (identity above 20).
 __device__ __forceinline__ float softplus_thr20(float v) { return v > 20.f ? v : log1pf(__expf(v)); }
