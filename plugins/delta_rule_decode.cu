@@ -70,6 +70,7 @@ constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
 constexpr int kTile = VTILE;                      // state rows per CTA
 constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
 constexpr int kGdnPrepChunk = kEpl <= 4 ? 8 : 2;  // GDN ring keys whose loads the prep issues at once (registers)
+constexpr int kGdnReduce = kEpl <= 4 ? 4 : 2;     // of those, reduced at once (rssm::warp_sum_scatter)
 constexpr float kL2Eps = 1e-6f;
 constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
@@ -164,18 +165,16 @@ __device__ __forceinline__ void decayed_key(const act_t* k_ring, const float* g_
   }
 }
 
-// Warp-collective: kd·q~ and kd·k of one decayed ring key (every lane gets both).
-__device__ __forceinline__ void ring_key_dots(const float (&kd)[kEpl], const float (&qn)[kEpl], const float (&kn)[kEpl],
-                                              float& dq, float& dk) {
-  dq = 0.f;
-  dk = 0.f;
+// This lane's parts of kd·q~ and kd·k of the c-th decayed ring key of a chunk of kChunk: parts[c], parts[kChunk + c].
+// A chunk is reduced at once by rssm::warp_sum_scatter<2 kChunk> (lane c < kChunk: kd_c·q~, kChunk + c: kd_c·k).
+template <int kChunk>
+__device__ __forceinline__ void ring_key_parts(const float (&kd)[kEpl], const float (&qn)[kEpl],
+                                               const float (&kn)[kEpl], int c, float (&parts)[2 * kChunk]) {
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) {
-    dq = fmaf(kd[e], qn[e], dq);
-    dk = fmaf(kd[e], kn[e], dk);
+    parts[c] = fmaf(kd[e], qn[e], parts[c]);
+    parts[kChunk + c] = fmaf(kd[e], kn[e], parts[kChunk + c]);
   }
-  dq = rssm::warp_sum(dq);
-  dk = rssm::warp_sum(dk);
 }
 
 // The ring entries j < w folded into this warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the
@@ -326,6 +325,7 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
 // KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
 // shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
 constexpr int kPrepChunk = kEpl <= 4 ? 3 : 1;
+constexpr int kPrepReduce = kEpl <= 4 ? 4 : 1;  // kPrepChunk rounded up to a power of two (one transposed reduction)
 
 // KDA prep item (batch row b, value head hv): ring keys decayed per channel, kd_j·q~ and kd_j·k, loaded kPrepChunk
 // at a time (raw loads all in flight, then the math); the record; for a non-flush row the gates (and k) at ring
@@ -350,6 +350,7 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
       rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
       rssm::load_raw(g_ring + (long long)(j0 + c) * kK + col0, g_raw[c]);
     }
+    float parts[2 * kPrepReduce] = {};
 #pragma unroll
     for (int c = 0; c < kPrepChunk; ++c) {
       if (j0 + c >= w) break;
@@ -358,13 +359,12 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
       rssm::unpack(g_raw[c], gj);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
-      float dq, dk;
-      ring_key_dots(kd, qn, kn, dq, dk);
-      if (lane == 0) {
-        rec[rec_cq(p.L) + j0 + c] = dq;
-        rec[rec_ck(p.L) + j0 + c] = dk;
-      }
+      ring_key_parts<kPrepReduce>(kd, qn, kn, c, parts);
     }
+    const float dot = rssm::warp_sum_scatter<2 * kPrepReduce>(parts);
+    const int c = lane % kPrepReduce;  // lane c: kd_c·q~, lane kPrepReduce + c: kd_c·k
+    if (lane < 2 * kPrepReduce && c < kPrepChunk && j0 + c < w)
+      rec[(lane < kPrepReduce ? rec_cq(p.L) : rec_ck(p.L)) + j0 + c] = dot;
   }
   write_record_tail(rec, p.L, lg, kq, rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h,
                                                                    p.beta_is_f32)));
@@ -412,12 +412,20 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
       rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
     }
 #pragma unroll
-    for (int c = 0; c < kGdnPrepChunk; ++c) {
-      if (j0 + c >= w) break;
-      float kj[kEpl], dq, dk;
-      rssm::unpack(k_raw[c], kj);
-      ring_key_dots(kj, qn, kn, dq, dk);
-      if (lane == j0 + c) {
+    for (int c0 = 0; c0 < kGdnPrepChunk; c0 += kGdnReduce) {  // kGdnReduce keys per transposed reduction
+      if (j0 + c0 >= w) break;
+      float parts[2 * kGdnReduce] = {};
+#pragma unroll
+      for (int c = 0; c < kGdnReduce; ++c) {
+        if (j0 + c0 + c >= w) break;
+        float kj[kEpl];
+        rssm::unpack(k_raw[c0 + c], kj);
+        ring_key_parts<kGdnReduce>(kj, qn, kn, c, parts);
+      }
+      const float dot = rssm::warp_sum_scatter<2 * kGdnReduce>(parts);  // lane c: k_c·q~, kGdnReduce + c: k_c·k
+      const int first = j0 + c0, c = (lane - first) & (kGdnReduce - 1);
+      const float dq = __shfl_sync(0xffffffffu, dot, c), dk = __shfl_sync(0xffffffffu, dot, kGdnReduce + c);
+      if (lane >= first && lane < first + kGdnReduce) {
         raw_q = dq;
         raw_k = dk;
       }
