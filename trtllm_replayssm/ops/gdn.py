@@ -51,8 +51,6 @@ _DeltaParams = make_struct("DeltaParams", [
 
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
-# The prep kernel asks for the main kernel's shared-memory carveout (for A/B sweeps).
-PREP_MAX_SHARED_CARVEOUT = True
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
 
@@ -145,8 +143,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
         function = get_kernel(config, name, v.device)
         if name.endswith("_prep_kernel"):  # one warp per (batch row, key head) (GDN) or (batch row, value head) (KDA)
             items = batch * (v_heads if family == "kda" else q.shape[1])
-            if PREP_MAX_SHARED_CARVEOUT:
-                prefer_max_shared(function)
+            prefer_max_shared(function)  # the main kernel's carveout: an SM need not drain between the two
             launch(function, (-(-items // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size(),
