@@ -11,7 +11,9 @@
 //   a_q[v] = S0[v]·(e^{g+G} ⊙ q~) + Σ_{j<w} (kd_j·q~) u_j[v]     (= S_h Diag(alpha) q~, S_h the state before the token)
 //   a_k[v] = S0[v]·(e^{g+G} ⊙ k)  + Σ_{j<w} (kd_j·k)  u_j[v]
 //   u[v] = beta (v[v] - a_k[v]),  o[v] = a_q[v] + u[v] (k·q~)
-//   non-flush (w < L-1): append u, k (one copy per key head) and G + g at ring position w; cursor <- w + 1
+//   non-flush (w < L-1): append u, k and G + g at ring position w; cursor <- w + 1
+//     GDN keeps one raw key per key head. KDA keeps one key per value head in the pre-decayed form k~_j = e^{-G_j} ⊙ k_j
+//     (then kd_j = e^{g+G} ⊙ k~_j: no per-key gate is read) while G_j >= -kPredecayFloor on every channel, else raw.
 //   flush (w == L-1 or force_flush): S[v] = e^{g+G} ⊙ S0[v] + Σ_{j<w} u_j[v] kd_j + u[v] k, stored; cursor <- 0
 // The baseline is the same step with an empty ring (w = 0, always a flush). S0 is read once, into registers, and the
 // flush folds from those registers (no second pass over the checkpoint).
@@ -35,7 +37,7 @@ using act_t = ACT_T;
 struct DeltaParams {
   void* state;            // [slots, HV, V, K]
   void* u_ring;           // [slots, HV, L, V]       (replay only)
-  void* k_ring;           // [slots, H, L, K]        (replay only)
+  void* k_ring;           // GDN [slots, H, L, K], KDA [slots, HV, L, K] (kring_t) (replay only)
   float* g_ring;          // [slots, HV, L(, K)]     (replay only)
   int* cursor;            // [slots]                 (replay only)
   int* arrive;            // [slots]                 (replay only)
@@ -73,6 +75,17 @@ constexpr int kGdnPrepChunk = kEpl <= 4 ? 8 : 2;  // GDN ring keys whose loads t
 constexpr int kGdnReduce = kEpl <= 4 ? 4 : 2;     // of those, reduced at once (rssm::warp_sum_scatter)
 constexpr float kL2Eps = 1e-6f;
 constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
+// KDA ring key form: entry j is pre-decayed (k~_j = e^{-G_j} ⊙ k_j, at most e^64 |k_j|: fits fp32 and bf16) when its
+// cumulative log-gate G_j >= -kPredecayFloor on every channel, else raw. A step decays it by e^{lg} (lg <= G_j); where
+// that flushes to zero (lg < -87.3) the lost factor e^{lg - G_j} is below e^-23. G_j falls with j, so a ring whose last
+// entry is pre-decayed holds only pre-decayed entries (no gate but G_{w-1} is read). reference/gdn.py PREDECAY_FLOOR
+// mirrors it.
+constexpr float kPredecayFloor = 64.f;
+
+// Key ring element: the activation dtype; fp32 for KDA with fp16 activations (fp16 cannot hold a pre-decayed key).
+template <bool kKda, class T> struct KeyRingOf { using type = T; };
+template <> struct KeyRingOf<true, __half> { using type = float; };
+using kring_t = KeyRingOf<kPerChannel, act_t>::type;
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
 static_assert(kTile % rssm::kNumWarps == 0 && kV % kTile == 0, "row tile must divide V and be a multiple of 4");
 static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output lane per row)");
@@ -149,20 +162,47 @@ __device__ __forceinline__ void checkpoint_log_decay(const DeltaParams& p, int b
   for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
 }
 
-// Ring key j decayed to after the current token: kd = e^{lg - G_j} ⊙ k_j (exponent <= 0).
-__device__ __forceinline__ void decayed_key(const act_t* k_ring, const float* g_ring, int j, int col0,
-                                            const float (&lg)[kGates], float (&kd)[kEpl]) {
-  rssm::load_vec<act_t, kEpl>(k_ring + (long long)j * kK + col0, kd);
+// Key ring head of value head hv (key head h): one ring per key head for GDN, per value head for KDA.
+__device__ __forceinline__ int key_ring_head(int hv, int h) { return kPerChannel ? hv : h; }
+
+// Warp-collective: whether a cumulative log-gate (this lane's channels) keeps a KDA key pre-decayed (kPredecayFloor).
+template <int kN>
+__device__ __forceinline__ bool predecayed(const float (&big_g)[kN]) {
+  bool ok = true;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) ok = ok && big_g[e] >= -kPredecayFloor;
+  return __all_sync(0xffffffffu, ok);
+}
+
+// Ring entry j's loaded key `kd` decayed to after the current token: kd = e^{lg - G_j} ⊙ k_j (exponent <= 0).
+// GDN: a raw key times its scalar decay. KDA (`dec` = e^{lg}): a pre-decayed entry times `dec`; with `all_predecayed`
+// (the ring's last entry is pre-decayed) no gate is read, else G_j decides the entry's form (warp-collective).
+__device__ __forceinline__ void decay_ring_key(const float* g_ring, int j, int col0, const float (&lg)[kGates],
+                                               const float (&dec)[kEpl], bool all_predecayed, float (&kd)[kEpl]) {
   if constexpr (kPerChannel) {
+    if (all_predecayed) {
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) kd[e] *= dec[e];
+      return;
+    }
     float gj[kEpl];
     rssm::load_vec<float, kEpl>(g_ring + (long long)j * kK + col0, gj);
+    const bool pre = predecayed(gj);
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
+    for (int e = 0; e < kEpl; ++e) kd[e] *= pre ? dec[e] : __expf(lg[e] - gj[e]);
   } else {
     const float decay = __expf(lg[0] - g_ring[j]);
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) kd[e] *= decay;
   }
+}
+
+// Ring key j loaded and decayed to after the current token (decay_ring_key).
+__device__ __forceinline__ void decayed_key(const kring_t* k_ring, const float* g_ring, int j, int col0,
+                                            const float (&lg)[kGates], const float (&dec)[kEpl], bool all_predecayed,
+                                            float (&kd)[kEpl]) {
+  rssm::load_vec<kring_t, kEpl>(k_ring + (long long)j * kK + col0, kd);
+  decay_ring_key(g_ring, j, col0, lg, dec, all_predecayed, kd);
 }
 
 // This lane's parts of kd·q~ and kd·k of the c-th decayed ring key of a chunk of kChunk: parts[c], parts[kChunk + c].
@@ -183,17 +223,21 @@ __device__ __forceinline__ void ring_key_parts(const float (&kd)[kEpl], const fl
 __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
                                                     int col0, float (&acc)[kRows][kEpl]) {
   const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  const kring_t* k_ring =
+      static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
-  float big_g[kGates];
+  float big_g[kGates], dec[kEpl];
   ring_log_gate(g_ring, w, col0, big_g);
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) dec[e] = __expf(big_g[kPerChannel ? e : 0]);
+  const bool all_predecayed = kPerChannel && predecayed(big_g);
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] *= __expf(big_g[kPerChannel ? e : 0]);
+    for (int e = 0; e < kEpl; ++e) acc[r][e] *= dec[e];
   for (int j = 0; j < w; ++j) {
     float kd[kEpl];
-    decayed_key(k_ring, g_ring, j, col0, big_g, kd);
+    decayed_key(k_ring, g_ring, j, col0, big_g, dec, all_predecayed, kd);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float uj = rssm::to_float(u_ring[(long long)j * kV + r]);
@@ -297,12 +341,14 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
 // the log-decay lg of the checkpoint to after the token (per key channel for KDA, one for GDN; from a 16-byte
 // boundary), then the multipliers of q and k (q~ = q_mul q, k = k_mul k_raw: the main kernel's producer copies the
-// raw q and k rows), k·q~ and beta. trtllm_replayssm/cache.py:delta_record_len mirrors the length.
+// raw q and k rows), k·q~ and beta; KDA then 1 if every ring entry is pre-decayed, else 0 (and 3 floats of padding).
+// trtllm_replayssm/cache.py:delta_record_len mirrors the length.
 __host__ __device__ constexpr int rec_cq(int) { return 0; }
 __host__ __device__ constexpr int rec_ck(int L) { return L; }
 __host__ __device__ constexpr int rec_lg(int L) { return (2 * L + 3) / 4 * 4; }
 __host__ __device__ constexpr int rec_sc(int L) { return rec_lg(L) + (kPerChannel ? kK : 4); }  // q_mul, k_mul, kq, beta
-__host__ __device__ constexpr int rec_len(int L) { return rec_sc(L) + 4; }
+__host__ __device__ constexpr int rec_form(int L) { return rec_sc(L) + 4; }                      // KDA only
+__host__ __device__ constexpr int rec_len(int L) { return rec_sc(L) + (kPerChannel ? 8 : 4); }
 
 // The record's q and k multipliers (lane 0 of a warp).
 __device__ __forceinline__ void write_record_muls(float* rec, int L, float q_mul, float k_mul) {
@@ -322,57 +368,73 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
   }
 }
 
-// KDA prep: ring keys and gates whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM;
-// shared-memory staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
-constexpr int kPrepChunk = kEpl <= 4 ? 3 : 1;
-constexpr int kPrepReduce = kEpl <= 4 ? 4 : 1;  // kPrepChunk rounded up to a power of two (one transposed reduction)
+// KDA prep: ring keys whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM; shared-memory
+// staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
+constexpr int kPrepChunk = kEpl <= 4 ? 4 : 1;
 
-// KDA prep item (batch row b, value head hv): ring keys decayed per channel, kd_j·q~ and kd_j·k, loaded kPrepChunk
-// at a time (raw loads all in flight, then the math); the record; for a non-flush row the gates (and k) at ring
-// position w.
+// KDA ring coefficients kd_j·q~ and kd_j·k (j < w) into the record: the ring keys decayed to after the token
+// (decay_ring_key), loaded kChunk at a time (raw loads all in flight, then the math). kAllPredecayed: pre-decayed
+// keys times e^{lg}, no gate read (the common case, chunked); else each entry's form from its gates, one at a time.
+template <int kChunk, bool kAllPredecayed>
+__device__ __forceinline__ void kda_ring_dots(const kring_t* k_ring, const float* g_ring, int w, int col0,
+                                              const float (&lg)[kGates], const float (&dec)[kEpl],
+                                              const float (&qn)[kEpl], const float (&kn)[kEpl], float* rec, int L) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  for (int j0 = 0; j0 < w; j0 += kChunk) {
+    rssm::RawVecOf<kring_t, kEpl> k_raw[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      if (j0 + c >= w) break;
+      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
+    }
+    float parts[2 * kChunk] = {};
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      if (j0 + c >= w) break;
+      float kd[kEpl];
+      rssm::unpack(k_raw[c], kd);
+      decay_ring_key(g_ring, j0 + c, col0, lg, dec, kAllPredecayed, kd);
+      ring_key_parts<kChunk>(kd, qn, kn, c, parts);
+    }
+    const float dot = rssm::warp_sum_scatter<2 * kChunk>(parts);
+    const int c = lane % kChunk;  // lane c: kd_c·q~, lane kChunk + c: kd_c·k
+    if (lane < 2 * kChunk && j0 + c < w) rec[(lane < kChunk ? rec_cq(L) : rec_ck(L)) + j0 + c] = dot;
+  }
+}
+
+// KDA prep item (batch row b, value head hv): the ring coefficients (kda_ring_dots), the record, and for a non-flush
+// row the key (pre-decayed if G_w = lg allows) and the gates at ring position w.
 __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int hv, int slot, int w, bool flush) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
   float qn[kEpl], kn[kEpl], q_mul, k_mul;
   const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  float lg[kGates];
-  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg);
-  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
-  float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
-  if (lane == 0) write_record_muls(rec, p.L, q_mul, k_mul);
-  for (int j0 = 0; j0 < w; j0 += kPrepChunk) {
-    rssm::RawVecOf<act_t, kEpl> k_raw[kPrepChunk];
-    rssm::RawVecOf<float, kEpl> g_raw[kPrepChunk];
+  float lg[kGates], big_g[kGates] = {}, dec[kEpl];
+  current_log_gate(p, b, hv, col0, lg);
+  if (w > 0) ring_log_gate(g_ring, w, col0, big_g);
+  const bool all_predecayed = predecayed(big_g);
 #pragma unroll
-    for (int c = 0; c < kPrepChunk; ++c) {
-      if (j0 + c >= w) break;
-      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
-      rssm::load_raw(g_ring + (long long)(j0 + c) * kK + col0, g_raw[c]);
-    }
-    float parts[2 * kPrepReduce] = {};
-#pragma unroll
-    for (int c = 0; c < kPrepChunk; ++c) {
-      if (j0 + c >= w) break;
-      float kd[kEpl], gj[kEpl];
-      rssm::unpack(k_raw[c], kd);
-      rssm::unpack(g_raw[c], gj);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) kd[e] *= __expf(lg[e] - gj[e]);
-      ring_key_parts<kPrepReduce>(kd, qn, kn, c, parts);
-    }
-    const float dot = rssm::warp_sum_scatter<2 * kPrepReduce>(parts);
-    const int c = lane % kPrepReduce;  // lane c: kd_c·q~, lane kPrepReduce + c: kd_c·k
-    if (lane < 2 * kPrepReduce && c < kPrepChunk && j0 + c < w)
-      rec[(lane < kPrepReduce ? rec_cq(p.L) : rec_ck(p.L)) + j0 + c] = dot;
+  for (int e = 0; e < kEpl; ++e) {
+    lg[e] += big_g[e];
+    dec[e] = __expf(lg[e]);
   }
+  kring_t* k_ring = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + hv * p.s_kr_head;
+  float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
+  if (lane == 0) {
+    write_record_muls(rec, p.L, q_mul, k_mul);
+    rec[rec_form(p.L)] = all_predecayed ? 1.f : 0.f;
+  }
+  if (all_predecayed) kda_ring_dots<kPrepChunk, true>(k_ring, g_ring, w, col0, lg, dec, qn, kn, rec, p.L);
+  else kda_ring_dots<1, false>(k_ring, g_ring, w, col0, lg, dec, qn, kn, rec, p.L);
   write_record_tail(rec, p.L, lg, kq, rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h,
                                                                    p.beta_is_f32)));
-  if (!flush) {
-    if (hv % group == 0) {
-      act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head + (long long)w * kK;
-      rssm::store_vec<act_t, kEpl>(k_dst + col0, kn);
-    }
+  if (!flush) {  // G_w = lg
+    const bool pre = predecayed(lg);
+    float key[kEpl];
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) key[e] = pre ? kn[e] * __expf(-lg[e]) : kn[e];
+    rssm::store_vec<kring_t, kEpl>(k_ring + (long long)w * kK + col0, key);
     rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, lg);
   }
 }
@@ -509,9 +571,9 @@ __device__ __forceinline__ StageLayout stage_layout(int L) {
   return l;
 }
 
-// The fold buffer: ring keys [L][K] (act), then the ring's cumulative gates ([L] for GDN, [L][K] for KDA, fp32);
-// trtllm_replayssm/ops/gdn.py:fold_bytes mirrors the total.
-__device__ __forceinline__ int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(act_t))); }
+// The fold buffer: ring keys [L][K] (kring_t), then for GDN the ring's cumulative gates [L] (fp32; a KDA fold reads
+// gates only for raw ring keys, from global memory); trtllm_replayssm/ops/gdn.py:fold_bytes mirrors the total.
+__device__ __forceinline__ int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(kring_t))); }
 
 struct TileCoord {
   int b, hv, row0;
@@ -525,7 +587,7 @@ __device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
 }
 
 // Producer warp (rssm::produce_tiles): besides slot and step, each tile's record, v rows and u ring rows j < w go
-// into its stage; a flush tile's ring keys and gates into the fold buffer (or an L2 prefetch without one). The
+// into its stage; a flush tile's ring keys (and GDN gates) into the fold buffer (or an L2 prefetch without one). The
 // producer of a row's first tile writes the row's new cursor (the prep kernel, its only reader, has finished).
 __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
@@ -537,7 +599,7 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
            (long long)c.row0 * kK;
   };
   constexpr int kRowWords = kTile * int(sizeof(act_t)) / 4;
-  constexpr int kGateWords = kPerChannel ? kK : 1;
+  constexpr int kRingKeyBytes = kK * int(sizeof(kring_t));
   unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;
   auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
@@ -558,45 +620,30 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
       rssm::cp_async4(stage + lay.u_ring + (j * kRowWords + word) * 4,
                       reinterpret_cast<const unsigned*>(ring + (long long)j * kV) + word);
     }
-    const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    const kring_t* k_ring =
+        static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(c.hv, h) * p.s_kr_head;
     const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
-    if (info < 0 && p.fold_bytes) {  // the fold's ring keys and gates
+    if (info < 0 && p.fold_bytes) {  // the fold's ring keys (and GDN gates)
       rssm::fold_buffer_acquire(pipe, folds++);
-      rssm::cp_async_words(fold_buf, k_ring, w * kK * int(sizeof(act_t)) / 4);
-      rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w * kGateWords);
+      rssm::cp_async_words(fold_buf, k_ring, w * kRingKeyBytes / 4);
+      if constexpr (!kPerChannel) rssm::cp_async_words(fold_buf + fold_gates_offset(p.L), g_ring, w);
       rssm::cp_async_arrive(&pipe.fold_full);
-    } else if (info < 0) {  // the fold loads the ring keys and gates itself: have them in L2 by then
-      rssm::prefetch_l2(k_ring, w * kK * int(sizeof(act_t)));
-      rssm::prefetch_l2(g_ring, w * kGateWords * 4);
+    } else if (info < 0) {  // the fold loads the ring keys (and GDN gates) itself: have them in L2 by then
+      rssm::prefetch_l2(k_ring, w * kRingKeyBytes);
+      if constexpr (!kPerChannel) rssm::prefetch_l2(g_ring, w * 4);
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
                       p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
-// KDA flush tile with a fold buffer: the consumer warps decay the buffer's ring keys once for the whole tile,
-// kd_j = e^{lg - G_j} ⊙ k_j written over G_j (fp32, [L][K]), then wait for each other (named barrier 1).
-__device__ __forceinline__ void decay_fold_keys(int w, const float (&lg)[kEpl], const act_t* k_buf, float* g_buf) {
-  const int warp = threadIdx.x / rssm::kWarpSize, col0 = (threadIdx.x % rssm::kWarpSize) * kEpl;
-  float lg_g[kGates];  // (kGates == kEpl for KDA, the only caller)
-#pragma unroll
-  for (int e = 0; e < kGates; ++e) lg_g[e] = lg[e];
-  for (int j = warp; j < w; j += rssm::kNumWarps) {
-    float kd[kEpl];
-    decayed_key(k_buf, g_buf, j, col0, lg_g, kd);
-    rssm::store_vec<float, kEpl>(g_buf + (long long)j * kK + col0, kd);
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(rssm::kThreads) : "memory");  // the consumer warps only
-}
-
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
-// `u_lane`: lane r holds u of row r. The decayed ring keys come from `kd_s` (shared, [L][K] fp32: decay_fold_keys)
-// or, where it is null, are decayed here from the ring keys and gates (`k_ring`, `g_ring`: the fold buffer or global
-// memory) in chunks of kFoldChunk entries.
+// `u_lane`: lane r holds u of row r. The ring keys are decayed here (decayed_key; `k_ring`, `g_ring`: the fold buffer
+// or global memory; `all_predecayed`: the record's KDA ring form) in chunks of kFoldChunk entries.
 __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord& c, int slot, int w,
                                           const float (&lg)[kEpl], const float (&dec)[kEpl], const float (&kn)[kEpl],
-                                          float u_lane, const act_t* u_s, const state_t* rows, const act_t* k_ring,
-                                          const float* g_ring, const float* kd_s) {
+                                          float u_lane, const act_t* u_s, const state_t* rows, const kring_t* k_ring,
+                                          const float* g_ring, bool all_predecayed) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int wr0 = warp * kRows;  // in the tile
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
@@ -620,8 +667,7 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
 #pragma unroll
       for (int k = 0; k < kFoldChunk; ++k) {
         if (j0 + k >= w) break;
-        if (kPerChannel && kd_s != nullptr) rssm::load_vec<float, kEpl>(kd_s + (j0 + k) * kK + col0, kd[k]);
-        else decayed_key(k_ring, g_ring, j0 + k, col0, lg_g, kd[k]);
+        decayed_key(k_ring, g_ring, j0 + k, col0, lg_g, dec, all_predecayed, kd[k]);
       }
 #pragma unroll
       for (int k = 0; k < kFoldChunk; ++k) {
@@ -734,20 +780,15 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const float o = aq_lane + rq + u * kq;
   if (flush) {
     const int h = c.hv / (p.num_v_heads / p.num_k_heads);
-    const act_t* k_src = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+    const kring_t* k_src =
+        static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(c.hv, h) * p.s_kr_head;
     const float* g_src = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
-    const float* kd_s = nullptr;
     if (p.fold_bytes) {
       rssm::fold_buffer_wait(pipe, folds);
-      k_src = reinterpret_cast<const act_t*>(fold_buf);
-      float* g_buf = reinterpret_cast<float*>(fold_buf + fold_gates_offset(p.L));
-      g_src = g_buf;
-      if constexpr (kPerChannel) {
-        decay_fold_keys(w, lg, k_src, g_buf);
-        kd_s = g_buf;
-      }
+      k_src = reinterpret_cast<const kring_t*>(fold_buf);
+      if constexpr (!kPerChannel) g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
     }
-    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src, kd_s);
+    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src, kPerChannel && rec[rec_form(p.L)] != 0.f);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;

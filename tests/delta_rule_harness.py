@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trtllm_replayssm.reference.gdn import key_ring_dtype
+
 PAD = -1
 INT_VIEW = {
     torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.int32: torch.int32
@@ -92,7 +94,9 @@ def make_cache(
     state = (0.3 * torch.randn(slots, hv, d, d, generator=gen)).to(state_dtype)
     nan = float("nan")
     u_page = torch.full((slots, hv, ring_len + 1, d), nan, dtype=act_dtype)
-    k_page = torch.full((slots, fam.heads, ring_len + 1, d), nan, dtype=act_dtype)
+    kda = fam.gate_channels > 1  # one pre-decayed key per value head
+    k_page = torch.full((slots, fam.v_heads if kda else fam.heads, ring_len + 1, d), nan,
+                        dtype=key_ring_dtype(act_dtype, kda))
     g_shape = (slots, hv, ring_len + 1) + ((d,) if fam.gate_channels > 1 else ())
     g_page = torch.full(g_shape, nan, dtype=torch.float32)
     return Cache(state, u_page, k_page, g_page, torch.zeros(slots, dtype=torch.int32), ring_len)

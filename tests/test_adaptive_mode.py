@@ -42,7 +42,9 @@ def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
 
     monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
     fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=True)
-    assert fold == 16 * 128 * 2 + 16 * 128 * 4
+    assert fold == 16 * 128 * 2  # KDA: pre-decayed keys only, no gates
+    assert gdn.fold_bytes(16, 128, gdn.key_ring_elem(torch.float16, True), per_channel_gate=True) == 16 * 128 * 4
+    assert gdn.fold_bytes(16, 128, 2, per_channel_gate=False) == 16 * 128 * 2 + 16 * 4
     small, large = gdn.stage_bytes(16, 32, 128, 4, 2, True), gdn.stage_bytes(16, 64, 128, 4, 2, True)
     assert _launch.persistent_plan(small, 10_000, CUDA, fold) == (3 * 132, 4, 0)  # the buffer would cost a stage
     assert _launch.persistent_plan(small, 10_000, CUDA, fold, fold_first=True) == (3 * 132, 3, fold)
@@ -54,9 +56,9 @@ def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
     assert _launch.persistent_plan(small, 10_000, CUDA, fold, fold_first=True) == (3 * 132, 4, 0)
     # fp32 K = V = 128, launch heuristic 64 rows: KDA takes the largest tile that keeps its fold buffer with 3 stages,
     # GDN the largest
-    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, True, 3) == 32
-    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, False, 3) == 64
-    assert gdn._fitting_tile(128, 128, 16, 2, 2, 64, True, 3) == 64  # bf16 state: the buffer fits at 64 rows
+    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, True, 3, 2) == 32
+    assert gdn._fitting_tile(128, 128, 16, 4, 2, 64, False, 3, 2) == 64
+    assert gdn._fitting_tile(128, 128, 16, 2, 2, 64, True, 3, 2) == 64  # bf16 state: the buffer fits at 64 rows
 
 
 def test_pre_hopper_gpus_flush(monkeypatch):

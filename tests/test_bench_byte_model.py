@@ -41,6 +41,12 @@ def test_gdn_and_kda_records_by_hand():
     kimi = shape_from_preset("kimi-linear-48b")  # 32 heads x 128, per-channel fp32 gate ring
     assert bm.ring_record_bytes(kimi) == 32 * 128 * 2 + 32 * 128 * 2 + 32 * 128 * 4
     assert bm.state_bytes(kimi, "bf16") == 32 * 128 * 128 * 2
+    # KDA's pre-decayed keys: a step reads the w entries' values and keys and one gate row (w >= 1), not w gate rows
+    s, rec, gate_row, io = bm.state_bytes(kimi, "fp32"), bm.ring_record_bytes(kimi), 32 * 128 * 4, bm.io_bytes(kimi)
+    expected = s + (rec - gate_row) * 15 / 2 + gate_row * 15 / 16 + rec * 15 / 16 + s / 16 + io
+    assert bm.replay_bytes(kimi, "fp32", 16) == pytest.approx(expected)
+    assert bm.replay_bytes(qwen4b, "fp32", 16) == pytest.approx(
+        bm.state_bytes(qwen4b, "fp32") * 17 / 16 + bm.ring_record_bytes(qwen4b) * (15 / 2 + 15 / 16) + bm.io_bytes(qwen4b))
 
 
 # (shape, state dtype, full ring / S, baseline MiB/step, replay MiB/step, ideal speed-up): peers.md §1.1 at L = 16.

@@ -13,6 +13,7 @@ from delta_rule_harness import (
 )
 
 from trtllm_replayssm.reference import kda
+from trtllm_replayssm.reference.gdn import PREDECAY_FLOOR
 
 DIM = 128  # K == V
 
@@ -92,6 +93,10 @@ def test_strong_decay_no_overflow() -> None:
     valid = torch.arange(32)[None, :] < cache.cursor[:, None].long()
     g_valid = cache.g_ring.permute(0, 2, 1, 3)[valid]
     assert torch.isfinite(g_valid).all() and g_valid.min() < -103.0
+    entry_min = g_valid.amin(-1)  # both key forms in the rings: pre-decayed (G_j >= -64 everywhere) and raw
+    assert (entry_min >= -PREDECAY_FLOOR).any() and (entry_min < -PREDECAY_FLOOR).any()
+    k_valid = cache.k_ring.permute(0, 2, 1, 3)[valid]
+    assert torch.isfinite(k_valid).all() and k_valid.abs().max() > 1e3  # pre-decayed keys grow as e^{-G_j}
     assert_untouched_outside(cache, info)
 
 

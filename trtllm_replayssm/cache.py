@@ -6,7 +6,9 @@ Layout per layer (TP-local; docs/design.md):
   bias + softplus), ``B_ring [slots, G, L, N]`` (act).
 * GDN:     ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]`` (act), ``k_ring [slots, H, L, K]`` (act),
   ``g_ring [slots, HV, L]`` (fp32, inclusive cumulative log-gate since the checkpoint).
-* KDA:     as GDN with ``g_ring [slots, HV, L, K]`` (fp32, per channel).
+* KDA:     as GDN with ``g_ring [slots, HV, L, K]`` (fp32, per channel) and ``k_ring [slots, HV, L, K]``: one key per
+  value head, pre-decayed (``e^{-G_j} k_j``) while the cumulative gate allows (reference/gdn.py PREDECAY_FLOOR);
+  activation dtype, fp32 for fp16 activations.
 
 Every layer also has ``cursor [slots]`` (int32, ring fill of each slot) and ``arrive [slots]`` (int32, the in-launch
 arrival counter that lets the decode launch advance the cursor). Slot operations (prefill hand-off, reset on reuse)
@@ -20,6 +22,7 @@ from typing import ClassVar, Sequence
 import torch
 
 from trtllm_replayssm.formats import StateFormat, get_state_format
+from trtllm_replayssm.reference.gdn import key_ring_dtype
 
 MAX_BUFFER_LEN = 32
 
@@ -93,7 +96,8 @@ class GDNLayerCache(_LayerCache):
 
 @dataclass
 class KDALayerCache(GDNLayerCache):
-    """KDA: ``g_ring`` carries one cumulative log-gate per key channel ([slots, HV, L, K])."""
+    """KDA: ``g_ring`` carries one cumulative log-gate per key channel ([slots, HV, L, K]), ``k_ring`` one
+    pre-decayed key per value head ([slots, HV, L, K])."""
 
 
 class ReplayStateCache:
@@ -159,15 +163,16 @@ class ReplayStateCache:
             raise ValueError(f"num_k_heads: must divide num_v_heads={num_v_heads}, got {num_k_heads}")
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
-        gate_shape = (slots, num_v_heads, L) if family == "gdn" else (slots, num_v_heads, L, head_k_dim)
-        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, family == "kda"), dtype=torch.float32,
-                           device=device)
+        kda = family == "kda"
+        gate_shape = (slots, num_v_heads, L, head_k_dim) if kda else (slots, num_v_heads, L)
+        key_heads = num_v_heads if kda else num_k_heads
+        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, kda), dtype=torch.float32, device=device)
         step = torch.zeros(slots, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
             cursor=cursor[i], arrive=arrive[i],
             u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
-            k_ring=torch.zeros(slots, num_k_heads, L, head_k_dim, dtype=act_dtype, device=device),
+            k_ring=torch.zeros(slots, key_heads, L, head_k_dim, dtype=key_ring_dtype(act_dtype, kda), device=device),
             g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
@@ -238,10 +243,13 @@ def mamba2_bytes_per_slot(nheads: int, head_dim: int, d_state: int, ngroups: int
 
 def delta_bytes_per_slot(family: str, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
                          buffer_len: int, state_format: StateFormat, act_bytes: int = 2) -> int:
-    """Per-layer, per-slot bytes of a GDN/KDA replay cache."""
+    """Per-layer, per-slot bytes of a GDN/KDA replay cache (``act_bytes`` 4 is fp32, 2 is bf16 or fp16: KDA's key
+    ring is then counted at the bf16 size, fp16 activations hold it in fp32)."""
+    kda = family == "kda"
     state = num_v_heads * head_v_dim * head_k_dim * state_format.bytes_per_element
-    gate = num_v_heads * 4 * (head_k_dim if family == "kda" else 1)
-    rings = buffer_len * (num_v_heads * head_v_dim * act_bytes + num_k_heads * head_k_dim * act_bytes + gate)
+    gate = num_v_heads * 4 * (head_k_dim if kda else 1)
+    keys = (num_v_heads if kda else num_k_heads) * head_k_dim * act_bytes
+    rings = buffer_len * (num_v_heads * head_v_dim * act_bytes + keys + gate)
     return int(state + rings + 8)
 
 
@@ -252,10 +260,10 @@ def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[t
 
 def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
     """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), the log-decay
-    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta (mirrors
-    plugins/delta_rule_decode.cu:rec_len)."""
+    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta, and for KDA the ring's key
+    form (padded to 4) (mirrors plugins/delta_rule_decode.cu:rec_len)."""
     r4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
-    return r4(2 * L) + r4(key_dim if per_channel_gate else 1) + 4
+    return r4(2 * L) + r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
 
 
 def _check_positive(**values: int) -> None:

@@ -91,7 +91,8 @@ def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state_dtype: str
         h = d.num_heads // tp_size
         heads = {"num_heads": h}
         ckpt = h * d.head_dim * d.head_dim * sb
-        record = h * d.head_dim * ab + h * d.head_dim * ab + h * d.head_dim * 4
+        kb = 4 if act_dtype == "fp16" else ab  # pre-decayed keys: fp32 with fp16 activations
+        record = h * d.head_dim * ab + h * d.head_dim * kb + h * d.head_dim * 4
         # q, k, v, out, per-channel gate [H,K]; beta [H]
         io = 5 * h * d.head_dim * ab + h * ab
     else:  # pragma: no cover - ModelSpec guarantees one of the three

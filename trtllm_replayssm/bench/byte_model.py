@@ -69,15 +69,21 @@ def out_of_place_bytes(shape: BenchShape, state_dtype: str) -> float:
 def replay_bytes(shape: BenchShape, state_dtype: str, buffer_len: int) -> float:
     """Our replay step averaged over a whole L-cycle of one slot (cursor w = 0 .. L-1).
 
-    Every step reads S and the w filled ring entries (mean (L-1)/2); the L-1 non-flush steps append one record;
-    the flush step (w = L-1) writes S. With L = 1 this is the baseline.
+    Every step reads S and the w filled ring entries (mean (L-1)/2; KDA's pre-decayed keys: their values and keys
+    and, for w >= 1, one gate row G_{w-1}); the L-1 non-flush steps append one record; the flush step (w = L-1)
+    writes S. With L = 1 this is the baseline.
     """
     if not isinstance(buffer_len, int) or buffer_len < 1:
         raise ValueError(f"buffer_len: expected an int >= 1, got {buffer_len!r}")
     s = state_bytes(shape, state_dtype)
     rec = ring_record_bytes(shape)
     L = buffer_len
-    return s + rec * (L - 1) / 2 + rec * (L - 1) / L + s / L + io_bytes(shape)
+    if shape.family == "kda":
+        gate_row = shape.heads * shape.key_dim * GATE_BYTES
+        ring_read = (rec - gate_row) * (L - 1) / 2 + gate_row * (L - 1) / L
+    else:
+        ring_read = rec * (L - 1) / 2
+    return s + ring_read + rec * (L - 1) / L + s / L + io_bytes(shape)
 
 
 def checkpointing_ssu_bytes(shape: BenchShape, state_dtype: str, window: int) -> float:

@@ -91,11 +91,17 @@ def stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int,
     return (total + 127) // 128 * 128
 
 
-def fold_bytes(L: int, key_dim: int, act_elem: int, per_channel_gate: bool) -> int:
-    """Bytes of the persistent replay kernel's fold buffer: a flush tile's ring keys [L][K] and cumulative gates
-    ([L] or [L][K] fp32) (mirrors plugins/delta_rule_decode.cu:fold_gates_offset)."""
+def fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of the persistent replay kernel's fold buffer: a flush tile's ring keys [L][K] (``key_elem`` bytes each)
+    and, for GDN, its cumulative gates [L] fp32 (KDA's pre-decayed keys need none) (mirrors
+    plugins/delta_rule_decode.cu:fold_gates_offset)."""
     r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
-    return r16(L * key_dim * act_elem) + r16(L * (key_dim if per_channel_gate else 1) * 4)
+    return r16(L * key_dim * key_elem) + (0 if per_channel_gate else r16(L * 4))
+
+
+def key_ring_elem(act_dtype: torch.dtype, per_channel_gate: bool) -> int:
+    """Bytes of one key ring element (reference/gdn.py key_ring_dtype)."""
+    return ref.key_ring_dtype(act_dtype, per_channel_gate).itemsize
 
 
 def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: torch.Tensor, work: int,
@@ -106,19 +112,19 @@ def _replay_tile(value_dim: int, key_dim: int, L: int, state: torch.Tensor, v: t
     if ROWS_PER_CTA_OVERRIDE is not None:
         return tile
     return _fitting_tile(value_dim, key_dim, L, state.element_size(), v.element_size(), tile, per_channel_gate,
-                         persistent_ctas_per_sm())
+                         persistent_ctas_per_sm(), key_ring_elem(v.dtype, per_channel_gate))
 
 
 @functools.lru_cache(maxsize=None)
 def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
-                  per_channel_gate: bool, ctas_per_sm: int) -> int:
+                  per_channel_gate: bool, ctas_per_sm: int, key_elem: int) -> int:
     stage = {t: stage_bytes(L, t, key_dim, state_elem, act_elem, per_channel_gate)
              for t in tile_choices(value_dim, key_dim)}
     fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     if not fits:
         return tile
-    if per_channel_gate:  # a KDA fold without the buffer loads [L][K] gates itself: worth a smaller tile (measured)
-        fold = fold_bytes(L, key_dim, act_elem, True)
+    if per_channel_gate:  # a KDA fold without the buffer loads its keys itself: worth a smaller tile (measured)
+        fold = fold_bytes(L, key_dim, key_elem, True)
         buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= FOLD_FIRST_MIN_STAGES]
         if buffered:
             return max(buffered)
@@ -149,7 +155,8 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size(),
                                              family == "kda")
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
-                              fold_bytes(params.L, key_dim, v.element_size(), family == "kda"), family == "kda")
+                              fold_bytes(params.L, key_dim, key_ring_elem(v.dtype, family == "kda"), family == "kda"),
+                              family == "kda")
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 
@@ -204,7 +211,9 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_scratch_rows(batch, slots)
     L, dev = layer.buffer_len, layer.state.device
     chk.check_tensor("layer.u_ring", layer.u_ring, (slots, HV, L, V), (act_dtype,), dev, inner_contiguous=2)
-    chk.check_tensor("layer.k_ring", layer.k_ring, (slots, H, L, K), (act_dtype,), dev, inner_contiguous=2)
+    key_heads = HV if per_channel_gate else H  # KDA: one pre-decayed key per value head
+    chk.check_tensor("layer.k_ring", layer.k_ring, (slots, key_heads, L, K), (ref.key_ring_dtype(act_dtype,
+                     per_channel_gate),), dev, inner_contiguous=2)
     gate_shape, inner = ((slots, HV, L, K), 2) if per_channel_gate else ((slots, HV, L), 1)
     chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)

@@ -23,6 +23,18 @@ FLOAT_DTYPES = checks.FLOAT_DTYPES
 # precision when a gate input saturates.
 LOG_GATE_FLOOR = -128.0
 L2_EPS = 1e-6
+# KDA key ring form (pre-decayed keys): entry j holds ``e^{-G_j} k_j`` when its cumulative log-gate ``G_j >= -64`` on
+# every channel, else the raw key ``k_j``. A step decays a pre-decayed entry by ``e^G`` (G <= G_j): ``e^{-G_j} <= e^64``
+# fits float32 and bfloat16, and where ``e^G`` flushes to zero (G < -87.3) the lost factor ``e^{G - G_j}`` is below
+# e^-23. ``G_j`` falls with j, so a ring whose last entry is pre-decayed holds only pre-decayed entries and a step reads
+# no gate but ``G_{w-1}``; any gate, however small, stays exact (the raw form). Mirrors plugins/delta_rule_decode.cu.
+PREDECAY_FLOOR = 64.0
+
+
+def key_ring_dtype(act_dtype: torch.dtype, predecayed_keys: bool) -> torch.dtype:
+    """Key ring dtype: the activation dtype; float32 for pre-decayed (KDA) keys with float16 activations (float16
+    cannot hold ``e^80``)."""
+    return torch.float32 if predecayed_keys and act_dtype == torch.float16 else act_dtype
 
 
 # --------------------------------------------------------------------------------------------------- validation helpers
@@ -170,11 +182,13 @@ class _History:
     """Checkpoint and masked ring records of the active rows.
 
     Represents ``S_h = S0 Diag(e^G) + sum_{j<w} u_j (k_j e^{G-G_j})^T`` without building it unless asked.
+    ``predecayed_keys`` (KDA): ``k_ring [slots,HV,L,K]`` in the pre-decayed form (PREDECAY_FLOOR), whose entries
+    decay by ``e^G`` alone.
     """
 
     def __init__(
         self, state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-        slots: torch.Tensor, w: torch.Tensor, num_v_heads: int,
+        slots: torch.Tensor, w: torch.Tensor, num_v_heads: int, predecayed_keys: bool,
     ) -> None:
         f32, dev = torch.float32, w.device
         ring_len = u_ring.shape[2]
@@ -184,9 +198,15 @@ class _History:
         g_hist = g_ring[slots]  # [n,HV,L,C]
         last = (w - 1).clamp_min(0)[:, None, None, None].expand(-1, num_v_heads, 1, g_hist.shape[-1])
         self.big_g = torch.where(w[:, None, None] > 0, g_hist.gather(2, last).squeeze(2), zero)  # G, [n,HV,C]
-        decay = torch.where(valid, torch.exp(self.big_g.unsqueeze(2) - g_hist), zero)  # exponents <= 0
+        decay = torch.exp(self.big_g.unsqueeze(2) - g_hist)  # exponents <= 0
+        keys = k_ring[slots].to(f32)
+        if predecayed_keys:
+            pre = (g_hist >= -PREDECAY_FLOOR).all(-1, keepdim=True)  # [n,HV,L,1]
+            decay = torch.where(pre, torch.exp(self.big_g).unsqueeze(2), decay)
+        else:
+            keys = _expand_heads(keys, num_v_heads)
         self.u = torch.where(valid, u_ring[slots].to(f32), zero)  # [n,HV,L,V]
-        self.k_dec = torch.where(valid, _expand_heads(k_ring[slots].to(f32), num_v_heads), zero) * decay  # [n,HV,L,K]
+        self.k_dec = torch.where(valid, keys, zero) * torch.where(valid, decay, zero)  # [n,HV,L,K]
         self.s0 = state[slots].to(f32)
         self.e_g = torch.exp(self.big_g)
 
@@ -205,14 +225,16 @@ def delta_rule_replay_(
     state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor, scale: float,
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
+    predecayed_keys: bool = False,
 ) -> None:
     """Float32 ReplaySSM step in place (docs/design.md "Cursor semantics"); pad rows are neither read nor written.
 
     ``g_ring [slots,HV,L,C]`` holds the inclusive cumulative log-gate since the checkpoint; ``log_gate [b,HV,C]`` and
     ``beta [b,HV]`` are float32. With ``x~ = alpha x``: ``a_q = S_h q~``, ``u = beta (v - S_h k~)``,
     ``o = a_q + u (k . q)``. Flush rows fold into the checkpoint ``S_h Diag(alpha) + u k^T``, cursor 0, no append;
-    other rows append ``u``, ``k`` (one copy per key head) and ``G + g`` at ring position w, cursor w+1. Ring records
-    are stored in the ring dtype and read back from it on later steps. Arguments are validated by the caller.
+    other rows append ``u``, ``k`` and ``G + g`` at ring position w, cursor w+1: ``k`` once per key head, or with
+    ``predecayed_keys`` (KDA) once per value head in the pre-decayed form (PREDECAY_FLOOR). Ring records are stored in
+    the ring dtype and read back from it on later steps. Arguments are validated by the caller.
     """
     rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
     if rows.numel() == 0:
@@ -227,7 +249,7 @@ def delta_rule_replay_(
     q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, num_v_heads, f32)
     v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
     alpha = torch.exp(g)
-    hist = _History(state, u_ring, k_ring, g_ring, slots, w, num_v_heads)
+    hist = _History(state, u_ring, k_ring, g_ring, slots, w, num_v_heads, predecayed_keys)
     is_flush = torch.ones_like(w, dtype=torch.bool) if force_flush else w == ring_len - 1
 
     sel = torch.nonzero(is_flush).squeeze(1)
@@ -246,9 +268,15 @@ def delta_rule_replay_(
         s_sel, w_sel = slots[sel].unsqueeze(1), w[sel].unsqueeze(1)
         hv_idx = torch.arange(num_v_heads, device=w.device).unsqueeze(0)
         h_idx = torch.arange(k_hat.shape[1], device=w.device).unsqueeze(0)
+        g_new = hist.big_g[sel] + g[sel]  # [n,HV,C]
         u_ring[s_sel, hv_idx, w_sel] = u.to(u_ring.dtype)
-        k_ring[s_sel, h_idx, w_sel] = k_hat[sel].to(k_ring.dtype)
-        g_ring[s_sel, hv_idx, w_sel] = hist.big_g[sel] + g[sel]
+        if predecayed_keys:
+            pre = (g_new >= -PREDECAY_FLOOR).all(-1, keepdim=True)
+            key = torch.where(pre, k_v[sel] * torch.exp(-g_new.clamp_min(-PREDECAY_FLOOR)), k_v[sel])
+            k_ring[s_sel, hv_idx, w_sel] = key.to(k_ring.dtype)
+        else:
+            k_ring[s_sel, h_idx, w_sel] = k_hat[sel].to(k_ring.dtype)
+        g_ring[s_sel, hv_idx, w_sel] = g_new
         cursor[slots[sel]] = (w[sel] + 1).to(cursor.dtype)
         out[rows[sel]] = (a_q + u * (k_v[sel] * q_v[sel]).sum(-1, keepdim=True)).to(out.dtype)
 
@@ -314,14 +342,17 @@ def state_update_(
 def check_rings(u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
                 q: torch.Tensor, dims: tuple[int, int, int, int, int], per_channel_gate: bool) -> int:
     """GDN/KDA replay cache tensors against the step's dims (slots, H, HV, K, V); returns the ring length L.
-    ``g_ring`` is [slots, HV, L] (GDN) or [slots, HV, L, K] (KDA, ``per_channel_gate``)."""
+    GDN: ``k_ring`` [slots, H, L, K], ``g_ring`` [slots, HV, L]. KDA (``per_channel_gate``): pre-decayed ``k_ring``
+    [slots, HV, L, K] (key_ring_dtype), ``g_ring`` [slots, HV, L, K]."""
     slots, heads, v_heads, dim_k, dim_v = dims
     ring_len = check_rank("u_ring", u_ring, 4).shape[2]
     if ring_len < 1:
         raise ValueError(f"u_ring: expected a ring length (dim 2) >= 1, got shape {tuple(u_ring.shape)}")
     dev = q.device
     check_tensor("u_ring", u_ring, (slots, v_heads, ring_len, dim_v), (q.dtype,), dev)
-    check_tensor("k_ring", k_ring, (slots, heads, ring_len, dim_k), (q.dtype,), dev)
+    key_heads = v_heads if per_channel_gate else heads
+    check_tensor("k_ring", k_ring, (slots, key_heads, ring_len, dim_k), (key_ring_dtype(q.dtype, per_channel_gate),),
+                 dev)
     gate_shape = (slots, v_heads, ring_len, dim_k) if per_channel_gate else (slots, v_heads, ring_len)
     check_tensor("g_ring", g_ring, gate_shape, (torch.float32,), dev)
     check_tensor("cursor", cursor, (slots,), (torch.int32,), dev)

@@ -7,9 +7,11 @@ KDA is the gated delta rule with one decay per key channel. In the ``[.., HV, V,
 * plain: ``g = -exp(A_log) * softplus(g_raw + dt_bias)`` (softplus threshold 20);
 * lower-bounded ("safe gate"): ``g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))``, in ``(lower_bound, 0)``.
 
-The replay ring ``g_ring [slots,HV,L,K]`` keeps the inclusive cumulative per-channel log-gate since the checkpoint, so
-every decay factor ``e^{G - G_j}`` has a non-positive exponent (bounded for any gate; no pre-decayed keys). The step
-math is the delta-rule core of ``gdn.py`` with a ``[.., K]`` gate.
+The replay ring ``g_ring [slots,HV,L,K]`` keeps the inclusive cumulative per-channel log-gate ``G_j`` since the
+checkpoint and ``k_ring [slots,HV,L,K]`` one key per value head in the pre-decayed form ``e^{-G_j} k_j`` while
+``G_j >= -PREDECAY_FLOOR`` on every channel, else raw (``gdn.PREDECAY_FLOOR``): a step then decays its ring keys by
+``e^G`` alone and reads no per-entry gate, and any gate, however small, stays exact. The step math is the delta-rule
+core of ``gdn.py`` with a ``[.., K]`` gate.
 """
 from __future__ import annotations
 
@@ -126,8 +128,9 @@ def replay_step_(
 ) -> None:
     """Float32 KDA ReplaySSM step in place on the cache (state, rings, cursor) and ``out``; the ops' CPU fallback.
 
-    Cache: ``state [slots,HV,V,K]`` fp32/fp16/bf16, ``u_ring [slots,HV,L,V]`` and ``k_ring [slots,H,L,K]`` in the
-    activation dtype, ``g_ring [slots,HV,L,K]`` fp32 (inclusive cumulative per-channel log-gate since the checkpoint),
+    Cache: ``state [slots,HV,V,K]`` fp32/fp16/bf16, ``u_ring [slots,HV,L,V]`` in the activation dtype, ``k_ring
+    [slots,HV,L,K]`` (pre-decayed keys, ``gdn.key_ring_dtype``), ``g_ring [slots,HV,L,K]`` fp32 (inclusive cumulative
+    per-channel log-gate since the checkpoint),
     ``cursor [slots]`` int32. Step: ``q, k [b,H,K]``, ``v [b,HV,V]``, ``g_raw [b,HV,K]``, ``beta_raw [b,HV]``,
     ``A_log [HV]``, ``dt_bias [HV,K]``, ``lower_bound`` (None: plain gate), ``scale`` (None: K^-0.5),
     ``state_batch_indices [b]`` int32. A row flushes when its cursor is L-1 or ``force_flush``.
@@ -140,5 +143,5 @@ def replay_step_(
     g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
     delta_rule_replay_(
         state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),
-        state_batch_indices, pad_slot_id, force_flush, out,
+        state_batch_indices, pad_slot_id, force_flush, out, predecayed_keys=True,
     )
