@@ -368,9 +368,11 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
   }
 }
 
-// KDA prep: ring keys whose raw loads are in flight at once (registers: 64 per thread at 8 CTAs per SM; shared-memory
-// staging was measured far slower, benchmarks/results/dev/sweep-23-kda-prep-loads.log).
-constexpr int kPrepChunk = kEpl <= 4 ? 4 : 1;
+// KDA prep: ring keys whose raw loads are in flight at once, at most 8 registers of them (64 per thread at 8 CTAs per
+// SM: 4 16-bit or 2 fp32 keys for K = 128, one for K = 256); shared-memory staging was measured far slower,
+// benchmarks/results/dev/sweep-23-kda-prep-loads.log.
+constexpr int kRingKeyRegs = (kEpl * int(sizeof(kring_t)) + 3) / 4;  // registers of one raw ring key per lane
+constexpr int kPrepChunk = kEpl > 4 ? 1 : (8 / kRingKeyRegs < 4 ? 8 / kRingKeyRegs : 4);
 
 // KDA ring coefficients kd_j·q~ and kd_j·k (j < w) into the record: the ring keys decayed to after the token
 // (decay_ring_key), loaded kChunk at a time (raw loads all in flight, then the math). kAllPredecayed: pre-decayed
