@@ -233,26 +233,6 @@ class ReplayStateCache:
         return ids
 
 
-def mamba2_bytes_per_slot(nheads: int, head_dim: int, d_state: int, ngroups: int, buffer_len: int,
-                          state_format: StateFormat, act_bytes: int = 2) -> int:
-    """Per-layer, per-slot bytes of a Mamba-2 replay cache (for memory planning without allocating)."""
-    state = nheads * head_dim * d_state * state_format.bytes_per_element
-    rings = buffer_len * (nheads * head_dim * act_bytes + nheads * 4 + ngroups * d_state * act_bytes)
-    return int(state + rings + 8)  # + 8: cursor and arrival counter (the shared scratch is not per layer)
-
-
-def delta_bytes_per_slot(family: str, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                         buffer_len: int, state_format: StateFormat, act_bytes: int = 2) -> int:
-    """Per-layer, per-slot bytes of a GDN/KDA replay cache (``act_bytes`` 4 is fp32, 2 is bf16 or fp16: KDA's key
-    ring is then counted at the bf16 size, fp16 activations hold it in fp32)."""
-    kda = family == "kda"
-    state = num_v_heads * head_v_dim * head_k_dim * state_format.bytes_per_element
-    gate = num_v_heads * 4 * (head_k_dim if kda else 1)
-    keys = (num_v_heads if kda else num_k_heads) * head_k_dim * act_bytes
-    rings = buffer_len * (num_v_heads * head_v_dim * act_bytes + keys + gate)
-    return int(state + rings + 8)
-
-
 def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(num_layers, slots, dtype=torch.int32, device=device),
             torch.zeros(num_layers, slots, dtype=torch.int32, device=device))

@@ -85,8 +85,8 @@ def stages_for(stage_bytes: int, ctas_per_sm: int | None = None, reserved: int =
 
 
 # A fold buffer that costs a stage is still taken while this many stages remain (``fold_first`` plans: KDA, whose
-# flush decays [L][K] gates; Kimi-Linear fp32 batch 256 on the H200: 3 stages + buffer 181.9 us, 4 stages without
-# 191.8 us, benchmarks/results/dev/sweep-15-compact-record.log).
+# per-value-head ring keys a flush tile would otherwise load itself; Kimi-Linear fp32 batch 256 on the H200: 3 stages
+# + buffer 167.7 us, 4 stages without 176.5 us, benchmarks/results/dev/sweep-31-kda-predecayed-plans.log).
 FOLD_FIRST_MIN_STAGES = 3
 
 
