@@ -151,12 +151,13 @@ __device__ __forceinline__ void ring_log_gate(const float* g_ring, int w, int co
   else big_g[0] = g_ring[w - 1];
 }
 
-// lg = g + G: log-decay of the checkpoint to after the current token (G = g_ring[w-1], 0 for an empty ring).
+// lg = g + G: log-decay of the checkpoint to after the current token; big_g = G (g_ring[w-1], 0 for an empty ring).
 __device__ __forceinline__ void checkpoint_log_decay(const DeltaParams& p, int b, int hv, int col0, const float* g_ring,
-                                                     int w, float (&lg)[kGates]) {
+                                                     int w, float (&lg)[kGates], float (&big_g)[kGates]) {
   current_log_gate(p, b, hv, col0, lg);
+#pragma unroll
+  for (int e = 0; e < kGates; ++e) big_g[e] = 0.f;
   if (w == 0) return;
-  float big_g[kGates];
   ring_log_gate(g_ring, w, col0, big_g);
 #pragma unroll
   for (int e = 0; e < kGates; ++e) lg[e] += big_g[e];
@@ -412,15 +413,11 @@ __device__ __forceinline__ void kda_prep_item(const DeltaParams& p, int b, int h
   float qn[kEpl], kn[kEpl], q_mul, k_mul;
   const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  float lg[kGates], big_g[kGates] = {}, dec[kEpl];
-  current_log_gate(p, b, hv, col0, lg);
-  if (w > 0) ring_log_gate(g_ring, w, col0, big_g);
+  float lg[kGates], big_g[kGates], dec[kEpl];
+  checkpoint_log_decay(p, b, hv, col0, g_ring, w, lg, big_g);
   const bool all_predecayed = predecayed(big_g);
 #pragma unroll
-  for (int e = 0; e < kEpl; ++e) {
-    lg[e] += big_g[e];
-    dec[e] = __expf(lg[e]);
-  }
+  for (int e = 0; e < kEpl; ++e) dec[e] = __expf(lg[e]);
   kring_t* k_ring = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + hv * p.s_kr_head;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * rec_len(p.L);
   if (lane == 0) {
@@ -455,7 +452,8 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
   auto head_scalars = [&](int i0, float (&lg_lane)[kGates], float& beta_lane) {
     if (i0 + lane < group) {
       const int hv = h * group + i0 + lane;
-      checkpoint_log_decay(p, b, hv, col0, g_rings + (i0 + lane) * p.s_gr_head, w, lg_lane);
+      float big_g[kGates];
+      checkpoint_log_decay(p, b, hv, col0, g_rings + (i0 + lane) * p.s_gr_head, w, lg_lane, big_g);
       beta_lane = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
     }
   };
