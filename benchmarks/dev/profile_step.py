@@ -68,7 +68,7 @@ for model_name in models:
             with torch.no_grad():
                 tok.copy_(model.prefill(prompt, state).argmax(-1))
 
-                def step():
+                def step(model=model, tok=tok, state=state):  # bound now: the loops delete them after use
                     logits = model.decode_step(tok, state)
                     tok.copy_(logits.argmax(-1))
                     return logits
