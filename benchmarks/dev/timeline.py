@@ -20,6 +20,8 @@ loader._MODULES.clear()
 dev = torch.device("cuda", 0)
 drv = loader._driver()
 shape = shape_from_preset(model)
+if shape.family != "gdn":  # the prep grid below is one CTA per 4 (row, key head) items
+    sys.exit(f"timeline.py: a GDN preset, got {model} ({shape.family})")
 gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
 step = inputs.delta_step(shape, batch, gen, dev)
 pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), timing.l2_bytes(dev))
