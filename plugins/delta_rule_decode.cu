@@ -712,7 +712,7 @@ __device__ __forceinline__ void row_dots(const state_t* rows, const float (&xq)[
 // Non-flush: appends u at ring position w (the checkpoint is never written). Flush: folds and stores the checkpoint.
 // Releases the stage once its shared memory is read.
 __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
-                                            rssm::TilePipe& pipe, int s, unsigned char* fold_buf, int& folds) {
+                                            rssm::TilePipe& pipe, int s, const unsigned char* fold_buf, int& folds) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
@@ -821,7 +821,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
     produce(p, pipe, stage_mem, num_tiles);
     return;
   }
-  unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;  // flush tiles done: the fold buffer's phase
   rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
     replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
