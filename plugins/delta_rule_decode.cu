@@ -218,6 +218,38 @@ __device__ __forceinline__ void ring_key_parts(const float (&kd)[kEpl], const fl
   }
 }
 
+// Dot products kd_j·q~ and kd_j·k of the ring keys j < w (`keys`: row j at keys + j K, this lane's channels at col0),
+// kChunk keys' raw loads in flight at once, then kReduce keys per transposed reduction (rssm::warp_sum_scatter):
+// `decay(j, kd)` turns loaded key j into kd (in place), `emit(j1, dot)` gets each reduction's result, lane c of it
+// holding kd_{j1+c}·q~ and lane kReduce + c kd_{j1+c}·k (c < kReduce; every lane calls emit).
+template <int kChunk, int kReduce, class KeyT, class DecayFn, class EmitFn>
+__device__ __forceinline__ void ring_dots(const KeyT* keys, int w, int col0, const float (&qn)[kEpl],
+                                          const float (&kn)[kEpl], DecayFn decay, EmitFn emit) {
+  static_assert(kChunk % kReduce == 0, "a load chunk holds whole reductions");
+  for (int j0 = 0; j0 < w; j0 += kChunk) {
+    rssm::RawVecOf<KeyT, kEpl> k_raw[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      if (j0 + c >= w) break;
+      rssm::load_raw(keys + (long long)(j0 + c) * kK + col0, k_raw[c]);
+    }
+#pragma unroll
+    for (int c0 = 0; c0 < kChunk; c0 += kReduce) {
+      if (j0 + c0 >= w) break;
+      float parts[2 * kReduce] = {};
+#pragma unroll
+      for (int c = 0; c < kReduce; ++c) {
+        if (j0 + c0 + c >= w) break;
+        float kd[kEpl];
+        rssm::unpack(k_raw[c0 + c], kd);
+        decay(j0 + c0 + c, kd);
+        ring_key_parts<kReduce>(kd, qn, kn, c, parts);
+      }
+      emit(j0 + c0, rssm::warp_sum_scatter<2 * kReduce>(parts));
+    }
+  }
+}
+
 // The ring entries j < w folded into this warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the
 // state after the ring's last token, e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ with G = g_ring[w-1] (exponents <= 0).
 // Ring inputs are read from global memory (the adaptive-mode flush needs this only after a switch from replay).
@@ -376,33 +408,20 @@ constexpr int kRingKeyRegs = (kEpl * int(sizeof(kring_t)) + 3) / 4;  // register
 constexpr int kPrepChunk = kEpl > 4 ? 1 : (8 / kRingKeyRegs < 4 ? 8 / kRingKeyRegs : 4);
 
 // KDA ring coefficients kd_j·q~ and kd_j·k (j < w) into the record: the ring keys decayed to after the token
-// (decay_ring_key), loaded kChunk at a time (raw loads all in flight, then the math). kAllPredecayed: pre-decayed
-// keys times e^{lg}, no gate read (the common case, chunked); else each entry's form from its gates, one at a time.
+// (decay_ring_key), loaded kChunk at a time (ring_dots). kAllPredecayed: pre-decayed keys times e^{lg}, no gate read
+// (the common case, chunked); else each entry's form from its gates, one at a time.
 template <int kChunk, bool kAllPredecayed>
 __device__ __forceinline__ void kda_ring_dots(const kring_t* k_ring, const float* g_ring, int w, int col0,
                                               const float (&lg)[kGates], const float (&dec)[kEpl],
                                               const float (&qn)[kEpl], const float (&kn)[kEpl], float* rec, int L) {
   const int lane = threadIdx.x % rssm::kWarpSize;
-  for (int j0 = 0; j0 < w; j0 += kChunk) {
-    rssm::RawVecOf<kring_t, kEpl> k_raw[kChunk];
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      if (j0 + c >= w) break;
-      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
-    }
-    float parts[2 * kChunk] = {};
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      if (j0 + c >= w) break;
-      float kd[kEpl];
-      rssm::unpack(k_raw[c], kd);
-      decay_ring_key(g_ring, j0 + c, col0, lg, dec, kAllPredecayed, kd);
-      ring_key_parts<kChunk>(kd, qn, kn, c, parts);
-    }
-    const float dot = rssm::warp_sum_scatter<2 * kChunk>(parts);
-    const int c = lane % kChunk;  // lane c: kd_c·q~, lane kChunk + c: kd_c·k
-    if (lane < 2 * kChunk && j0 + c < w) rec[(lane < kChunk ? rec_cq(L) : rec_ck(L)) + j0 + c] = dot;
-  }
+  ring_dots<kChunk, kChunk>(
+      k_ring, w, col0, qn, kn,
+      [&](int j, float (&kd)[kEpl]) { decay_ring_key(g_ring, j, col0, lg, dec, kAllPredecayed, kd); },
+      [&](int j0, float dot) {
+        const int c = lane % kChunk;  // lane c: kd_c·q~, lane kChunk + c: kd_c·k
+        if (lane < 2 * kChunk && j0 + c < w) rec[(lane < kChunk ? rec_cq(L) : rec_ck(L)) + j0 + c] = dot;
+      });
 }
 
 // KDA prep item (batch row b, value head hv): the ring coefficients (kda_ring_dots), the record, and for a non-flush
@@ -466,33 +485,16 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
   const float kq = normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
   const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
   float raw_q = 0.f, raw_k = 0.f;
-  for (int j0 = 0; j0 < w; j0 += kGdnPrepChunk) {  // ring keys in chunks: all loads in flight, then the math
-    rssm::RawVecOf<act_t, kEpl> k_raw[kGdnPrepChunk];
-#pragma unroll
-    for (int c = 0; c < kGdnPrepChunk; ++c) {
-      if (j0 + c >= w) break;
-      rssm::load_raw(k_ring + (long long)(j0 + c) * kK + col0, k_raw[c]);
-    }
-#pragma unroll
-    for (int c0 = 0; c0 < kGdnPrepChunk; c0 += kGdnReduce) {  // kGdnReduce keys per transposed reduction
-      if (j0 + c0 >= w) break;
-      float parts[2 * kGdnReduce] = {};
-#pragma unroll
-      for (int c = 0; c < kGdnReduce; ++c) {
-        if (j0 + c0 + c >= w) break;
-        float kj[kEpl];
-        rssm::unpack(k_raw[c0 + c], kj);
-        ring_key_parts<kGdnReduce>(kj, qn, kn, c, parts);
-      }
-      const float dot = rssm::warp_sum_scatter<2 * kGdnReduce>(parts);  // lane c: k_c·q~, kGdnReduce + c: k_c·k
-      const int first = j0 + c0, c = (lane - first) & (kGdnReduce - 1);
-      const float dq = __shfl_sync(0xffffffffu, dot, c), dk = __shfl_sync(0xffffffffu, dot, kGdnReduce + c);
-      if (lane >= first && lane < first + kGdnReduce) {
-        raw_q = dq;
-        raw_k = dk;
-      }
-    }
-  }
+  ring_dots<kGdnPrepChunk, kGdnReduce>(  // raw keys: lane j keeps entry j's k_j·q~, k_j·k
+      k_ring, w, col0, qn, kn, [](int, float (&)[kEpl]) {},
+      [&](int first, float dot) {
+        const int c = (lane - first) & (kGdnReduce - 1);
+        const float dq = __shfl_sync(0xffffffffu, dot, c), dk = __shfl_sync(0xffffffffu, dot, kGdnReduce + c);
+        if (lane >= first && lane < first + kGdnReduce) {
+          raw_q = dq;
+          raw_k = dk;
+        }
+      });
   for (int i0 = 0; i0 < group; i0 += rssm::kWarpSize) {
     if (i0 > 0) head_scalars(i0, lg_lane, beta_lane);
 #pragma unroll 1
