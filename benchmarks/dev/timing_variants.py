@@ -27,6 +27,7 @@ SOW_WRITE_BACK = '''
       }
     }'''
 RELEASE_LATE = "  rssm::release_stage(pipe, s);\n  if (lane < kRows) {"
+REC_READ = "  const float* rec = reinterpret_cast<const float*>(stage + lay.rec);"
 FOLD_LOOP = "    for (int j0 = 0; j0 < w; j0 += kFoldChunk) {"
 FOLD_STORE = "      rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * kK, acc[r]);"
 
@@ -41,9 +42,7 @@ def patched(source: str, variant: str) -> str:
         return swap(PAD_CHECK, "  const int slot = info_words[0], info = info_words[1];\n  if (true) {" + extra)
     if variant == "rf":
         source = swap(RELEASE_LATE, "  if (lane < kRows) {")
-        return source.replace("  const float* rec = reinterpret_cast<const float*>(stage + lay.rec);",
-                              "  rssm::release_stage(pipe, s);\n"
-                              "  const float* rec = reinterpret_cast<const float*>(stage + lay.rec);", 1)
+        return swap(REC_READ, "  rssm::release_stage(pipe, s);\n" + REC_READ)
     if variant == "nf":
         return swap(FOLD_LOOP, "    for (int j0 = 0; j0 < 0 * w; j0 += kFoldChunk) {")
     if variant == "cs":
