@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trtllm_replayssm.cache import MAX_BUFFER_LEN
+from trtllm_replayssm.kernels.configs import dtype_from_name
 from trtllm_replayssm.presets import GDNDims, KDADims, Mamba2Dims, ModelSpec
+from trtllm_replayssm.reference.gdn import key_ring_dtype
 from trtllm_replayssm.targets import GPU_MEMORY_GB, GPU_TARGETS
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -91,7 +93,7 @@ def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state_dtype: str
         h = d.num_heads // tp_size
         heads = {"num_heads": h}
         ckpt = h * d.head_dim * d.head_dim * sb
-        kb = 4 if act_dtype == "fp16" else ab  # pre-decayed keys: fp32 with fp16 activations
+        kb = key_ring_dtype(dtype_from_name(act_dtype, "act_dtype"), predecayed_keys=True).itemsize
         record = h * d.head_dim * ab + h * d.head_dim * kb + h * d.head_dim * 4
         # q, k, v, out, per-channel gate [H,K]; beta [H]
         io = 5 * h * d.head_dim * ab + h * ab
