@@ -4,11 +4,10 @@ mod: cursor = row % L (the bench's); block: cursor = (row // (batch/L)) % L (a s
   PYTHONPATH=. python3 benchmarks/dev/cursor_placement.py qwen3.5-4b:fp32:256:mod qwen3.5-4b:fp32:256:block
 Used for benchmarks/results/dev/sweep-s11-2-cursor-placement.log."""
 import sys
-import zlib
 
 import torch
 
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
@@ -26,9 +25,7 @@ for spec in sys.argv[1:]:  # MODEL:STATE_DTYPE:BATCH:mod|block
     batch = int(batch)
     pattern = pat
     shape = shape_from_preset(model)
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-    step = inputs.delta_step(shape, batch, gen, dev)
-    pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
     case = ours.replay_case(shape, batch, sd, step, pools, 16, "replay", gen, dev)
     us = timing.time_calls([f for _ in range(16) for f in case.calls])
     print(f"{model:18s} {sd} b={batch} cursors={pat:5s}: replay {us:7.1f} us", flush=True)

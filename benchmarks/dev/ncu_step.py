@@ -3,20 +3,17 @@ cold-L2 pool calls once to warm up, then STEPS more inside the NVTX range "profi
   ncu --clock-control none --nvtx --nvtx-include "profile/" python3 benchmarks/dev/ncu_step.py MODEL SD BATCH 1
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/ncu_step.py MODEL STATE_DTYPE BATCH [STEPS] [baseline]"""
 import sys
-import zlib
 
 import torch
 
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 model, sd, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 shape = shape_from_preset(model)
-gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-step = (inputs.mamba2_step if shape.family == "mamba2" else inputs.delta_step)(shape, batch, gen, dev)
-pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), timing.l2_bytes(dev))
+gen, step, pools = kernels.case_inputs(shape, sd, batch, timing.l2_bytes(dev), dev)
 if len(sys.argv) > 5 and sys.argv[5] == "baseline":
     case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
 else:

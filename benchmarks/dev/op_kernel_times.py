@@ -4,13 +4,12 @@ per call of each kernel, and the span of the first to the last kernel per call. 
 overlap, so their sum exceeds the span.
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/op_kernel_times.py MODEL[,MODEL] BATCH [STATE_DTYPE]"""
 import sys
-import zlib
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
@@ -19,9 +18,7 @@ sd = sys.argv[3] if len(sys.argv) > 3 else "fp32"
 l2 = timing.l2_bytes(dev)
 for model in sys.argv[1].split(","):
     shape = shape_from_preset(model)
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-    step = (inputs.mamba2_step if shape.family == "mamba2" else inputs.delta_step)(shape, batch, gen, dev)
-    pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
     for name, case in (("baseline", ours.baseline_case(shape, batch, sd, step, pools, gen, dev)),
                        ("replay", ours.replay_case(shape, batch, sd, step, pools, 16, "replay", gen, dev))):
         calls = [f for _ in range(4) for f in case.calls]

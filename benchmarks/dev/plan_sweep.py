@@ -12,12 +12,11 @@ the development commit f9af46f, removed since: 1 consumers release each stage at
 computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
 import json
 import sys
-import zlib
 from pathlib import Path
 
 import torch
 
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import byte_model, kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 from trtllm_replayssm.kernels import compiler, loader
 from trtllm_replayssm.kernels.configs import dtype_from_name
@@ -44,9 +43,7 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
         loader._MODULES.clear()  # modules are keyed by config only
     _launch.FOLD_BUFFER_ENABLED = fold
     shape = shape_from_preset(model)
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-    step = (inputs.mamba2_step if shape.family == "mamba2" else inputs.delta_step)(shape, batch, gen, dev)
-    pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
     ops = m2_ops if shape.family == "mamba2" else gdn_ops
     if (model, sd, batch) not in base_cache:
         ops.ROWS_PER_CTA_OVERRIDE, _launch.PERSISTENT_OVERRIDE = None, None

@@ -4,20 +4,17 @@ from a call-to-call one (each timing with its wall-clock end, to line up with nv
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/repeat_cases.py MODEL STATE_DTYPE BATCH CASES TIMINGS [IMPL]"""
 import sys
 import time
-import zlib
 
 import torch
 
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 model, sd, batch, n_cases, n_timings = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 impl = sys.argv[6] if len(sys.argv) > 6 else "replay"
 shape = shape_from_preset(model)
-gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-step = (inputs.mamba2_step if shape.family == "mamba2" else inputs.delta_step)(shape, batch, gen, dev)
-pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), timing.l2_bytes(dev))
+gen, step, pools = kernels.case_inputs(shape, sd, batch, timing.l2_bytes(dev), dev)
 for i in range(n_cases):
     case = (ours.baseline_case(shape, batch, sd, step, pools, gen, dev) if impl == "baseline"
             else ours.replay_case(shape, batch, sd, step, pools, 16, "replay", gen, dev))

@@ -7,10 +7,10 @@ pools' steps of one more graph replay and prints percentiles (µs from the first
 end, main CTA start / producer past `griddepcontrol.wait` / end, the gap from the previous step's main kernel, and
 the raw arrays to OUT.npz. Used for docs/benchmarks.md "Session 9".
 """
-import sys, zlib
+import sys
 from pathlib import Path
 import numpy as np, torch
-from trtllm_replayssm.bench import byte_model, inputs, ours, timing
+from trtllm_replayssm.bench import kernels, ours, timing
 from trtllm_replayssm.bench.shapes import shape_from_preset
 from trtllm_replayssm.kernels import compiler, loader
 
@@ -22,9 +22,7 @@ drv = loader._driver()
 shape = shape_from_preset(model)
 if shape.family != "gdn":  # the prep grid below is one CTA per 4 (row, key head) items
     sys.exit(f"timeline.py: a GDN preset, got {model} ({shape.family})")
-gen = torch.Generator().manual_seed(zlib.crc32(f"{model}/{sd}/{batch}".encode()))
-step = inputs.delta_step(shape, batch, gen, dev)
-pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), timing.l2_bytes(dev))
+gen, step, pools = kernels.case_inputs(shape, sd, batch, timing.l2_bytes(dev), dev)
 case = ours.replay_case(shape, batch, sd, step, pools, 16, "replay", gen, dev)
 calls = [f for _ in range(16) for f in case.calls]
 us = timing.time_calls(calls)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import byte_model, ours, peers, timing
-from .inputs import delta_step, mamba2_step
+from .inputs import DeltaStep, Mamba2Step, delta_step, mamba2_step
 from .peers import PeerCase, PeerUnavailable
 from .shapes import BenchShape, select_shapes
 
@@ -139,12 +139,19 @@ def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = No
     return results
 
 
+def case_inputs(shape: BenchShape, sd: str, batch: int, l2: int, device: torch.device,
+                seed_prefix: str = "") -> tuple[torch.Generator, Mamba2Step | DeltaStep, int]:
+    """What every implementation of one case shares: a generator seeded from ``seed_prefix`` and the case, the step's
+    inputs, and the number of state pools that keeps L2 (``l2`` bytes) cold."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{seed_prefix}{shape.model}/{sd}/{batch}".encode()))
+    step = (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, device)
+    return gen, step, timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+
+
 def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int, copy_gbps: float, l2: int,
               skipped: list[dict], device: torch.device, log: Callable[[str], None]) -> list[Record]:
     L = config.buffer_len
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{config.seed}/{shape.model}/{sd}/{batch}".encode()))
-    step = (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, device)
-    n_pools = timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    gen, step, n_pools = case_inputs(shape, sd, batch, l2, device, seed_prefix=f"{config.seed}/")
     builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
     for mode in _modes(shape.family, batch, shape.heads, sd, device):
         builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, sd, step, n_pools, L, m, gen,
