@@ -43,6 +43,7 @@ struct DeltaParams {
   int* arrive;            // [slots]                 (replay only)
   float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
   int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
+  int* claims;            // [1] the main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* q;          // [b, H, K]
   const void* k;          // [b, H, K]
   const void* v;          // [b, HV, V]
@@ -60,6 +61,7 @@ struct DeltaParams {
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
+  int tail_start;  // persistent main kernel: first tile claimed at run time (rssm::produce_tiles)
 };
 
 namespace {
@@ -530,6 +532,7 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) delta_replay_prep_kernel(
     const DeltaParams p) {  // 64 registers (K <= 128), 80 (K = 256: a lane's 8 channels of q, k, gates and keys)
   asm volatile("griddepcontrol.launch_dependents;");
+  rssm::reset_claims(p.claims);
   const int lane = threadIdx.x % rssm::kWarpSize;
   const int heads = kPerChannel ? p.num_v_heads : p.num_k_heads;  // items per batch row
   const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
@@ -636,7 +639,8 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
+                      p.pad_slot_id, p.tail_start, p.claims, [&](int t) { return tile_coord(p, t); }, state_src,
+                      copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
@@ -825,7 +829,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
+  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, kTileBytes, [&](int t, unsigned char* stage, int s) {
     replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
   });
 #endif

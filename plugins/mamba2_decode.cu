@@ -374,7 +374,7 @@ struct StageLayout {
 
 __device__ __forceinline__ StageLayout stage_layout(int L) {
   StageLayout l;
-  l.info = kTileBytes;                                                // slot, step, D (3 words, 16 bytes)
+  l.info = kTileBytes;                                                // slot, step, D, tile (4 words)
   l.coef = l.info + 16;                                               // coef[0..L] (weights, decay)
   l.x = l.coef + round16((L + 1) * 4);                                // x of the tile rows
   l.z = l.x + round16(PT * int(sizeof(act_t)));                       // z of the tile rows
@@ -442,7 +442,8 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
+                      p.pad_slot_id, num_tiles, nullptr, [&](int t) { return tile_coord(p, t); }, state_src,
+                      copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
@@ -609,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
+  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, kTileBytes, [&](int t, unsigned char* stage, int s) {
     replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
   });
 #endif

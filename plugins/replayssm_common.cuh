@@ -186,9 +186,16 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
 // ---------------------------------------------------------------------------------------------- tile streaming
 // Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk
 // async copies (sm_90+: cp.async.bulk completing on an mbarrier), the consumer warps wait on a stage's `full` barrier,
-// read it, and arrive on its `empty` barrier so the producer can refill it. Tiles are assigned round-robin:
-// tile t = blockIdx.x + i * gridDim.x is this CTA's i-th tile, held in stage i % stages.
+// read it, and arrive on its `empty` barrier so the producer can refill it. A CTA's i-th tile goes into stage i % stages.
+// Tiles t < tail_start (a multiple of gridDim.x) are assigned round-robin: t = blockIdx.x + i * gridDim.x; the rest
+// (the tail) are claimed one at a time from a counter by the CTAs done with their round-robin share, so the CTAs of
+// SMs that stream faster take more of them (H200: the CTAs of a static schedule end up to ~30% apart).
 constexpr int kMaxStages = 8;
+constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), tile index (-1: no more tiles)
+
+__device__ __forceinline__ int* stage_tile_word(unsigned char* stage, int tile_bytes) {
+  return reinterpret_cast<int*>(stage + tile_bytes) + kTileWord;
+}
 
 struct TilePipe {
   unsigned long long full[kMaxStages];   // producer arrive (+ transaction bytes) -> consumers may read the stage
@@ -295,58 +302,90 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
 // copy into its stage (the first `stages` before the prep kernel has finished: prep never writes the state), then,
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
 // checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
-// all completing on the stage's `full` barrier. Slots and steps of 32 tiles are loaded at once (one lane each).
+// all completing on the stage's `full` barrier. Round-robin tiles: slots and steps of 32 tiles are loaded at once (one
+// lane each); tail tiles (t >= tail_start): claimed from `*claims` (zeroed by the prep kernel), each claim made one
+// tile ahead. The tile index goes into the stage's tile word; a last stage with -1 there ends the consumers' loop.
 // `coord(t)`: tile t's coordinates (batch row `.b`); `state_src(slot, c)`: its checkpoint tile.
 template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int num_tiles, int tile_bytes, const int* slot_idx, const int* step,
-                                              int pad_slot_id, CoordFn coord, StateSrcFn state_src,
-                                              InputsFn copy_inputs) {
+                                              int pad_slot_id, int tail_start, int* claims, CoordFn coord,
+                                              StateSrcFn state_src, InputsFn copy_inputs) {
   const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
+  const int static_end = min(tail_start, num_tiles);
   auto lane_slot = [&](int base) {
     const int t = base + lane * stride;
-    return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
+    return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
   };
-  int slot_lane = lane_slot(blockIdx.x);
-  for (int i = 0; i < stages && blockIdx.x + i * stride < num_tiles; ++i) {
-    const auto c = coord(blockIdx.x + i * stride);
-    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
-    stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
+  auto stage_of = [&](int i) { return stage_mem + (long long)(i % stages) * stage_bytes; };
+  auto start_tile = [&](int i, int t, int slot) {  // the tile word and the checkpoint copy of the CTA's i-th tile
+    if (lane == 0) *stage_tile_word(stage_of(i), tile_bytes) = t;  // published by stage_state_copy's arrive
+    stage_state_copy(pipe, i % stages, stage_of(i), state_src(slot, coord(t)), tile_bytes);
+  };
+  int slot_lane = lane_slot(blockIdx.x), preloaded = 0;
+  for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded)
+    start_tile(preloaded, blockIdx.x + preloaded * stride, __shfl_sync(0xffffffffu, slot_lane, preloaded));
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
   int i = 0;
-  for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
+  auto issue = [&](int t, int slot, int info) {  // the CTA's i-th tile t: its stage (if not preloaded) and inputs
+    unsigned char* stage = stage_of(i);
+    const int s = i % stages;
+    if (i >= preloaded) {
+      if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+      start_tile(i, t, slot);
+    }
+    const auto c = coord(t);
+    if (lane == 0) {
+      cp_async4(stage + tile_bytes, slot_idx + c.b);
+      if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
+    }
+    if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+    cp_async_arrive(&pipe.full[s]);
+    ++i;
+  };
+  for (int base = blockIdx.x; base < static_end; base += kWarpSize * stride) {
     if (base != blockIdx.x) slot_lane = lane_slot(base);
     const int t_lane = base + lane * stride;
-    const int step_lane = t_lane < num_tiles ? step[coord(t_lane).b] : 0;
-    for (int k = 0; k < kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
-      const auto c = coord(base + k * stride);
-      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
-      const int info = __shfl_sync(0xffffffffu, step_lane, k);
-      const int s = i % stages;
-      unsigned char* stage = stage_mem + (long long)s * stage_bytes;
-      if (i >= stages) {
-        mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
-        stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
-      }
-      if (lane == 0) {
-        cp_async4(stage + tile_bytes, slot_idx + c.b);
-        if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
-      }
-      if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
-      cp_async_arrive(&pipe.full[s]);
+    const int step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
+    for (int k = 0; k < kWarpSize && base + k * stride < static_end; ++k)
+      issue(base + k * stride, __shfl_sync(0xffffffffu, slot_lane, k), __shfl_sync(0xffffffffu, step_lane, k));
+  }
+  if (static_end < num_tiles) {
+    int t = tail_start + __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(claims, 1) : 0, 0);
+    while (t < num_tiles) {
+      const int b = coord(t).b, slot = slot_idx[b], info = slot == pad_slot_id ? 0 : step[b];
+      const int next = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
+      issue(t, slot, info);
+      t = tail_start + __shfl_sync(0xffffffffu, next, 0);
     }
   }
+  const int s = i % stages;  // no tile left: a stage with tile index -1
+  if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+  if (lane == 0) {
+    *stage_tile_word(stage_of(i), tile_bytes) = -1;
+    mbar_arrive(&pipe.full[s]);
+  }
+  cp_async_arrive(&pipe.full[s]);
 }
 
-// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s).
+// Prep kernels: zero the main kernel's claim counter (one thread of the grid; the main kernel reads it after
+// `griddepcontrol.wait`).
+__device__ __forceinline__ void reset_claims(int* claims) {
+  if (claims != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
+}
+
+// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s), until
+// the stage with tile index -1.
 template <class TileFn>
 __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
-                                              int num_tiles, TileFn tile) {
-  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
+                                              int tile_bytes, TileFn tile) {
+  for (int i = 0;; ++i) {
     const int s = i % stages;
+    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
     mbar_wait(&pipe.full[s], (i / stages) & 1);
-    tile(t, stage_mem + (long long)s * stage_bytes, s);
+    const int t = *stage_tile_word(stage, tile_bytes);
+    if (t < 0) return;
+    tile(t, stage, s);
   }
 }
 

@@ -79,8 +79,9 @@ class Mamba2LayerCache(_LayerCache):
 
 @dataclass
 class GDNLayerCache(_LayerCache):
-    """``coef`` [slots, HV, record] fp32 and ``step`` [slots] int32: per-step scratch indexed by batch row and shared by
-    all layers (the replay's prep launch writes one record per (row, value head), its main launch reads them)."""
+    """``coef`` [slots, HV, record] fp32 and ``step`` [slots + 1] int32: per-step scratch indexed by batch row and
+    shared by all layers (the replay's prep launch writes one record per (row, value head), its main launch reads
+    them); ``step[slots]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh produce_tiles)."""
 
     u_ring: torch.Tensor
     k_ring: torch.Tensor
@@ -167,7 +168,7 @@ class ReplayStateCache:
         gate_shape = (slots, num_v_heads, L, head_k_dim) if kda else (slots, num_v_heads, L)
         key_heads = num_v_heads if kda else num_k_heads
         coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, kda), dtype=torch.float32, device=device)
-        step = torch.zeros(slots, dtype=torch.int32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
             cursor=cursor[i], arrive=arrive[i],
