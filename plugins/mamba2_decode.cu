@@ -28,6 +28,7 @@ struct Mamba2Params {
   int* arrive;            // [slots]
   float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
   int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
+  int* claims;            // [1] the main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* x;          // [b, H, P]
   const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
   const float* A;         // [H]
@@ -47,7 +48,8 @@ struct Mamba2Params {
   int nheads, ngroups, L, pad_slot_id;
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
-  int fold_bytes, pad0;     // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
+  int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
+  int tail_start;           // persistent main kernel: first tile claimed at run time (rssm::produce_tiles)
 };
 
 namespace {
@@ -279,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 // the main kernel launch at once (programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
   asm volatile("griddepcontrol.launch_dependents;");
+  rssm::reset_claims(p.claims);
   constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
   constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;
@@ -442,7 +445,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, num_tiles, nullptr, [&](int t) { return tile_coord(p, t); }, state_src,
+                      p.pad_slot_id, p.tail_start, p.claims, [&](int t) { return tile_coord(p, t); }, state_src,
                       copy_inputs);
 }
 

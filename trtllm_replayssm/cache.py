@@ -61,9 +61,9 @@ class _LayerCache:
 
 @dataclass
 class Mamba2LayerCache(_LayerCache):
-    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots] int32 are per-step scratch indexed by batch row and shared
-    by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them, its
-    main launch reads them."""
+    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots + 1] int32 are per-step scratch indexed by batch row and
+    shared by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them,
+    its main launch reads them; ``step[slots]`` is the main launch's tile-claim counter."""
 
     x_ring: torch.Tensor
     dt_ring: torch.Tensor
@@ -127,7 +127,7 @@ class ReplayStateCache:
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
         coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
-        step = torch.zeros(slots, dtype=torch.int32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         layers = [Mamba2LayerCache(
             state=fmt.allocate((slots, nheads, head_dim, d_state), device),
             cursor=cursor[i], arrive=arrive[i],

@@ -118,7 +118,7 @@ def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_s
 
 # Share of a persistent replay kernel's tiles claimed at run time rather than assigned round-robin (rounded to whole
 # waves of grid-size tiles; the first wave is always round-robin; plugins/replayssm_common.cuh produce_tiles), for the
-# kernels given a claim counter (GDN / KDA). None: all round-robin. 0.1 measured on the H200, batch 256 fp32: Qwen3.5-4B
+# kernels given a claim counter. None: all round-robin. 0.1 measured on the H200, batch 256 fp32: Qwen3.5-4B
 # 155.3 -> 152.5 us, Qwen3.5-122B 298.7 -> 292.2, Kimi 168.9 -> 165.6, GLM 340.3 -> 325.7; 0.25 slowed Kimi
 # (benchmarks/results/dev/sweep-s11-{3,4}-*.log).
 TAIL_FRACTION: float | None = 0.1
@@ -130,6 +130,12 @@ def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
     if fraction is None:
         return num_tiles
     return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
+
+
+def claim_counter(step: torch.Tensor | None) -> int:
+    """Address of a persistent main kernel's tile-claim counter, the last word of the cache's ``step`` scratch (0
+    without one)."""
+    return 0 if step is None else step.data_ptr() + (step.shape[0] - 1) * step.element_size()
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,

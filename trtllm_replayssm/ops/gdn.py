@@ -23,9 +23,9 @@ from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_le
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for, launch_persistent,
-                                          make_struct, persistent_ctas_per_sm, ptr, require_persistent_arch,
-                                          rows_per_cta, stages_for, stride)
+from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, claim_counter, fitting_tiles, force_flush_for,
+                                          launch_persistent, make_struct, persistent_ctas_per_sm, ptr,
+                                          require_persistent_arch, rows_per_cta, stages_for, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -54,11 +54,6 @@ SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
-
-
-def claim_counter(step: torch.Tensor | None) -> int:
-    """Address of the main kernel's tile-claim counter, the last word of the ``step`` scratch (0 without one)."""
-    return 0 if step is None else step.data_ptr() + (step.shape[0] - 1) * step.element_size()
 
 
 def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,

@@ -17,7 +17,7 @@ from trtllm_replayssm.cache import Mamba2LayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
+from trtllm_replayssm.ops._launch import (claim_counter, fitting_tiles, force_flush_for, launch_persistent, make_struct,
                                           persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
                                           sm_count, stride)
 from trtllm_replayssm.reference import mamba2 as ref
@@ -28,7 +28,7 @@ _I32 = ctypes.c_int
 # Mirrors `struct Mamba2Params` in plugins/mamba2_decode.cu (same order; natural alignment).
 _Mamba2Params = make_struct("Mamba2Params", [
     ("state", _P), ("x_ring", _P), ("dt_ring", _P), ("B_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
+    ("coef", _P), ("step", _P), ("claims", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
     ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
@@ -37,7 +37,7 @@ _Mamba2Params = make_struct("Mamba2Params", [
     ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
     ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("batch", _I32),
-    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("pad0", _I32),
+    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("tail_start", _I32),
 ])
 
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
@@ -49,7 +49,7 @@ def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
     L = x_ring.shape[2] if x_ring is not None else 1
     return _Mamba2Params(
         ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
-        ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
+        claim_counter(step), ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(x_ring, 0), stride(x_ring, 1), stride(dt_ring, 0), stride(dt_ring, 1),
         stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
@@ -107,7 +107,7 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
             launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
-                              fold_bytes(params.L, d_state, x.element_size()))
+                              fold_bytes(params.L, d_state, x.element_size()), claims=params.claims)
         else:
             launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
@@ -235,7 +235,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
-    chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     chk.check_scratch_rows(x.shape[0], slots)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
