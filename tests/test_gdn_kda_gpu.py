@@ -186,7 +186,7 @@ def test_replay_fp32_matches_float64(family, H, HV, K, V, L, mode):
 def test_claimed_tail_tiles_match_float64(family, fraction, monkeypatch):
     """Tiles past the round-robin share claimed at run time (the last partial wave; half; all after the first wave),
     one CTA per SM and two stages so that CTAs claim many, pad rows and flushes included."""
-    monkeypatch.setattr(_launch, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
     monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
     monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
     HV = 4 if family == "gdn" else 2
@@ -411,7 +411,7 @@ def test_kda_extreme_gates_stay_finite(lower_bound, gate_scale):
 def test_sanitizer_smoke(family, fraction, monkeypatch):
     """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by the GPU check script; one CTA
     per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
-    monkeypatch.setattr(_launch, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
     monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
     monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
     prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=23)

@@ -43,7 +43,7 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
     (barrier phases wrap), its tiles assigned round-robin (fraction None) or, after the first wave, claimed at run
     time (1.0); None: the launch plan."""
     monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", persist)
-    monkeypatch.setattr(_launch, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -209,7 +209,7 @@ def test_drift_10000_steps_bounded():
 def test_sanitizer_smoke(fraction, monkeypatch):
     """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by build_scripts/gpu_check.sh; one
     CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
-    monkeypatch.setattr(_launch, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
     monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
     monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
     gen, cache, layer, truth, params = _setup(8, 80, 128, 2, 4, "fp32", torch.bfloat16, slots=4)

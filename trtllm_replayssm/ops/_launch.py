@@ -116,17 +116,10 @@ def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_s
             if t <= tile and t * act_elem % 4 == 0 and stages_for(stage, ctas_per_sm) >= 2]
 
 
-# Share of a persistent replay kernel's tiles claimed at run time rather than assigned round-robin (rounded to whole
-# waves of grid-size tiles; the first wave is always round-robin; plugins/replayssm_common.cuh produce_tiles), for the
-# kernels given a claim counter. None: all round-robin. 0.1 measured on the H200, batch 256 fp32: Qwen3.5-4B
-# 155.3 -> 152.5 us, Qwen3.5-122B 298.7 -> 292.2, Kimi 168.9 -> 165.6, GLM 340.3 -> 325.7; 0.25 slowed Kimi
-# (benchmarks/results/dev/sweep-s11-{3,4}-*.log).
-TAIL_FRACTION: float | None = 0.1
-
-
 def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
-    """First tile claimed at run time: ``num_tiles`` (none) for fraction None, else the round-robin share of
-    ``num_tiles * (1 - fraction)`` tiles rounded down to whole waves of ``grid`` tiles, at least one wave."""
+    """First tile a persistent replay kernel claims at run time rather than takes round-robin
+    (plugins/replayssm_common.cuh produce_tiles): ``num_tiles`` (none) for fraction None, else the round-robin share
+    of ``num_tiles * (1 - fraction)`` tiles rounded down to whole waves of ``grid`` tiles, at least one wave."""
     if fraction is None:
         return num_tiles
     return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
@@ -139,14 +132,13 @@ def claim_counter(step: torch.Tensor | None) -> int:
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
-                      fold_bytes: int, fold_first: bool = False, claims: int = 0) -> None:
-    """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages`` and
-    ``params.fold_bytes`` from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory; with a claim
-    counter (``claims``: its address), also ``params.claims`` and ``params.tail_start``."""
+                      fold_bytes: int, tail_fraction: float | None, fold_first: bool = False) -> None:
+    """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages``,
+    ``params.fold_bytes`` and ``params.tail_start`` (``tail_fraction`` of the tiles claimed at run time, see
+    tail_start) from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory."""
     grid, params.stages, params.fold_bytes = persistent_plan(params.stage_bytes, num_tiles, device, fold_bytes,
                                                              fold_first)
-    if claims:
-        params.claims, params.tail_start = claims, tail_start(num_tiles, grid, TAIL_FRACTION)
+    params.tail_start = tail_start(num_tiles, grid, tail_fraction)
     shared = params.stages * params.stage_bytes + params.fold_bytes
     allow_dynamic_shared(function, shared)
     launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared, programmatic=True)

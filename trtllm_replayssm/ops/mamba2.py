@@ -42,6 +42,10 @@ _Mamba2Params = make_struct("Mamba2Params", [
 
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
+# Share of the replay main kernel's tiles claimed at run time (ops._launch.tail_start; None: all round-robin). H200,
+# batch 256 fp32: Nemotron-3-Nano-4B 290.3 / 290.7 -> 284.0 / 284.3 us (0.1: 294.9 / 289.4), Nemotron-3-Super-120B at
+# 0.1 306.4 / 306.6 -> 301.2 / 300.1 (benchmarks/results/dev/sweep-s11-5-*.log).
+TAIL_FRACTION: float | None = 0.05
 
 
 def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
@@ -107,7 +111,7 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
             launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
-                              fold_bytes(params.L, d_state, x.element_size()), claims=params.claims)
+                              fold_bytes(params.L, d_state, x.element_size()), TAIL_FRACTION)
         else:
             launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
