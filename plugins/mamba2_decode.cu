@@ -613,8 +613,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, kTileBytes, [&](int t, unsigned char* stage, int s) {
-    replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-  });
+  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
+                      [&](int t, unsigned char* stage, int s) {
+                        replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
+                      });
 #endif
 }

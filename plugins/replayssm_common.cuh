@@ -191,7 +191,7 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
 // (the tail) are claimed one at a time from a counter by the CTAs done with their round-robin share, so the CTAs of
 // SMs that stream faster take more of them (H200: the CTAs of a static schedule end up to ~30% apart).
 constexpr int kMaxStages = 8;
-constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), tile index (-1: no more tiles)
+constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), claimed tile (-1: no more)
 
 __device__ __forceinline__ int* stage_tile_word(unsigned char* stage, int tile_bytes) {
   return reinterpret_cast<int*>(stage + tile_bytes) + kTileWord;
@@ -303,8 +303,8 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
 // checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
 // all completing on the stage's `full` barrier. Round-robin tiles: slots and steps of 32 tiles are loaded at once (one
-// lane each); tail tiles (t >= tail_start): claimed from `*claims` (zeroed by the prep kernel), each claim made one
-// tile ahead. The tile index goes into the stage's tile word; a last stage with -1 there ends the consumers' loop.
+// lane each). Tail tiles (t >= tail_start): claimed from `*claims` (zeroed by the prep kernel), each claim made one
+// tile ahead; the tile index goes into the stage's tile word, and a last stage with -1 there ends the consumers' loop.
 // `coord(t)`: tile t's coordinates (batch row `.b`); `state_src(slot, c)`: its checkpoint tile.
 template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
@@ -317,24 +317,24 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     const int t = base + lane * stride;
     return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
   };
-  auto stage_of = [&](int i) { return stage_mem + (long long)(i % stages) * stage_bytes; };
-  auto start_tile = [&](int i, int t, int slot) {  // the tile word and the checkpoint copy of the CTA's i-th tile
-    if (lane == 0) *stage_tile_word(stage_of(i), tile_bytes) = t;  // published by stage_state_copy's arrive
-    stage_state_copy(pipe, i % stages, stage_of(i), state_src(slot, coord(t)), tile_bytes);
-  };
   int slot_lane = lane_slot(blockIdx.x), preloaded = 0;
-  for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded)
-    start_tile(preloaded, blockIdx.x + preloaded * stride, __shfl_sync(0xffffffffu, slot_lane, preloaded));
+  for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded) {
+    const auto c = coord(blockIdx.x + preloaded * stride);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, preloaded);
+    stage_state_copy(pipe, preloaded, stage_mem + (long long)preloaded * stage_bytes, state_src(slot, c), tile_bytes);
+  }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
   int i = 0;
-  auto issue = [&](int t, int slot, int info) {  // the CTA's i-th tile t: its stage (if not preloaded) and inputs
-    unsigned char* stage = stage_of(i);
+  // The CTA's i-th tile t: its checkpoint copy (unless preloaded; `claimed`: its tile word first), then its inputs.
+  auto issue = [&](int t, int slot, int info, bool claimed) {
+    const auto c = coord(t);
     const int s = i % stages;
+    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
     if (i >= preloaded) {
       if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
-      start_tile(i, t, slot);
+      if (claimed && lane == 0) *stage_tile_word(stage, tile_bytes) = t;  // published by the arrive below
+      stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
     }
-    const auto c = coord(t);
     if (lane == 0) {
       cp_async4(stage + tile_bytes, slot_idx + c.b);
       if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
@@ -348,21 +348,20 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     const int t_lane = base + lane * stride;
     const int step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
     for (int k = 0; k < kWarpSize && base + k * stride < static_end; ++k)
-      issue(base + k * stride, __shfl_sync(0xffffffffu, slot_lane, k), __shfl_sync(0xffffffffu, step_lane, k));
+      issue(base + k * stride, __shfl_sync(0xffffffffu, slot_lane, k), __shfl_sync(0xffffffffu, step_lane, k), false);
   }
-  if (static_end < num_tiles) {
-    int t = tail_start + __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(claims, 1) : 0, 0);
-    while (t < num_tiles) {
-      const int b = coord(t).b, slot = slot_idx[b], info = slot == pad_slot_id ? 0 : step[b];
-      const int next = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
-      issue(t, slot, info);
-      t = tail_start + __shfl_sync(0xffffffffu, next, 0);
-    }
+  if (static_end == num_tiles) return;
+  int t = tail_start + __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(claims, 1) : 0, 0);
+  while (t < num_tiles) {
+    const int b = coord(t).b, slot = slot_idx[b], info = slot == pad_slot_id ? 0 : step[b];
+    const int next = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
+    issue(t, slot, info, true);
+    t = tail_start + __shfl_sync(0xffffffffu, next, 0);
   }
   const int s = i % stages;  // no tile left: a stage with tile index -1
   if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
   if (lane == 0) {
-    *stage_tile_word(stage_of(i), tile_bytes) = -1;
+    *stage_tile_word(stage_mem + (long long)s * stage_bytes, tile_bytes) = -1;
     mbar_arrive(&pipe.full[s]);
   }
   cp_async_arrive(&pipe.full[s]);
@@ -374,12 +373,21 @@ __device__ __forceinline__ void reset_claims(int* claims) {
   if (claims != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
 }
 
-// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s), until
-// the stage with tile index -1.
+// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s). Its
+// round-robin tiles t = blockIdx.x + i * gridDim.x < min(tail_start, num_tiles), then, if tail_start < num_tiles, the
+// claimed tiles named by the stages' tile words until the one with -1.
 template <class TileFn>
 __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
-                                              int tile_bytes, TileFn tile) {
-  for (int i = 0;; ++i) {
+                                              int num_tiles, int tail_start, int tile_bytes, TileFn tile) {
+  const int static_end = min(tail_start, num_tiles);
+  int i = 0;
+  for (int t = blockIdx.x; t < static_end; t += gridDim.x, ++i) {
+    const int s = i % stages;
+    mbar_wait(&pipe.full[s], (i / stages) & 1);
+    tile(t, stage_mem + (long long)s * stage_bytes, s);
+  }
+  if (static_end == num_tiles) return;
+  for (;; ++i) {
     const int s = i % stages;
     unsigned char* stage = stage_mem + (long long)s * stage_bytes;
     mbar_wait(&pipe.full[s], (i / stages) & 1);
