@@ -317,16 +317,38 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     const int t = base + lane * stride;
     return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
   };
-  int slot_lane = lane_slot(blockIdx.x), preloaded = 0;
+  int slot_lane = lane_slot(blockIdx.x), step_lane = 0, preloaded = 0;
   for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded) {
     const auto c = coord(blockIdx.x + preloaded * stride);
     const int slot = __shfl_sync(0xffffffffu, slot_lane, preloaded);
     stage_state_copy(pipe, preloaded, stage_mem + (long long)preloaded * stage_bytes, state_src(slot, c), tile_bytes);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
+  const int statics = blockIdx.x < static_end ? (static_end - blockIdx.x + stride - 1) / stride : 0;
+  int claim = 0;  // lane 0: the claim for the next tail tile (made one tile ahead)
   int i = 0;
-  // The CTA's i-th tile t: its checkpoint copy (unless preloaded; `claimed`: its tile word first), then its inputs.
-  auto issue = [&](int t, int slot, int info, bool claimed) {
+  for (;; ++i) {  // one call site of copy_inputs: the kernels inline it
+    int t = blockIdx.x + i * stride, slot, info;
+    const bool claimed = t >= static_end;
+    if (!claimed) {
+      const int k = i % kWarpSize;
+      if (k == 0) {
+        if (i > 0) slot_lane = lane_slot(t);
+        const int t_lane = t + lane * stride;
+        step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
+      }
+      slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      info = __shfl_sync(0xffffffffu, step_lane, k);
+    } else {
+      if (static_end == num_tiles) return;
+      if (i == statics) claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the CTA's first claim
+      t = tail_start + __shfl_sync(0xffffffffu, claim, 0);
+      if (t >= num_tiles) break;
+      const int b = coord(t).b;
+      slot = slot_idx[b];
+      info = slot == pad_slot_id ? 0 : step[b];
+      claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
+    }
     const auto c = coord(t);
     const int s = i % stages;
     unsigned char* stage = stage_mem + (long long)s * stage_bytes;
@@ -341,22 +363,6 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     }
     if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
     cp_async_arrive(&pipe.full[s]);
-    ++i;
-  };
-  for (int base = blockIdx.x; base < static_end; base += kWarpSize * stride) {
-    if (base != blockIdx.x) slot_lane = lane_slot(base);
-    const int t_lane = base + lane * stride;
-    const int step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
-    for (int k = 0; k < kWarpSize && base + k * stride < static_end; ++k)
-      issue(base + k * stride, __shfl_sync(0xffffffffu, slot_lane, k), __shfl_sync(0xffffffffu, step_lane, k), false);
-  }
-  if (static_end == num_tiles) return;
-  int t = tail_start + __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(claims, 1) : 0, 0);
-  while (t < num_tiles) {
-    const int b = coord(t).b, slot = slot_idx[b], info = slot == pad_slot_id ? 0 : step[b];
-    const int next = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
-    issue(t, slot, info, true);
-    t = tail_start + __shfl_sync(0xffffffffu, next, 0);
   }
   const int s = i % stages;  // no tile left: a stage with tile index -1
   if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
@@ -380,19 +386,17 @@ template <class TileFn>
 __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int num_tiles, int tail_start, int tile_bytes, TileFn tile) {
   const int static_end = min(tail_start, num_tiles);
-  int i = 0;
-  for (int t = blockIdx.x; t < static_end; t += gridDim.x, ++i) {
-    const int s = i % stages;
-    mbar_wait(&pipe.full[s], (i / stages) & 1);
-    tile(t, stage_mem + (long long)s * stage_bytes, s);
-  }
-  if (static_end == num_tiles) return;
-  for (;; ++i) {
+  for (int i = 0;; ++i) {  // one call site of `tile`: the kernels inline it
+    int t = blockIdx.x + i * gridDim.x;
+    const bool claimed = t >= static_end;
+    if (claimed && static_end == num_tiles) return;
     const int s = i % stages;
     unsigned char* stage = stage_mem + (long long)s * stage_bytes;
     mbar_wait(&pipe.full[s], (i / stages) & 1);
-    const int t = *stage_tile_word(stage, tile_bytes);
-    if (t < 0) return;
+    if (claimed) {
+      t = *stage_tile_word(stage, tile_bytes);
+      if (t < 0) return;
+    }
     tile(t, stage, s);
   }
 }
