@@ -42,8 +42,8 @@ struct DeltaParams {
   int* cursor;            // [slots]                 (replay only)
   int* arrive;            // [slots]                 (replay only)
   float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
-  int* claims;            // [1] the main kernel's tail-tile claim counter (zeroed by the prep kernel)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* q;          // [b, H, K]
   const void* k;          // [b, H, K]
   const void* v;          // [b, HV, V]
@@ -532,7 +532,7 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) delta_replay_prep_kernel(
     const DeltaParams p) {  // 64 registers (K <= 128), 80 (K = 256: a lane's 8 channels of q, k, gates and keys)
   asm volatile("griddepcontrol.launch_dependents;");
-  rssm::reset_claims(p.claims);
+  rssm::reset_claims(p.step - 1);
   const int lane = threadIdx.x % rssm::kWarpSize;
   const int heads = kPerChannel ? p.num_v_heads : p.num_k_heads;  // items per batch row
   const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
@@ -639,7 +639,7 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, p.tail_start, p.claims, [&](int t) { return tile_coord(p, t); }, state_src,
+                      p.pad_slot_id, p.tail_start, p.step - 1, [&](int t) { return tile_coord(p, t); }, state_src,
                       copy_inputs);
 }
 

@@ -27,8 +27,8 @@ struct Mamba2Params {
   int* cursor;            // [slots]
   int* arrive;            // [slots]
   float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
-  int* claims;            // [1] the main kernel's tail-tile claim counter (zeroed by the prep kernel)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* x;          // [b, H, P]
   const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
   const float* A;         // [H]
@@ -281,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 // the main kernel launch at once (programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
   asm volatile("griddepcontrol.launch_dependents;");
-  rssm::reset_claims(p.claims);
+  rssm::reset_claims(p.step - 1);
   constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
   constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;
@@ -445,7 +445,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     }
   };
   rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, p.tail_start, p.claims, [&](int t) { return tile_coord(p, t); }, state_src,
+                      p.pad_slot_id, p.tail_start, p.step - 1, [&](int t) { return tile_coord(p, t); }, state_src,
                       copy_inputs);
 }
 

@@ -376,7 +376,7 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
 // Prep kernels: zero the main kernel's claim counter (one thread of the grid; the main kernel reads it after
 // `griddepcontrol.wait`).
 __device__ __forceinline__ void reset_claims(int* claims) {
-  if (claims != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
 }
 
 // Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s). Its

@@ -63,7 +63,7 @@ class _LayerCache:
 class Mamba2LayerCache(_LayerCache):
     """``coef`` [slots, H, L+1] fp32 and ``step`` [slots + 1] int32 are per-step scratch indexed by batch row and
     shared by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them,
-    its main launch reads them; ``step[slots]`` is the main launch's tile-claim counter."""
+    its main launch reads them; ``step[0]`` is the main launch's tile-claim counter, ``step[1:]`` the rows' words."""
 
     x_ring: torch.Tensor
     dt_ring: torch.Tensor
@@ -81,7 +81,8 @@ class Mamba2LayerCache(_LayerCache):
 class GDNLayerCache(_LayerCache):
     """``coef`` [slots, HV, record] fp32 and ``step`` [slots + 1] int32: per-step scratch indexed by batch row and
     shared by all layers (the replay's prep launch writes one record per (row, value head), its main launch reads
-    them); ``step[slots]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh produce_tiles)."""
+    them); ``step[0]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh produce_tiles),
+    ``step[1:]`` the rows' words."""
 
     u_ring: torch.Tensor
     k_ring: torch.Tensor

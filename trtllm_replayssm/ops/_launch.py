@@ -125,10 +125,10 @@ def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
     return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
 
 
-def claim_counter(step: torch.Tensor | None) -> int:
-    """Address of a persistent main kernel's tile-claim counter, the last word of the cache's ``step`` scratch (0
-    without one)."""
-    return 0 if step is None else step.data_ptr() + (step.shape[0] - 1) * step.element_size()
+def step_rows(step: torch.Tensor | None) -> int:
+    """Address of the per-row words of a cache's ``step`` scratch (0 without one): ``step[1:]``; ``step[0]`` is the
+    persistent main kernel's tile-claim counter, which the kernels address as ``step[-1]`` of the rows."""
+    return 0 if step is None else step.data_ptr() + step.element_size()
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,

@@ -23,9 +23,9 @@ from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_le
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, claim_counter, fitting_tiles, force_flush_for,
+from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for,
                                           launch_persistent, make_struct, persistent_ctas_per_sm, ptr,
-                                          require_persistent_arch, rows_per_cta, stages_for, stride)
+                                          require_persistent_arch, rows_per_cta, stages_for, step_rows, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -35,7 +35,7 @@ _F32 = ctypes.c_float
 # Mirrors `struct DeltaParams` in plugins/delta_rule_decode.cu (same order; natural alignment).
 _DeltaParams = make_struct("DeltaParams", [
     ("state", _P), ("u_ring", _P), ("k_ring", _P), ("g_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("claims", _P), ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P),
+    ("coef", _P), ("step", _P), ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P),
     ("A_log", _P), ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64),
@@ -66,8 +66,8 @@ def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k,
     """The kernel parameter struct (``u_ring`` None for the baseline kernel)."""
     L = u_ring.shape[2] if u_ring is not None else 1
     return _DeltaParams(
-        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
-        claim_counter(step), ptr(q), ptr(k), ptr(v), ptr(gate), ptr(beta), ptr(A_log), ptr(dt_bias), ptr(idx), ptr(out),
+        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive), ptr(coef), step_rows(step),
+        ptr(q), ptr(k), ptr(v), ptr(gate), ptr(beta), ptr(A_log), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(u_ring, 0), stride(u_ring, 1), stride(k_ring, 0), stride(k_ring, 1),
         stride(g_ring, 0), stride(g_ring, 1), stride(coef, 0),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), gate.stride(0), gate.stride(1),

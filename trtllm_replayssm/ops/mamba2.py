@@ -17,9 +17,9 @@ from trtllm_replayssm.cache import Mamba2LayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (claim_counter, fitting_tiles, force_flush_for, launch_persistent, make_struct,
+from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
                                           persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
-                                          sm_count, stride)
+                                          sm_count, step_rows, stride)
 from trtllm_replayssm.reference import mamba2 as ref
 
 _P = ctypes.c_void_p
@@ -28,7 +28,7 @@ _I32 = ctypes.c_int
 # Mirrors `struct Mamba2Params` in plugins/mamba2_decode.cu (same order; natural alignment).
 _Mamba2Params = make_struct("Mamba2Params", [
     ("state", _P), ("x_ring", _P), ("dt_ring", _P), ("B_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("claims", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
+    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
     ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
@@ -52,8 +52,8 @@ def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
                  dt_softplus, idx, pad_slot_id, force_flush, out) -> ctypes.Structure:
     L = x_ring.shape[2] if x_ring is not None else 1
     return _Mamba2Params(
-        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
-        claim_counter(step), ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
+        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), step_rows(step),
+        ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(x_ring, 0), stride(x_ring, 1), stride(dt_ring, 0), stride(dt_ring, 1),
         stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
