@@ -323,7 +323,14 @@ def test_paged_slot_stride(family):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_cuda_graph_l_cycle_matches_eager(family):
+@pytest.mark.parametrize("claimed", [False, True])
+def test_cuda_graph_l_cycle_matches_eager(family, claimed, monkeypatch):
+    """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
+    first wave claimed at run time (which CTA takes a tile changes, its result must not)."""
+    if claimed:
+        monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", 1.0)
+        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+        monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
     prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=13)
     L, batch = 16, 6
     gen, cache, layer, _ = setup(prob, L, "fp32", torch.bfloat16)

@@ -151,7 +151,14 @@ def test_paged_slot_stride():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_l_cycle_matches_eager():
+@pytest.mark.parametrize("claimed", [False, True])
+def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
+    """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
+    first wave claimed at run time."""
+    if claimed:
+        monkeypatch.setattr(ops, "TAIL_FRACTION", 1.0)
+        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+        monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
     nheads, head_dim, d_state, ngroups, L = 16, 80, 128, 8, 16
     gen, cache, layer, _, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.bfloat16)
     twin = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
