@@ -49,7 +49,7 @@ struct Mamba2Params {
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
-  int tail_start;           // persistent main kernel: first tile claimed at run time (rssm::produce_tiles)
+  int tail_start;           // persistent main kernel: first tile claimed at run time (rssm::produce_tiles_claiming_tail)
 };
 
 namespace {
@@ -402,7 +402,7 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
-// Producer warp (rssm::produce_tiles): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
+// Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
 // rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
@@ -444,9 +444,9 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
       rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
     }
   };
-  rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, p.tail_start, p.step - 1, [&](int t) { return tile_coord(p, t); }, state_src,
-                      copy_inputs);
+  rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
+                                    p.step, p.pad_slot_id, p.tail_start, p.step - 1,
+                                    [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
@@ -613,9 +613,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
-                      [&](int t, unsigned char* stage, int s) {
-                        replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-                      });
+  rssm::consume_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
+                                    [&](int t, unsigned char* stage, int s) {
+                                      replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
+                                    });
 #endif
 }

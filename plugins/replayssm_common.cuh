@@ -187,9 +187,10 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
 // Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk
 // async copies (sm_90+: cp.async.bulk completing on an mbarrier), the consumer warps wait on a stage's `full` barrier,
 // read it, and arrive on its `empty` barrier so the producer can refill it. A CTA's i-th tile goes into stage i % stages.
-// Tiles t < tail_start (a multiple of gridDim.x) are assigned round-robin: t = blockIdx.x + i * gridDim.x; the rest
-// (the tail) are claimed one at a time from a counter by the CTAs done with their round-robin share, so the CTAs of
-// SMs that stream faster take more of them (H200: the CTAs of a static schedule end up to ~30% apart).
+// Two schedules: produce_tiles / consume_tiles assign every tile round-robin (t = blockIdx.x + i * gridDim.x); the
+// `_claiming_tail` pair does so for tiles t < tail_start (a multiple of gridDim.x) and has the CTAs done with their
+// share claim the rest (the tail) one at a time from a counter, so the CTAs of SMs that stream faster take more of
+// them (H200: the CTAs of a static schedule end up to ~30% apart). Each kernel instantiates one of them.
 constexpr int kMaxStages = 8;
 constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), claimed tile (-1: no more)
 
@@ -302,15 +303,70 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
 // copy into its stage (the first `stages` before the prep kernel has finished: prep never writes the state), then,
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
 // checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
-// all completing on the stage's `full` barrier. Round-robin tiles: slots and steps of 32 tiles are loaded at once (one
-// lane each). Tail tiles (t >= tail_start): claimed from `*claims` (zeroed by the prep kernel), each claim made one
-// tile ahead; the tile index goes into the stage's tile word, and a last stage with -1 there ends the consumers' loop.
+// all completing on the stage's `full` barrier. Slots and steps of 32 tiles are loaded at once (one lane each).
 // `coord(t)`: tile t's coordinates (batch row `.b`); `state_src(slot, c)`: its checkpoint tile.
 template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int num_tiles, int tile_bytes, const int* slot_idx, const int* step,
-                                              int pad_slot_id, int tail_start, int* claims, CoordFn coord,
-                                              StateSrcFn state_src, InputsFn copy_inputs) {
+                                              int pad_slot_id, CoordFn coord, StateSrcFn state_src,
+                                              InputsFn copy_inputs) {
+  const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
+  auto lane_slot = [&](int base) {
+    const int t = base + lane * stride;
+    return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
+  };
+  int slot_lane = lane_slot(blockIdx.x);
+  for (int i = 0; i < stages && blockIdx.x + i * stride < num_tiles; ++i) {
+    const auto c = coord(blockIdx.x + i * stride);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
+    stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
+  int i = 0;
+  for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
+    if (base != blockIdx.x) slot_lane = lane_slot(base);
+    const int t_lane = base + lane * stride;
+    const int step_lane = t_lane < num_tiles ? step[coord(t_lane).b] : 0;
+    for (int k = 0; k < kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
+      const auto c = coord(base + k * stride);
+      const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      const int info = __shfl_sync(0xffffffffu, step_lane, k);
+      const int s = i % stages;
+      unsigned char* stage = stage_mem + (long long)s * stage_bytes;
+      if (i >= stages) {
+        mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+        stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
+      }
+      if (lane == 0) {
+        cp_async4(stage + tile_bytes, slot_idx + c.b);
+        if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
+      }
+      if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+      cp_async_arrive(&pipe.full[s]);
+    }
+  }
+}
+
+// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s).
+template <class TileFn>
+__device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
+                                              int num_tiles, TileFn tile) {
+  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
+    const int s = i % stages;
+    mbar_wait(&pipe.full[s], (i / stages) & 1);
+    tile(t, stage_mem + (long long)s * stage_bytes, s);
+  }
+}
+
+// produce_tiles with a claimed tail: tiles t < tail_start are the CTA's round-robin share as there; the rest are
+// claimed from `*claims` (zeroed by the prep kernel), each claim made one tile ahead; a claimed tile's index goes into
+// its stage's tile word, and a last stage with -1 there ends the consumers' loop (consume_tiles_claiming_tail).
+template <class CoordFn, class StateSrcFn, class InputsFn>
+__device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
+                                                            int stage_bytes, int num_tiles, int tile_bytes,
+                                                            const int* slot_idx, const int* step, int pad_slot_id,
+                                                            int tail_start, int* claims, CoordFn coord,
+                                                            StateSrcFn state_src, InputsFn copy_inputs) {
   const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
   const int static_end = min(tail_start, num_tiles);
   auto lane_slot = [&](int base) {
@@ -379,12 +435,12 @@ __device__ __forceinline__ void reset_claims(int* claims) {
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
 }
 
-// Consumer warps: each of the CTA's tiles once its stage is full: `tile(t, stage, s)` (which releases stage s). Its
-// round-robin tiles t = blockIdx.x + i * gridDim.x < min(tail_start, num_tiles), then, if tail_start < num_tiles, the
-// claimed tiles named by the stages' tile words until the one with -1.
+// consume_tiles for produce_tiles_claiming_tail: the CTA's round-robin tiles below min(tail_start, num_tiles), then,
+// if tail_start < num_tiles, the claimed tiles named by the stages' tile words until the one with -1.
 template <class TileFn>
-__device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
-                                              int num_tiles, int tail_start, int tile_bytes, TileFn tile) {
+__device__ __forceinline__ void consume_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
+                                                            int stage_bytes, int num_tiles, int tail_start,
+                                                            int tile_bytes, TileFn tile) {
   const int static_end = min(tail_start, num_tiles);
   for (int i = 0;; ++i) {  // one call site of `tile`: the kernels inline it
     int t = blockIdx.x + i * gridDim.x;

@@ -5,6 +5,7 @@ import torch
 
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import _launch
+from trtllm_replayssm.ops import gdn as gdn_ops
 from trtllm_replayssm.ops._launch import force_flush_for
 
 CUDA = torch.device("cuda", 0)  # only the device type is read when the threshold comes from the environment
@@ -96,3 +97,12 @@ def test_step_scratch_keeps_the_claim_counter_before_the_rows():
     assert step.shape == (6,)
     assert _launch.step_rows(step) == step.data_ptr() + step.element_size()
     assert _launch.step_rows(None) == 0
+
+
+def test_delta_rule_tail_claims_only_for_4_byte_states(monkeypatch):
+    """GDN/KDA: fp32 states claim TAIL_FRACTION of the tiles; 16-bit states keep the round-robin schedule (their
+    kernels compile without claims, plugins/delta_rule_decode.cu kTailClaims)."""
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", 0.25)
+    assert gdn_ops.tail_fraction(torch.float32) == 0.25
+    assert gdn_ops.tail_fraction(torch.bfloat16) is None
+    assert gdn_ops.tail_fraction(torch.float16) is None

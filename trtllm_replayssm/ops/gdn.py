@@ -54,10 +54,17 @@ SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
-# Share of the replay main kernel's tiles claimed at run time (ops._launch.tail_start; None: all round-robin). H200,
-# batch 256 fp32, against None: Qwen3.5-4B 155.3 -> 152.5 us, Qwen3.5-122B 298.7 -> 292.2, Kimi-Linear 168.9 -> 165.6,
-# GLM-5.3-Flash 340.3 -> 325.7; 0.25 slowed Kimi (benchmarks/results/dev/sweep-s11-{3,4}-*.log). Shared by GDN and KDA.
+# Share of the replay main kernel's tiles claimed at run time with fp32 states (ops._launch.tail_start; None: all
+# round-robin). H200, batch 256, against None: Qwen3.5-4B 155.3 -> 152.5 us, Qwen3.5-122B 298.7 -> 292.2, Kimi-Linear
+# 168.9 -> 165.6, GLM-5.3-Flash 340.3 -> 325.7; 0.25 slowed Kimi (benchmarks/results/dev/sweep-s11-{3,4}-*.log,
+# sweep-s12-*.log). Shared by GDN and KDA.
 TAIL_FRACTION: float | None = 0.1
+
+
+def tail_fraction(state_dtype: torch.dtype) -> float | None:
+    """The claimed share of the main kernel's tiles for ``state_dtype``: TAIL_FRACTION for 4-byte states, None for
+    16-bit states, whose kernels keep the round-robin schedule (plugins/delta_rule_decode.cu kTailClaims)."""
+    return TAIL_FRACTION if state_dtype.itemsize == 4 else None
 
 
 def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
@@ -161,7 +168,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
                                              family == "kda")
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
                               fold_bytes(params.L, key_dim, key_ring_elem(v.dtype, family == "kda"), family == "kda"),
-                              TAIL_FRACTION, family == "kda")
+                              tail_fraction(state.dtype), family == "kda")
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 
