@@ -42,7 +42,8 @@ struct DeltaParams {
   int* cursor;            // [slots]                 (replay only)
   int* arrive;            // [slots]                 (replay only)
   float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* q;          // [b, H, K]
   const void* k;          // [b, H, K]
   const void* v;          // [b, HV, V]
@@ -60,6 +61,7 @@ struct DeltaParams {
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
+  int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)
 };
 
 namespace {
@@ -530,6 +532,7 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) delta_replay_prep_kernel(
     const DeltaParams p) {  // 64 registers (K <= 128), 80 (K = 256: a lane's 8 channels of q, k, gates and keys)
   asm volatile("griddepcontrol.launch_dependents;");
+  rssm::reset_claims(p.step - 1);
   const int lane = threadIdx.x % rssm::kWarpSize;
   const int heads = kPerChannel ? p.num_v_heads : p.num_k_heads;  // items per batch row
   const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
@@ -547,6 +550,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) 
 namespace {
 
 constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
+// 4-byte states claim the main kernel's tail tiles (rssm::produce_tiles_claiming_tail), 2-byte states keep the
+// round-robin schedule: H200, batch 256, against round-robin, claims made fp32 steps 1-2.5% faster, but the claiming
+// code made bf16 steps 3-5% slower even with no tile claimed (benchmarks/results/dev/sweep-s12-2-*.log).
+// trtllm_replayssm/ops/gdn.py:tail_fraction mirrors the choice.
+constexpr bool kTailClaims = sizeof(state_t) == 4;
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
@@ -588,7 +596,7 @@ __device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
   return {hb / p.num_v_heads, hb % p.num_v_heads, (t % kRowTiles) * kTile};
 }
 
-// Producer warp (rssm::produce_tiles): besides slot and step, each tile's record, v rows and u ring rows j < w go
+// Producer warp (rssm::produce_tiles or _claiming_tail): besides slot and step, each tile's record, v rows and u ring rows j < w go
 // into its stage; a flush tile's ring keys (and GDN gates) into the fold buffer (or an L2 prefetch without one). The
 // producer of a row's first tile writes the row's new cursor (the prep kernel, its only reader, has finished).
 __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
@@ -635,8 +643,14 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
       if constexpr (!kPerChannel) rssm::prefetch_l2(g_ring, w * 4);
     }
   };
-  rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
+  auto coord = [&](int t) { return tile_coord(p, t); };
+  if constexpr (kTailClaims) {
+    rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
+                                      p.step, p.pad_slot_id, p.tail_start, p.step - 1, coord, state_src, copy_inputs);
+  } else {
+    rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
+                        p.pad_slot_id, coord, state_src, copy_inputs);
+  }
 }
 
 // Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
@@ -825,8 +839,14 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
+  auto tile = [&](int t, unsigned char* stage, int s) {
     replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-  });
+  };
+  if constexpr (kTailClaims) {
+    rssm::consume_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
+                                      tile);
+  } else {
+    rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, tile);
+  }
 #endif
 }

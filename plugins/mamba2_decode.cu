@@ -27,7 +27,8 @@ struct Mamba2Params {
   int* cursor;            // [slots]
   int* arrive;            // [slots]
   float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
   const void* x;          // [b, H, P]
   const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
   const float* A;         // [H]
@@ -47,7 +48,8 @@ struct Mamba2Params {
   int nheads, ngroups, L, pad_slot_id;
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
-  int fold_bytes, pad0;     // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
+  int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
+  int tail_start;           // persistent main kernel: first tile claimed at run time (rssm::produce_tiles_claiming_tail)
 };
 
 namespace {
@@ -279,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 // the main kernel launch at once (programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
   asm volatile("griddepcontrol.launch_dependents;");
+  rssm::reset_claims(p.step - 1);
   constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
   constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;
@@ -374,7 +377,7 @@ struct StageLayout {
 
 __device__ __forceinline__ StageLayout stage_layout(int L) {
   StageLayout l;
-  l.info = kTileBytes;                                                // slot, step, D (3 words, 16 bytes)
+  l.info = kTileBytes;                                                // slot, step, D, tile (4 words)
   l.coef = l.info + 16;                                               // coef[0..L] (weights, decay)
   l.x = l.coef + round16((L + 1) * 4);                                // x of the tile rows
   l.z = l.x + round16(PT * int(sizeof(act_t)));                       // z of the tile rows
@@ -399,7 +402,7 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
-// Producer warp (rssm::produce_tiles): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
+// Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
 // rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
@@ -441,8 +444,9 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
       rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
     }
   };
-  rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                      p.pad_slot_id, [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
+  rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
+                                    p.step, p.pad_slot_id, p.tail_start, p.step - 1,
+                                    [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
@@ -609,8 +613,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   }
   const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, [&](int t, unsigned char* stage, int s) {
-    replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-  });
+  rssm::consume_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
+                                    [&](int t, unsigned char* stage, int s) {
+                                      replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
+                                    });
 #endif
 }

@@ -186,9 +186,17 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
 // ---------------------------------------------------------------------------------------------- tile streaming
 // Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk
 // async copies (sm_90+: cp.async.bulk completing on an mbarrier), the consumer warps wait on a stage's `full` barrier,
-// read it, and arrive on its `empty` barrier so the producer can refill it. Tiles are assigned round-robin:
-// tile t = blockIdx.x + i * gridDim.x is this CTA's i-th tile, held in stage i % stages.
+// read it, and arrive on its `empty` barrier so the producer can refill it. A CTA's i-th tile goes into stage i % stages.
+// Two schedules: produce_tiles / consume_tiles assign every tile round-robin (t = blockIdx.x + i * gridDim.x); the
+// `_claiming_tail` pair does so for tiles t < tail_start (a multiple of gridDim.x) and has the CTAs done with their
+// share claim the rest (the tail) one at a time from a counter, so the CTAs of SMs that stream faster take more of
+// them (H200: the CTAs of a static schedule end up to ~30% apart). Each kernel instantiates one of them.
 constexpr int kMaxStages = 8;
+constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), claimed tile (-1: no more)
+
+__device__ __forceinline__ int* stage_tile_word(unsigned char* stage, int tile_bytes) {
+  return reinterpret_cast<int*>(stage + tile_bytes) + kTileWord;
+}
 
 struct TilePipe {
   unsigned long long full[kMaxStages];   // producer arrive (+ transaction bytes) -> consumers may read the stage
@@ -347,6 +355,105 @@ __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* sta
     const int s = i % stages;
     mbar_wait(&pipe.full[s], (i / stages) & 1);
     tile(t, stage_mem + (long long)s * stage_bytes, s);
+  }
+}
+
+// produce_tiles with a claimed tail: tiles t < tail_start are the CTA's round-robin share as there; the rest are
+// claimed from `*claims` (zeroed by the prep kernel), each claim made one tile ahead; a claimed tile's index goes into
+// its stage's tile word, and a last stage with -1 there ends the consumers' loop (consume_tiles_claiming_tail).
+template <class CoordFn, class StateSrcFn, class InputsFn>
+__device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
+                                                            int stage_bytes, int num_tiles, int tile_bytes,
+                                                            const int* slot_idx, const int* step, int pad_slot_id,
+                                                            int tail_start, int* claims, CoordFn coord,
+                                                            StateSrcFn state_src, InputsFn copy_inputs) {
+  const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
+  const int static_end = min(tail_start, num_tiles);
+  auto lane_slot = [&](int base) {
+    const int t = base + lane * stride;
+    return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
+  };
+  int slot_lane = lane_slot(blockIdx.x), step_lane = 0, preloaded = 0;
+  for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded) {
+    const auto c = coord(blockIdx.x + preloaded * stride);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, preloaded);
+    stage_state_copy(pipe, preloaded, stage_mem + (long long)preloaded * stage_bytes, state_src(slot, c), tile_bytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
+  const int statics = blockIdx.x < static_end ? (static_end - blockIdx.x + stride - 1) / stride : 0;
+  int claim = 0;  // lane 0: the claim for the next tail tile (made one tile ahead)
+  int i = 0;
+  for (;; ++i) {  // one call site of copy_inputs: the kernels inline it
+    int t = blockIdx.x + i * stride, slot, info;
+    const bool claimed = t >= static_end;
+    if (!claimed) {
+      const int k = i % kWarpSize;
+      if (k == 0) {
+        if (i > 0) slot_lane = lane_slot(t);
+        const int t_lane = t + lane * stride;
+        step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
+      }
+      slot = __shfl_sync(0xffffffffu, slot_lane, k);
+      info = __shfl_sync(0xffffffffu, step_lane, k);
+    } else {
+      if (static_end == num_tiles) return;
+      if (i == statics) claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the CTA's first claim
+      t = tail_start + __shfl_sync(0xffffffffu, claim, 0);
+      if (t >= num_tiles) break;
+      const int b = coord(t).b;
+      slot = slot_idx[b];
+      info = slot == pad_slot_id ? 0 : step[b];
+      claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
+    }
+    const auto c = coord(t);
+    const int s = i % stages;
+    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
+    if (i >= preloaded) {
+      if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+      if (claimed && lane == 0) *stage_tile_word(stage, tile_bytes) = t;  // published by the arrive below
+      stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
+    }
+    if (lane == 0) {
+      cp_async4(stage + tile_bytes, slot_idx + c.b);
+      if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
+    }
+    if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+    cp_async_arrive(&pipe.full[s]);
+  }
+  const int s = i % stages;  // no tile left: a stage with tile index -1
+  if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+  if (lane == 0) {
+    *stage_tile_word(stage_mem + (long long)s * stage_bytes, tile_bytes) = -1;
+    mbar_arrive(&pipe.full[s]);
+  }
+  cp_async_arrive(&pipe.full[s]);
+}
+
+// Prep kernels: zero the main kernel's claim counter (one thread of the grid; the main kernel reads it after
+// `griddepcontrol.wait`).
+__device__ __forceinline__ void reset_claims(int* claims) {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
+}
+
+// consume_tiles for produce_tiles_claiming_tail: the CTA's round-robin tiles below min(tail_start, num_tiles), then,
+// if tail_start < num_tiles, the claimed tiles named by the stages' tile words until the one with -1.
+template <class TileFn>
+__device__ __forceinline__ void consume_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
+                                                            int stage_bytes, int num_tiles, int tail_start,
+                                                            int tile_bytes, TileFn tile) {
+  const int static_end = min(tail_start, num_tiles);
+  for (int i = 0;; ++i) {  // one call site of `tile`: the kernels inline it
+    int t = blockIdx.x + i * gridDim.x;
+    const bool claimed = t >= static_end;
+    if (claimed && static_end == num_tiles) return;
+    const int s = i % stages;
+    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
+    mbar_wait(&pipe.full[s], (i / stages) & 1);
+    if (claimed) {
+      t = *stage_tile_word(stage, tile_bytes);
+      if (t < 0) return;
+    }
+    tile(t, stage, s);
   }
 }
 

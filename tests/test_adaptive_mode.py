@@ -1,8 +1,11 @@
-"""CPU: the adaptive-mode policy (which steps flush every step instead of replaying)."""
+"""CPU: launch policy: the adaptive mode (which steps flush every step instead of replaying), the fold buffer, the
+persistent kernels' claimed tail."""
 import pytest
 import torch
 
+from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import _launch
+from trtllm_replayssm.ops import gdn as gdn_ops
 from trtllm_replayssm.ops._launch import force_flush_for
 
 CUDA = torch.device("cuda", 0)  # only the device type is read when the threshold comes from the environment
@@ -73,3 +76,33 @@ def test_unknown_family_is_an_error(monkeypatch):
     monkeypatch.delenv("TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD", raising=False)
     with pytest.raises(KeyError):
         force_flush_for("rwkv", "auto", 1, 1, torch.float32, CUDA)
+
+
+def test_tail_start_claims_whole_waves_after_the_first():
+    """The claimed tail: none for fraction None; else the round-robin share rounded down to whole waves of `grid`
+    tiles, never less than one wave and never past the last tile."""
+    assert _launch.tail_start(1000, 100, None) == 1000
+    assert _launch.tail_start(1000, 100, 0.1) == 900
+    assert _launch.tail_start(1050, 100, 0.1) == 900  # 945 round-robin tiles -> 9 whole waves
+    assert _launch.tail_start(1000, 100, 0.0) == 1000
+    assert _launch.tail_start(1050, 100, 0.0) == 1000  # the last partial wave is claimed
+    assert _launch.tail_start(1000, 100, 1.0) == 100  # the first wave stays round-robin
+    assert _launch.tail_start(80, 100, 0.5) == 80  # one partial wave: nothing to claim
+
+
+def test_step_scratch_keeps_the_claim_counter_before_the_rows():
+    """The kernels address the claim counter as step[-1] of the rows they are given."""
+    cache = ReplayStateCache.gdn(1, 5, 2, 4, 64, 64, buffer_len=4, device="cpu")
+    step = cache.layer(0).step
+    assert step.shape == (6,)
+    assert _launch.step_rows(step) == step.data_ptr() + step.element_size()
+    assert _launch.step_rows(None) == 0
+
+
+def test_delta_rule_tail_claims_only_for_4_byte_states(monkeypatch):
+    """GDN/KDA: fp32 states claim TAIL_FRACTION of the tiles; 16-bit states keep the round-robin schedule (their
+    kernels compile without claims, plugins/delta_rule_decode.cu kTailClaims)."""
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", 0.25)
+    assert gdn_ops.tail_fraction(torch.float32) == 0.25
+    assert gdn_ops.tail_fraction(torch.bfloat16) is None
+    assert gdn_ops.tail_fraction(torch.float16) is None

@@ -11,6 +11,7 @@ from kernel_checks import assert_rows_written, rel_err
 
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import gdn as gdn_ops
+from trtllm_replayssm.ops import _launch
 from trtllm_replayssm.ops import kda as kda_ops
 from trtllm_replayssm.ops._launch import force_flush_for
 from trtllm_replayssm.reference import gdn as gdn_ref
@@ -179,6 +180,25 @@ def test_replay_fp32_matches_float64(family, H, HV, K, V, L, mode):
     assert worst_out <= 1e-5 and worst_state <= 1e-5
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_claimed_tail_tiles_match_float64(family, fraction, monkeypatch):
+    """Tiles past the round-robin share claimed at run time (the last partial wave; half; all after the first wave),
+    one CTA per SM and two stages so that CTAs claim many, pad rows and flushes included."""
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+    monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
+    HV = 4 if family == "gdn" else 2
+    tiles = 7 * HV * (128 // 8)
+    grid = min(tiles, _launch.persistent_ctas_per_sm() * _launch.sm_count(0))
+    assert _launch.tail_start(tiles, grid, fraction) < tiles, "no tile would be claimed"
+    prob = make_problem(family, 2, HV, 128, 128, seed=41)
+    worst_out, worst_state, flushes = run_against_truth(prob, 8, "replay")
+    assert flushes >= 3
+    assert worst_out <= 1e-5 and worst_state <= 1e-5
+
+
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_forced_flush_every_step_matches_float64(family):
     prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=3)
@@ -303,7 +323,14 @@ def test_paged_slot_stride(family):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_cuda_graph_l_cycle_matches_eager(family):
+@pytest.mark.parametrize("claimed", [False, True])
+def test_cuda_graph_l_cycle_matches_eager(family, claimed, monkeypatch):
+    """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
+    first wave claimed at run time (which CTA takes a tile changes, its result must not)."""
+    if claimed:
+        monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", 1.0)
+        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+        monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
     prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=13)
     L, batch = 16, 6
     gen, cache, layer, _ = setup(prob, L, "fp32", torch.bfloat16)
@@ -387,8 +414,13 @@ def test_kda_extreme_gates_stay_finite(lower_bound, gate_scale):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_sanitizer_smoke(family):
-    """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by the GPU check script."""
+@pytest.mark.parametrize("fraction", [None, 1.0])
+def test_sanitizer_smoke(family, fraction, monkeypatch):
+    """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by the GPU check script; one CTA
+    per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
+    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+    monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
     prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=23)
     gen, cache, layer, _ = setup(prob, 4, "fp32", torch.bfloat16, slots=4)
     idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)

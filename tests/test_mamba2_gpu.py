@@ -36,11 +36,14 @@ SHAPES = [(16, 80, 128, 8, 16), (16, 64, 128, 8, 8), (8, 128, 256, 1, 32), (8, 6
 
 
 @pytest.mark.parametrize("nheads,head_dim,d_state,ngroups,L", SHAPES)
-@pytest.mark.parametrize("mode,persist", [("replay", None), ("replay", (1, 2)), ("auto", None)])
-def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, persist, monkeypatch):
+@pytest.mark.parametrize("mode,persist,fraction", [("replay", None, 0.1), ("replay", (1, 2), None),
+                                                   ("replay", (1, 2), 1.0), ("auto", None, 0.1)])
+def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, persist, fraction, monkeypatch):
     """persist=(1, 2): one CTA per SM with two tile stages, so every CTA streams many tiles and reuses each stage
-    (barrier phases wrap); None: the launch plan."""
+    (barrier phases wrap), its tiles assigned round-robin (fraction None) or, after the first wave, claimed at run
+    time (1.0); None: the launch plan."""
     monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", persist)
+    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -148,7 +151,14 @@ def test_paged_slot_stride():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_l_cycle_matches_eager():
+@pytest.mark.parametrize("claimed", [False, True])
+def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
+    """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
+    first wave claimed at run time."""
+    if claimed:
+        monkeypatch.setattr(ops, "TAIL_FRACTION", 1.0)
+        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+        monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
     nheads, head_dim, d_state, ngroups, L = 16, 80, 128, 8, 16
     gen, cache, layer, _, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.bfloat16)
     twin = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
@@ -202,8 +212,13 @@ def test_drift_10000_steps_bounded():
 
 
 @pytest.mark.gpu
-def test_sanitizer_smoke():
-    """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by build_scripts/gpu_check.sh."""
+@pytest.mark.parametrize("fraction", [None, 1.0])
+def test_sanitizer_smoke(fraction, monkeypatch):
+    """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by build_scripts/gpu_check.sh; one
+    CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
+    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
+    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
+    monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
     gen, cache, layer, truth, params = _setup(8, 80, 128, 2, 4, "fp32", torch.bfloat16, slots=4)
     idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
     layer.cursor[3] = 3

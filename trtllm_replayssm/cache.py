@@ -61,9 +61,9 @@ class _LayerCache:
 
 @dataclass
 class Mamba2LayerCache(_LayerCache):
-    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots] int32 are per-step scratch indexed by batch row and shared
-    by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them, its
-    main launch reads them."""
+    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots + 1] int32 are per-step scratch indexed by batch row and
+    shared by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them,
+    its main launch reads them; ``step[0]`` is the main launch's tile-claim counter, ``step[1:]`` the rows' words."""
 
     x_ring: torch.Tensor
     dt_ring: torch.Tensor
@@ -79,8 +79,10 @@ class Mamba2LayerCache(_LayerCache):
 
 @dataclass
 class GDNLayerCache(_LayerCache):
-    """``coef`` [slots, HV, record] fp32 and ``step`` [slots] int32: per-step scratch indexed by batch row and shared by
-    all layers (the replay's prep launch writes one record per (row, value head), its main launch reads them)."""
+    """``coef`` [slots, HV, record] fp32 and ``step`` [slots + 1] int32: per-step scratch indexed by batch row and
+    shared by all layers (the replay's prep launch writes one record per (row, value head), its main launch reads
+    them); ``step[0]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh produce_tiles),
+    ``step[1:]`` the rows' words."""
 
     u_ring: torch.Tensor
     k_ring: torch.Tensor
@@ -126,7 +128,7 @@ class ReplayStateCache:
         L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
         cursor, arrive = _cursors(num_layers, slots, device)
         coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
-        step = torch.zeros(slots, dtype=torch.int32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         layers = [Mamba2LayerCache(
             state=fmt.allocate((slots, nheads, head_dim, d_state), device),
             cursor=cursor[i], arrive=arrive[i],
@@ -167,7 +169,7 @@ class ReplayStateCache:
         gate_shape = (slots, num_v_heads, L, head_k_dim) if kda else (slots, num_v_heads, L)
         key_heads = num_v_heads if kda else num_k_heads
         coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, kda), dtype=torch.float32, device=device)
-        step = torch.zeros(slots, dtype=torch.int32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         layers = [layer_cls(
             state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
             cursor=cursor[i], arrive=arrive[i],

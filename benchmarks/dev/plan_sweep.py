@@ -5,8 +5,8 @@ Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES_JSO
 CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode(,
 plugins(, settings))))], ...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive
 small-batch path; plugins: a directory of kernel sources to compile instead of plugins/, for A/B runs of kernel
-variants in one process; settings: {"gdn.NAME" or "launch.NAME": value} module settings of ops.gdn / ops._launch,
-kept for later cases)
+variants in one process; settings: {"gdn.NAME", "mamba2.NAME" or "launch.NAME": value} module settings of ops.gdn /
+ops.mamba2 / ops._launch, kept for later cases; session-11 logs set launch.TAIL_FRACTION, since then gdn. / mamba2.)
 (The logs benchmarks/results/dev/sweep-*.log also name a compile-time VARIANT of the main kernel: temporary hooks of
 the development commit f9af46f, removed since: 1 consumers release each stage at once (streaming alone), 2 flush tiles
 computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
@@ -37,7 +37,7 @@ for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
     tag = " ".join(f"{k.split('.')[1]}={v}" for k, v in settings.items())
     for key, value in settings.items():
         module, name = key.split(".")
-        setattr({"gdn": gdn_ops, "launch": _launch}[module], name, value)
+        setattr({"gdn": gdn_ops, "mamba2": m2_ops, "launch": _launch}[module], name, value)
     if plugins.resolve() != compiler.PLUGIN_DIR.resolve():
         compiler.PLUGIN_DIR = plugins
         loader._MODULES.clear()  # modules are keyed by config only

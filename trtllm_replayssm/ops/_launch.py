@@ -116,12 +116,29 @@ def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_s
             if t <= tile and t * act_elem % 4 == 0 and stages_for(stage, ctas_per_sm) >= 2]
 
 
+def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
+    """First tile a persistent replay kernel claims at run time rather than takes round-robin
+    (plugins/replayssm_common.cuh produce_tiles): ``num_tiles`` (none) for fraction None, else the round-robin share
+    of ``num_tiles * (1 - fraction)`` tiles rounded down to whole waves of ``grid`` tiles, at least one wave."""
+    if fraction is None:
+        return num_tiles
+    return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
+
+
+def step_rows(step: torch.Tensor | None) -> int:
+    """Address of the per-row words of a cache's ``step`` scratch (0 without one): ``step[1:]``; ``step[0]`` is the
+    persistent main kernel's tile-claim counter, which the kernels address as ``step[-1]`` of the rows."""
+    return 0 if step is None else step.data_ptr() + step.element_size()
+
+
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
-                      fold_bytes: int, fold_first: bool = False) -> None:
-    """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages`` and
-    ``params.fold_bytes`` from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory."""
+                      fold_bytes: int, tail_fraction: float | None, fold_first: bool = False) -> None:
+    """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages``,
+    ``params.fold_bytes`` and ``params.tail_start`` (``tail_fraction`` of the tiles claimed at run time, see
+    tail_start) from the plan for ``params.stage_bytes`` and sizes its dynamic shared memory."""
     grid, params.stages, params.fold_bytes = persistent_plan(params.stage_bytes, num_tiles, device, fold_bytes,
                                                              fold_first)
+    params.tail_start = tail_start(num_tiles, grid, tail_fraction)
     shared = params.stages * params.stage_bytes + params.fold_bytes
     allow_dynamic_shared(function, shared)
     launch(function, (grid, 1, 1), (32 * (NUM_WARPS + 1), 1, 1), params, shared_bytes=shared, programmatic=True)

@@ -23,9 +23,9 @@ from trtllm_replayssm.cache import GDNLayerCache, KDALayerCache, delta_record_le
 from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for, launch_persistent,
-                                          make_struct, persistent_ctas_per_sm, ptr, require_persistent_arch,
-                                          rows_per_cta, stages_for, stride)
+from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for,
+                                          launch_persistent, make_struct, persistent_ctas_per_sm, ptr,
+                                          require_persistent_arch, rows_per_cta, stages_for, step_rows, stride)
 from trtllm_replayssm.reference import gdn as ref
 
 _P = ctypes.c_void_p
@@ -35,7 +35,8 @@ _F32 = ctypes.c_float
 # Mirrors `struct DeltaParams` in plugins/delta_rule_decode.cu (same order; natural alignment).
 _DeltaParams = make_struct("DeltaParams", [
     ("state", _P), ("u_ring", _P), ("k_ring", _P), ("g_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P), ("A_log", _P), ("dt_bias", _P),
+    ("coef", _P), ("step", _P), ("q", _P), ("k", _P), ("v", _P), ("gate", _P), ("beta", _P),
+    ("A_log", _P), ("dt_bias", _P),
     ("slot_idx", _P), ("out", _P),
     ("s_state_slot", _I64), ("s_state_head", _I64),
     ("s_ur_slot", _I64), ("s_ur_head", _I64), ("s_kr_slot", _I64), ("s_kr_head", _I64),
@@ -46,13 +47,24 @@ _DeltaParams = make_struct("DeltaParams", [
     ("scale", _F32), ("lower_bound", _F32),
     ("num_k_heads", _I32), ("num_v_heads", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("gate_is_f32", _I32), ("beta_is_f32", _I32), ("has_lower_bound", _I32), ("force_flush", _I32),
-    ("batch", _I32), ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32),
+    ("batch", _I32), ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("tail_start", _I32),
 ])
 
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic. Shared by GDN and KDA.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
+# Share of the replay main kernel's tiles claimed at run time with fp32 states (ops._launch.tail_start; None: all
+# round-robin). H200, batch 256, against None: Qwen3.5-4B 155.3 -> 152.5 us, Qwen3.5-122B 298.7 -> 292.2, Kimi-Linear
+# 168.9 -> 165.6, GLM-5.3-Flash 340.3 -> 325.7; 0.25 slowed Kimi (benchmarks/results/dev/sweep-s11-{3,4}-*.log,
+# sweep-s12-*.log). Shared by GDN and KDA.
+TAIL_FRACTION: float | None = 0.1
+
+
+def tail_fraction(state_dtype: torch.dtype) -> float | None:
+    """The claimed share of the main kernel's tiles for ``state_dtype``: TAIL_FRACTION for 4-byte states, None for
+    16-bit states, whose kernels keep the round-robin schedule (plugins/delta_rule_decode.cu kTailClaims)."""
+    return TAIL_FRACTION if state_dtype.itemsize == 4 else None
 
 
 def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
@@ -61,7 +73,7 @@ def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k,
     """The kernel parameter struct (``u_ring`` None for the baseline kernel)."""
     L = u_ring.shape[2] if u_ring is not None else 1
     return _DeltaParams(
-        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
+        ptr(state), ptr(u_ring), ptr(k_ring), ptr(g_ring), ptr(cursor), ptr(arrive), ptr(coef), step_rows(step),
         ptr(q), ptr(k), ptr(v), ptr(gate), ptr(beta), ptr(A_log), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(u_ring, 0), stride(u_ring, 1), stride(k_ring, 0), stride(k_ring, 1),
         stride(g_ring, 0), stride(g_ring, 1), stride(coef, 0),
@@ -70,7 +82,7 @@ def fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k,
         float(scale), 0.0 if lower_bound is None else float(lower_bound),
         q.shape[1], v.shape[1], L, pad_slot_id,
         int(gate.dtype == torch.float32), int(beta.dtype == torch.float32), int(lower_bound is not None),
-        int(force_flush), q.shape[0], 0, 0, 0)
+        int(force_flush), q.shape[0], 0, 0, 0, 0)
 
 
 def row_tile(value_dim: int, key_dim: int, work_items: int, device: torch.device) -> int:
@@ -156,7 +168,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
                                              family == "kda")
             launch_persistent(function, params, batch * v_heads * (value_dim // tile), v.device,
                               fold_bytes(params.L, key_dim, key_ring_elem(v.dtype, family == "kda"), family == "kda"),
-                              family == "kda")
+                              tail_fraction(state.dtype), family == "kda")
         else:
             launch(function, (value_dim // tile, v_heads, batch), block, params)
 
@@ -220,7 +232,7 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K, per_channel_gate)),
                      (torch.float32,), dev, inner_contiguous=2)
-    chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())

@@ -19,7 +19,7 @@ from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
 from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
                                           persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
-                                          sm_count, stride)
+                                          sm_count, step_rows, stride)
 from trtllm_replayssm.reference import mamba2 as ref
 
 _P = ctypes.c_void_p
@@ -37,18 +37,23 @@ _Mamba2Params = make_struct("Mamba2Params", [
     ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
     ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
     ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("batch", _I32),
-    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("pad0", _I32),
+    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("tail_start", _I32),
 ])
 
 # Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
 ROWS_PER_CTA_OVERRIDE: Optional[int] = None
+# Share of the replay main kernel's tiles claimed at run time (ops._launch.tail_start; None: all round-robin). H200,
+# batch 256, against None: Nemotron-3-Nano-4B fp32 290.3 / 290.7 -> 0.05: 284.0 / 284.3 / 285.1 / 284.5 us, 0.1:
+# 294.9 / 289.4 / 282.2 / 281.3; Nemotron-3-Super-120B fp32 306.4 / 306.6 -> 0.05: 305.8 / 305.5, 0.1: 301.2 / 300.1 /
+# 301.3 / 300.5; Nano bf16 245.0 -> 0.05: 234.7, 0.1: 227.6 (benchmarks/results/dev/sweep-s11-5-*.log, sweep-s12-*.log).
+TAIL_FRACTION: float | None = 0.1
 
 
 def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
                  dt_softplus, idx, pad_slot_id, force_flush, out) -> ctypes.Structure:
     L = x_ring.shape[2] if x_ring is not None else 1
     return _Mamba2Params(
-        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), ptr(step),
+        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), step_rows(step),
         ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
         state.stride(0), state.stride(1), stride(x_ring, 0), stride(x_ring, 1), stride(dt_ring, 0), stride(dt_ring, 1),
         stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
@@ -107,7 +112,7 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
             launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
-                              fold_bytes(params.L, d_state, x.element_size()))
+                              fold_bytes(params.L, d_state, x.element_size()), TAIL_FRACTION)
         else:
             launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
 
@@ -235,7 +240,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
     chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
-    chk.check_tensor("layer.step", layer.step, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     chk.check_scratch_rows(x.shape[0], slots)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
