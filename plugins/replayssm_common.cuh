@@ -299,6 +299,20 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
 }
 
+// Producer: after a tile's checkpoint copy into stage s, its slot and step into the stage's info words and, for a
+// non-pad row, `copy_inputs(stage, c, slot, info)`, all completing on the stage's `full` barrier.
+template <class Coord, class InputsFn>
+__device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigned char* stage, int tile_bytes,
+                                                  const int* slot_idx, const int* step, int pad_slot_id,
+                                                  const Coord& c, int slot, int info, InputsFn& copy_inputs) {
+  if (threadIdx.x % kWarpSize == 0) {
+    cp_async4(stage + tile_bytes, slot_idx + c.b);
+    if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
+  }
+  if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+  cp_async_arrive(&pipe.full[s]);
+}
+
 // The persistent replay kernels' schedule. Producer warp: the checkpoint tile of each of the CTA's tiles by one bulk
 // copy into its stage (the first `stages` before the prep kernel has finished: prep never writes the state), then,
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
@@ -337,12 +351,7 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
         mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
         stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
       }
-      if (lane == 0) {
-        cp_async4(stage + tile_bytes, slot_idx + c.b);
-        if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
-      }
-      if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
-      cp_async_arrive(&pipe.full[s]);
+      stage_tile_inputs(pipe, s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
     }
   }
 }
@@ -413,12 +422,7 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
       if (claimed && lane == 0) *stage_tile_word(stage, tile_bytes) = t;  // published by the arrive below
       stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
     }
-    if (lane == 0) {
-      cp_async4(stage + tile_bytes, slot_idx + c.b);
-      if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
-    }
-    if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
-    cp_async_arrive(&pipe.full[s]);
+    stage_tile_inputs(pipe, s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
   }
   const int s = i % stages;  // no tile left: a stage with tile index -1
   if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
