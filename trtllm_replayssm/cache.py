@@ -81,8 +81,8 @@ class Mamba2LayerCache(_LayerCache):
 class GDNLayerCache(_LayerCache):
     """``coef`` [slots, HV, record] fp32 and ``step`` [slots + 1] int32: per-step scratch indexed by batch row and
     shared by all layers (the replay's prep launch writes one record per (row, value head), its main launch reads
-    them); ``step[0]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh produce_tiles),
-    ``step[1:]`` the rows' words."""
+    them); ``step[0]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh
+    produce_tiles_claiming_tail), ``step[1:]`` the rows' words."""
 
     u_ring: torch.Tensor
     k_ring: torch.Tensor

@@ -118,8 +118,9 @@ def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_s
 
 def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
     """First tile a persistent replay kernel claims at run time rather than takes round-robin
-    (plugins/replayssm_common.cuh produce_tiles): ``num_tiles`` (none) for fraction None, else the round-robin share
-    of ``num_tiles * (1 - fraction)`` tiles rounded down to whole waves of ``grid`` tiles, at least one wave."""
+    (plugins/replayssm_common.cuh produce_tiles_claiming_tail): ``num_tiles`` (none) for fraction None, else the
+    round-robin share of ``num_tiles * (1 - fraction)`` tiles rounded down to whole waves of ``grid`` tiles, at least
+    one wave."""
     if fraction is None:
         return num_tiles
     return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
