@@ -37,7 +37,9 @@ def test_run_compare_writes_records_checks_and_plot(tmp_path, tiny_config) -> No
         assert r["kind"] == "decode_step" and r["model"] == "tiny-nemotron" and r["layers"] == "all"
         assert r["impl"] in ("baseline", "replay") and r["batch"] in (1, 2)
         assert r["state_dtype"] == "fp32" and r["L"] == 2
-        assert r["median_step_us"] > 0 and 0 < r["ssm_share"] <= 1
+        assert r["median_step_us"] > 0 and r["ssm_median_us"] > 0
+        # two separately timed medians: on a busy CPU the SSM probe alone can time above the whole tiny step
+        assert r["ssm_share"] == pytest.approx(r["ssm_median_us"] / r["median_step_us"])
     assert all(c["tokens_equal"] and c["mismatch_rows"] == 0 and c["max_abs_dlogits"] < 1e-4 and c["flush_cycles"] == 3
                for c in on_disk["checks"])
     assert len(speedups(recs)) == 2
