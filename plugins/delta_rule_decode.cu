@@ -596,9 +596,10 @@ __device__ __forceinline__ TileCoord tile_coord(const DeltaParams& p, int t) {
   return {hb / p.num_v_heads, hb % p.num_v_heads, (t % kRowTiles) * kTile};
 }
 
-// Producer warp (rssm::produce_tiles or _claiming_tail): besides slot and step, each tile's record, v rows and u ring rows j < w go
-// into its stage; a flush tile's ring keys (and GDN gates) into the fold buffer (or an L2 prefetch without one). The
-// producer of a row's first tile writes the row's new cursor (the prep kernel, its only reader, has finished).
+// Producer warp (rssm::produce_tiles or produce_tiles_claiming_tail, see kTailClaims): besides slot and step, each
+// tile's record, v rows and u ring rows j < w go into its stage; a flush tile's ring keys (and GDN gates) into the fold
+// buffer (or an L2 prefetch without one). The producer of a row's first tile writes the row's new cursor (the prep
+// kernel, its only reader, has finished).
 __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
   const int lane = threadIdx.x % rssm::kWarpSize;

@@ -49,7 +49,7 @@ struct Mamba2Params {
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
-  int tail_start;           // persistent main kernel: first tile claimed at run time (rssm::produce_tiles_claiming_tail)
+  int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)
 };
 
 namespace {
@@ -402,8 +402,8 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
-// Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and the x ring
-// rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
+// Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and
+// the x ring rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                         int num_tiles) {
   const int lane = threadIdx.x % rssm::kWarpSize;

@@ -186,11 +186,11 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
 // ---------------------------------------------------------------------------------------------- tile streaming
 // Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk
 // async copies (sm_90+: cp.async.bulk completing on an mbarrier), the consumer warps wait on a stage's `full` barrier,
-// read it, and arrive on its `empty` barrier so the producer can refill it. A CTA's i-th tile goes into stage i % stages.
-// Two schedules: produce_tiles / consume_tiles assign every tile round-robin (t = blockIdx.x + i * gridDim.x); the
-// `_claiming_tail` pair does so for tiles t < tail_start (a multiple of gridDim.x) and has the CTAs done with their
-// share claim the rest (the tail) one at a time from a counter, so the CTAs of SMs that stream faster take more of
-// them (H200: the CTAs of a static schedule end up to ~30% apart). Each kernel instantiates one of them.
+// read it, and arrive on its `empty` barrier so the producer can refill it. A CTA's i-th tile goes into stage
+// i % stages. Two schedules: produce_tiles / consume_tiles assign every tile round-robin (t = blockIdx.x + i *
+// gridDim.x); the `_claiming_tail` pair does so for tiles t < tail_start (a multiple of gridDim.x) and has the CTAs
+// done with their share claim the rest (the tail) one at a time from a counter, so the CTAs of SMs that stream faster
+// take more of them (H200: the CTAs of a static schedule end up to ~30% apart). Each kernel instantiates one of them.
 constexpr int kMaxStages = 8;
 constexpr int kTileWord = 3;  // stage info words: slot, step, (the kernel's own), claimed tile (-1: no more)
 
@@ -299,6 +299,22 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
 }
 
+// Producer, before `griddepcontrol.wait`: the checkpoint copies of the CTA's first round-robin tiles below `end`
+// into stages 0, 1, ... (at most `stages`; prep never writes the state); `slot_lane`: lane k holds the k-th tile's
+// slot. Returns how many were issued.
+template <class CoordFn, class StateSrcFn>
+__device__ __forceinline__ int preload_states(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
+                                              int end, int tile_bytes, int slot_lane, CoordFn& coord,
+                                              StateSrcFn& state_src) {
+  int i = 0;
+  for (; i < stages && blockIdx.x + i * gridDim.x < end; ++i) {
+    const auto c = coord(blockIdx.x + i * gridDim.x);
+    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
+    stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
+  }
+  return i;
+}
+
 // Producer: after a tile's checkpoint copy into stage s, its slot and step into the stage's info words and, for a
 // non-pad row, `copy_inputs(stage, c, slot, info)`, all completing on the stage's `full` barrier.
 template <class Coord, class InputsFn>
@@ -330,11 +346,7 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
   };
   int slot_lane = lane_slot(blockIdx.x);
-  for (int i = 0; i < stages && blockIdx.x + i * stride < num_tiles; ++i) {
-    const auto c = coord(blockIdx.x + i * stride);
-    const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
-    stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
-  }
+  preload_states(pipe, stage_mem, stages, stage_bytes, num_tiles, tile_bytes, slot_lane, coord, state_src);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
   int i = 0;
   for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
@@ -382,12 +394,9 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
     const int t = base + lane * stride;
     return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
   };
-  int slot_lane = lane_slot(blockIdx.x), step_lane = 0, preloaded = 0;
-  for (; preloaded < stages && blockIdx.x + preloaded * stride < static_end; ++preloaded) {
-    const auto c = coord(blockIdx.x + preloaded * stride);
-    const int slot = __shfl_sync(0xffffffffu, slot_lane, preloaded);
-    stage_state_copy(pipe, preloaded, stage_mem + (long long)preloaded * stage_bytes, state_src(slot, c), tile_bytes);
-  }
+  int slot_lane = lane_slot(blockIdx.x), step_lane = 0;
+  const int preloaded =
+      preload_states(pipe, stage_mem, stages, stage_bytes, static_end, tile_bytes, slot_lane, coord, state_src);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
   const int statics = blockIdx.x < static_end ? (static_end - blockIdx.x + stride - 1) / stride : 0;
   int claim = 0;  // lane 0: the claim for the next tail tile (made one tile ahead)
