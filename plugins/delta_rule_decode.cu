@@ -528,11 +528,10 @@ __device__ __forceinline__ void gdn_prep_item(const DeltaParams& p, int b, int h
 // KDA (per-channel decays). Grid: ceil(batch * items per row / 4) CTAs of 4 warps. Writes each value head's record
 // (see rec_*) into the per-row scratch and the row's step (w, or -(w + 1) for a flush: the main kernel's producer
 // advances the cursor from it once prep has finished); for non-flush rows appends k and the gates at ring position
-// w. Lets the main kernel launch at once (programmatic dependent launch).
+// w. Lets the main kernel launch once the previous grid has finished (rssm::prep_begin).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) delta_replay_prep_kernel(
     const DeltaParams p) {  // 64 registers (K <= 128), 80 (K = 256: a lane's 8 channels of q, k, gates and keys)
-  asm volatile("griddepcontrol.launch_dependents;");
-  rssm::reset_claims(p.step - 1);
+  rssm::prep_begin(p.step - 1);
   const int lane = threadIdx.x % rssm::kWarpSize;
   const int heads = kPerChannel ? p.num_v_heads : p.num_k_heads;  // items per batch row
   const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;

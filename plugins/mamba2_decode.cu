@@ -278,10 +278,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 // Replay step 1, grid (batch, ngroups), 4..16 warps: per (row, group) the B·C products, per head the decay weights
 // into the per-row scratch; appends Δ (per head) and B (per group) for non-flush rows; advances the cursor. Every
 // global load depends on the cursor alone and is issued before any result is used (one load latency per CTA). Lets
-// the main kernel launch at once (programmatic dependent launch).
+// the main kernel launch once the previous grid has finished (rssm::prep_begin).
 extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(const Mamba2Params p) {
-  asm volatile("griddepcontrol.launch_dependents;");
-  rssm::reset_claims(p.step - 1);
+  rssm::prep_begin(p.step - 1);
   constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
   constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;

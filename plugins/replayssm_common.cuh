@@ -442,9 +442,16 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
   cp_async_arrive(&pipe.full[s]);
 }
 
-// Prep kernels: zero the main kernel's claim counter (one thread of the grid; the main kernel reads it after
-// `griddepcontrol.wait`).
-__device__ __forceinline__ void reset_claims(int* claims) {
+// Programmatic dependent launches: a replay step's prep and main kernels are each launched as programmatic dependents
+// of the kernel before them on the stream and wait for it (`griddepcontrol.wait`) before touching anything it writes.
+// The main kernels never trigger their dependents early: prep CTAs of the next step resident beside a running main
+// kernel made it ~30% slower (H200, benchmarks/results/dev/sweep-s13-1-pdl-prep.log).
+// Prep kernels, first: wait for the previous grid (the previous step's main kernel writes the cursors, rings,
+// checkpoints and claim counter read or written here), then let the main kernel launch (only after the wait: its
+// producer loads checkpoint tiles before its own wait) and zero its claim counter (one thread of the grid).
+__device__ __forceinline__ void prep_begin(int* claims) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
 }
 

@@ -193,6 +193,41 @@ def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
             torch.testing.assert_close(getattr(twin.layer(0), k), v, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_back_to_back_steps_match_float64():
+    """Steps launched back to back, inputs drawn and outputs poisoned first: each step's prep kernel follows the
+    previous step's main kernel directly (its programmatic dependent), as in a decode loop. Every output and each
+    slot's final checkpoint against float64."""
+    nheads, head_dim, d_state, ngroups, L = 16, 80, 128, 8, 8
+    gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
+    slot_ids = [5, -1, 0, 8, 3]
+    idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
+    real = [s for s in slot_ids if s >= 0]
+    for r, s in enumerate(real):  # staggered cursors
+        for _ in range((3 * r) % L):
+            one = make_step(1, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
+            ops.replay_decode(layer, **_args(one, params), state_batch_indices=idx[slot_ids.index(s):][:1],
+                              mode="replay")
+            truth.step([s], one, params)
+    steps = 3 * L + 5
+    xs = [make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen) for _ in range(steps)]
+    outs = [torch.full_like(x["x"], float("nan")) for x in xs]
+    torch.cuda.synchronize()
+    for x, out in zip(xs, outs):
+        ops.replay_decode(layer, **_args(x, params), state_batch_indices=idx, out=out, mode="replay")
+    torch.cuda.synchronize()
+    rows = [r for r, s in enumerate(slot_ids) if s >= 0]
+    history, worst = [], 0.0  # history[t][s]: slot s's float64 state after step t
+    for x, out in zip(xs, outs):
+        expected = truth.step(slot_ids, x, params)
+        assert_rows_written(out, slot_ids)
+        worst = max(worst, rel_err(out[rows], expected[rows]))
+        history.append({s: truth.states[s].clone() for s in real})
+    for s in real:  # the checkpoint is the state `cursor` steps ago
+        assert rel_err(layer.state[s], history[steps - 1 - int(layer.cursor[s])][s]) <= 1e-5, f"slot {s}"
+    assert worst <= 1e-5
+
+
 def test_drift_10000_steps_bounded():
     nheads, head_dim, d_state, ngroups, L = 4, 64, 128, 1, 16
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32, slots=3)

@@ -132,6 +132,17 @@ def step_rows(step: torch.Tensor | None) -> int:
     return 0 if step is None else step.data_ptr() + step.element_size()
 
 
+# Prep kernels launch as programmatic dependents of the kernel before them on the stream (rssm::prep_begin waits for
+# it first), so their launch overlaps that kernel's end: in a loop of steps, the previous main kernel's tail, into
+# whose SM space it lets them launch. False: plain launches (for A/B sweeps).
+PREP_PROGRAMMATIC = True
+
+
+def launch_prep(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure) -> None:
+    """Launch a replay prep kernel (see PREP_PROGRAMMATIC)."""
+    launch(function, grid, block, params, programmatic=PREP_PROGRAMMATIC)
+
+
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
                       fold_bytes: int, tail_fraction: float | None, fold_first: bool = False) -> None:
     """Launch a persistent replay main kernel (programmatic dependent of the prep kernel): sets ``params.stages``,

@@ -24,7 +24,7 @@ from trtllm_replayssm.kernels.configs import NUM_WARPS, gdn_config, kda_config, 
 from trtllm_replayssm.kernels.loader import get_kernel, launch, prefer_max_shared
 from trtllm_replayssm import checks as chk
 from trtllm_replayssm.ops._launch import (FOLD_FIRST_MIN_STAGES, fitting_tiles, force_flush_for,
-                                          launch_persistent, make_struct, persistent_ctas_per_sm, ptr,
+                                          launch_persistent, launch_prep, make_struct, persistent_ctas_per_sm, ptr,
                                           require_persistent_arch, rows_per_cta, stages_for, step_rows, stride)
 from trtllm_replayssm.reference import gdn as ref
 
@@ -162,7 +162,7 @@ def launch_delta(family: str, kernel_names: tuple[str, ...], params: ctypes.Stru
         if name.endswith("_prep_kernel"):  # one warp per (batch row, key head) (GDN) or (batch row, value head) (KDA)
             items = batch * (v_heads if family == "kda" else q.shape[1])
             prefer_max_shared(function)  # the main kernel's carveout: an SM need not drain between the two
-            launch(function, (-(-items // NUM_WARPS), 1, 1), block, params)
+            launch_prep(function, (-(-items // NUM_WARPS), 1, 1), block, params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, key_dim, state.element_size(), v.element_size(),
                                              family == "kda")

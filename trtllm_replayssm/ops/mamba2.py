@@ -17,7 +17,7 @@ from trtllm_replayssm.cache import Mamba2LayerCache
 from trtllm_replayssm.kernels.configs import NUM_WARPS, mamba2_config, tile_choices
 from trtllm_replayssm.kernels.loader import get_kernel, launch
 from trtllm_replayssm import checks as chk
-from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, make_struct,
+from trtllm_replayssm.ops._launch import (fitting_tiles, force_flush_for, launch_persistent, launch_prep, make_struct,
                                           persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
                                           sm_count, step_rows, stride)
 from trtllm_replayssm.reference import mamba2 as ref
@@ -107,8 +107,8 @@ def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torc
     for name in kernel_names:
         function = get_kernel(config, name, x.device)
         if name.endswith("_prep_kernel"):
-            launch(function, (batch, ngroups, 1), (32 * _prep_warps(batch * ngroups, nheads // ngroups, x.device),
-                                                   1, 1), params)
+            launch_prep(function, (batch, ngroups, 1),
+                        (32 * _prep_warps(batch * ngroups, nheads // ngroups, x.device), 1, 1), params)
         elif name.endswith("_main_kernel"):
             params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
             launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
