@@ -299,15 +299,21 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.empty[s]);
 }
 
+// Checkpoint tiles a producer copies before `griddepcontrol.wait`, while the prep kernel still runs (prep never writes
+// the state): the latency-bound prep is the step's critical path and this traffic slows it. H200, batch 256: one tile
+// beat two and none (Qwen3.5-4B fp32 150.7 -> 149.9 us, Nemotron-3-Nano-4B bf16 230.4 -> 222.6;
+// benchmarks/results/dev/sweep-s13-4-preload.log).
+constexpr int kPreloadTiles = 1;
+
 // Producer, before `griddepcontrol.wait`: the checkpoint copies of the CTA's first round-robin tiles below `end`
-// into stages 0, 1, ... (at most `stages`; prep never writes the state); `slot_lane`: lane k holds the k-th tile's
-// slot. Returns how many were issued.
+// into stages 0, 1, ... (at most kPreloadTiles and `stages`); `slot_lane`: lane k holds the k-th tile's slot.
+// Returns how many were issued.
 template <class CoordFn, class StateSrcFn>
 __device__ __forceinline__ int preload_states(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int end, int tile_bytes, int slot_lane, CoordFn& coord,
                                               StateSrcFn& state_src) {
   int i = 0;
-  for (; i < stages && blockIdx.x + i * gridDim.x < end; ++i) {
+  for (; i < kPreloadTiles && i < stages && blockIdx.x + i * gridDim.x < end; ++i) {
     const auto c = coord(blockIdx.x + i * gridDim.x);
     const int slot = __shfl_sync(0xffffffffu, slot_lane, i);
     stage_state_copy(pipe, i, stage_mem + (long long)i * stage_bytes, state_src(slot, c), tile_bytes);
@@ -330,7 +336,7 @@ __device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigne
 }
 
 // The persistent replay kernels' schedule. Producer warp: the checkpoint tile of each of the CTA's tiles by one bulk
-// copy into its stage (the first `stages` before the prep kernel has finished: prep never writes the state), then,
+// copy into its stage (the first kPreloadTiles before the prep kernel has finished, preload_states), then,
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
 // checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
 // all completing on the stage's `full` barrier. Slots and steps of 32 tiles are loaded at once (one lane each).
@@ -346,7 +352,8 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
     return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
   };
   int slot_lane = lane_slot(blockIdx.x);
-  preload_states(pipe, stage_mem, stages, stage_bytes, num_tiles, tile_bytes, slot_lane, coord, state_src);
+  const int preloaded =
+      preload_states(pipe, stage_mem, stages, stage_bytes, num_tiles, tile_bytes, slot_lane, coord, state_src);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
   int i = 0;
   for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
@@ -359,8 +366,8 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
       const int info = __shfl_sync(0xffffffffu, step_lane, k);
       const int s = i % stages;
       unsigned char* stage = stage_mem + (long long)s * stage_bytes;
-      if (i >= stages) {
-        mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+      if (i >= preloaded) {
+        if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
         stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
       }
       stage_tile_inputs(pipe, s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
