@@ -133,8 +133,8 @@ def step_rows(step: torch.Tensor | None) -> int:
 
 
 # Prep kernels launch as programmatic dependents of the kernel before them on the stream (rssm::prep_begin waits for
-# it first), so their launch overlaps that kernel's end: in a loop of steps, the previous main kernel's tail, into
-# whose SM space it lets them launch. False: plain launches (for A/B sweeps).
+# it first), so their launch overlaps that grid's completion: 0.1-0.5 us per step at batch 256 on the H200
+# (docs/benchmarks.md, session 13). False: plain launches (for A/B sweeps).
 PREP_PROGRAMMATIC = True
 
 
