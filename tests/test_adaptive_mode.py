@@ -1,5 +1,5 @@
 """CPU: launch policy: the adaptive mode (which steps flush every step instead of replaying), the fold buffer, the
-persistent kernels' claimed tail."""
+persistent kernels' claimed tail, the prep kernels' programmatic launch."""
 import pytest
 import torch
 
@@ -106,3 +106,22 @@ def test_delta_rule_tail_claims_only_for_4_byte_states(monkeypatch):
     assert gdn_ops.tail_fraction(torch.float32) == 0.25
     assert gdn_ops.tail_fraction(torch.bfloat16) is None
     assert gdn_ops.tail_fraction(torch.float16) is None
+
+
+@pytest.mark.parametrize("env,expected", [(None, True), ("0", False), ("1", True)])
+def test_prep_launch_programmatic_by_default_env_override(env, expected, monkeypatch):
+    """Prep kernels launch as programmatic dependents unless TRTLLM_REPLAYSSM_PREP_PDL=0."""
+    if env is None:
+        monkeypatch.delenv("TRTLLM_REPLAYSSM_PREP_PDL", raising=False)
+    else:
+        monkeypatch.setenv("TRTLLM_REPLAYSSM_PREP_PDL", env)
+    seen = []
+    monkeypatch.setattr(_launch, "launch", lambda *args, programmatic=False, **kw: seen.append(programmatic))
+    _launch.launch_prep(object(), (1, 1, 1), (32, 1, 1), None)
+    assert seen == [expected]
+
+
+def test_prep_launch_env_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("TRTLLM_REPLAYSSM_PREP_PDL", "yes")
+    with pytest.raises(ValueError, match="TRTLLM_REPLAYSSM_PREP_PDL"):
+        _launch.prep_programmatic()

@@ -134,13 +134,26 @@ def step_rows(step: torch.Tensor | None) -> int:
 
 # Prep kernels launch as programmatic dependents of the kernel before them on the stream (rssm::prep_begin waits for
 # it first), so their launch overlaps that grid's completion: 0.1-0.5 us per step at batch 256 on the H200
-# (docs/benchmarks.md, session 13). False: plain launches (for A/B sweeps).
+# (docs/benchmarks.md, session 13). A kernel before it that triggers its dependents early gets our prep CTAs waiting
+# beside it (our own main kernels measured ~30% slower that way); TRTLLM_REPLAYSSM_PREP_PDL=0 launches prep plainly.
+# False: plain launches (for A/B sweeps).
 PREP_PROGRAMMATIC = True
 
 
+def prep_programmatic() -> bool:
+    """Whether prep kernels launch as programmatic dependents: ``TRTLLM_REPLAYSSM_PREP_PDL`` (0 or 1), else
+    PREP_PROGRAMMATIC."""
+    env = os.environ.get("TRTLLM_REPLAYSSM_PREP_PDL")
+    if env is None:
+        return PREP_PROGRAMMATIC
+    if env not in ("0", "1"):
+        raise ValueError(f"TRTLLM_REPLAYSSM_PREP_PDL: expected 0 or 1, got {env!r}")
+    return env == "1"
+
+
 def launch_prep(function, grid: tuple[int, int, int], block: tuple[int, int, int], params: ctypes.Structure) -> None:
-    """Launch a replay prep kernel (see PREP_PROGRAMMATIC)."""
-    launch(function, grid, block, params, programmatic=PREP_PROGRAMMATIC)
+    """Launch a replay prep kernel (see prep_programmatic)."""
+    launch(function, grid, block, params, programmatic=prep_programmatic())
 
 
 def launch_persistent(function, params: ctypes.Structure, num_tiles: int, device: torch.device,
