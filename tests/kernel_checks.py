@@ -1,5 +1,8 @@
-"""Checks shared by the kernel-contract tests of every family: relative error, poisoned-output rows."""
+"""Checks shared by the kernel-contract tests of every family: relative error, poisoned-output rows, steps launched
+back to back."""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -17,3 +20,27 @@ def assert_rows_written(out: torch.Tensor, slot_ids: list[int]) -> None:
             assert torch.isnan(out[r]).all(), "pad row output was written"
         else:
             assert not torch.isnan(out[r]).any(), "output row not fully written"
+
+
+def check_back_to_back(launch: Callable[[dict, torch.Tensor], None], expect: Callable[[dict], torch.Tensor],
+                       truth_states: Callable[[], torch.Tensor], xs: list[dict], outs: list[torch.Tensor],
+                       slot_ids: list[int], checkpoint: torch.Tensor, cursor: torch.Tensor) -> None:
+    """Launches `launch(x, out)` for every step with nothing in between (each step's prep kernel directly after the
+    previous step's main kernel), then checks each NaN-poisoned output against `expect(x)` (the float64 step, called
+    in order; `truth_states()` its per-slot states after it) and each real slot's checkpoint against the float64
+    state `cursor[slot]` steps before the end."""
+    torch.cuda.synchronize()
+    for x, out in zip(xs, outs):
+        launch(x, out)
+    torch.cuda.synchronize()
+    rows = [r for r, s in enumerate(slot_ids) if s >= 0]
+    real = [slot_ids[r] for r in rows]
+    history, worst = [], 0.0  # history[t][s]: slot s's float64 state after step t
+    for x, out in zip(xs, outs):
+        expected = expect(x)
+        assert_rows_written(out, slot_ids)
+        worst = max(worst, rel_err(out[rows], expected[rows]))
+        history.append({s: truth_states()[s].clone() for s in real})
+    for s in real:
+        assert rel_err(checkpoint[s], history[len(xs) - 1 - int(cursor[s])][s]) <= 1e-5, f"slot {s}"
+    assert worst <= 1e-5

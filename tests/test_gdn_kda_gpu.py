@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kernel_checks import assert_rows_written, rel_err
+from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import gdn as gdn_ops
@@ -383,21 +383,10 @@ def test_back_to_back_steps_match_float64(family):
                                    mode="replay")
             truth.step([s], one)
     xs = [prob.draw(len(slot_ids), gen, torch.float32) for _ in range(steps)]
-    outs = [torch.full_like(x["v"], float("nan")) for x in xs]
-    torch.cuda.synchronize()
-    for x, out in zip(xs, outs):
-        prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, out=out, mode="replay")
-    torch.cuda.synchronize()
-    rows = [r for r, s in enumerate(slot_ids) if s >= 0]
-    history, worst = [], 0.0  # history[t][s]: slot s's float64 state after step t
-    for x, out in zip(xs, outs):
-        expected = truth.step(slot_ids, x)
-        assert_rows_written(out, slot_ids)
-        worst = max(worst, rel_err(out[rows], expected[rows]))
-        history.append({s: truth.states[s].clone() for s in real})
-    for s in real:  # the checkpoint is the state `cursor` steps ago
-        assert rel_err(layer.state[s], history[steps - 1 - int(layer.cursor[s])][s]) <= 1e-5, f"slot {s}"
-    assert worst <= 1e-5
+    check_back_to_back(
+        lambda x, out: prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, out=out, mode="replay"),
+        lambda x: truth.step(slot_ids, x), lambda: truth.states, xs,
+        [torch.full_like(x["v"], float("nan")) for x in xs], slot_ids, layer.state, layer.cursor)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])

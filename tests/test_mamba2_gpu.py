@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_checks import assert_rows_written, rel_err
+from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 from mamba2_helpers import Float64Sequential, make_params, make_step
 from trtllm_replayssm.cache import ReplayStateCache
 from trtllm_replayssm.ops import _launch
@@ -211,21 +211,10 @@ def test_back_to_back_steps_match_float64():
             truth.step([s], one, params)
     steps = 3 * L + 5
     xs = [make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen) for _ in range(steps)]
-    outs = [torch.full_like(x["x"], float("nan")) for x in xs]
-    torch.cuda.synchronize()
-    for x, out in zip(xs, outs):
-        ops.replay_decode(layer, **_args(x, params), state_batch_indices=idx, out=out, mode="replay")
-    torch.cuda.synchronize()
-    rows = [r for r, s in enumerate(slot_ids) if s >= 0]
-    history, worst = [], 0.0  # history[t][s]: slot s's float64 state after step t
-    for x, out in zip(xs, outs):
-        expected = truth.step(slot_ids, x, params)
-        assert_rows_written(out, slot_ids)
-        worst = max(worst, rel_err(out[rows], expected[rows]))
-        history.append({s: truth.states[s].clone() for s in real})
-    for s in real:  # the checkpoint is the state `cursor` steps ago
-        assert rel_err(layer.state[s], history[steps - 1 - int(layer.cursor[s])][s]) <= 1e-5, f"slot {s}"
-    assert worst <= 1e-5
+    check_back_to_back(
+        lambda x, out: ops.replay_decode(layer, **_args(x, params), state_batch_indices=idx, out=out, mode="replay"),
+        lambda x: truth.step(slot_ids, x, params), lambda: truth.states, xs,
+        [torch.full_like(x["x"], float("nan")) for x in xs], slot_ids, layer.state, layer.cursor)
 
 
 def test_drift_10000_steps_bounded():
