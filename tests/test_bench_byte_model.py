@@ -121,7 +121,7 @@ def test_shapes_from_presets():
     assert [s.model for s in select_shapes(["kda"], None)] == ["kimi-linear-48b", "glm-5.3-flash"]
     with pytest.raises(ValueError, match="models"):
         select_shapes(["mamba2"], ["qwen3.5-4b"])
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ValueError, match="families"):
         select_shapes(["rwkv"], None)
 
 

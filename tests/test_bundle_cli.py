@@ -1,57 +1,56 @@
-"""`build` / `serve` / `inspect`: bundle layout, YAML keys, manifest, bad-input exit codes.
+"""`build` / `serve` / `inspect`: bundle layout, YAML keys, manifest, output-directory safety, bad-input exit codes.
 
-The kernel-compile step uses the real ``kernels.configs.configs_for_spec``; only ``kernels.compiler.compile_config``
-is replaced by one writing a tiny file, so the test stays fast and runs where NVRTC or the plugin sources are absent.
+Kernels compile for real (NVRTC on the CPU; the kernel cache makes repeats fast).
 """
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from trtllm_replayssm import bundle, memory_plan
 from trtllm_replayssm.cli import main
-from trtllm_replayssm.kernels import compiler, configs
+from trtllm_replayssm.presets import get_preset
 
 FIX = Path(__file__).parent / "fixtures" / "hf_configs"
-needs_configs = pytest.mark.skipif(not hasattr(configs, "configs_for_spec"),
-                                   reason="kernels.configs.configs_for_spec not written yet")
+MODEL = "tiny-nemotron"  # production head geometry, few heads: the kernels of nemotron-3-super-120b
 
 
-@pytest.fixture
-def fake_compile(monkeypatch, tmp_path):
-    calls = []
-
-    def compile_config(cfg, arch, *, force=False):
-        calls.append((cfg.name, arch))
-        path = tmp_path / "cache" / f"{cfg.name}.cubin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"cubin:" + arch.encode())
-        return compiler.CompiledKernel(cfg, arch, path, "")
-
-    monkeypatch.setattr(compiler, "compile_config", compile_config)
-    return calls
+def run(*args, **kwargs):
+    return CliRunner(**kwargs).invoke(main, list(args))
 
 
-def run(*args):
-    return CliRunner().invoke(main, list(args))
+def one_error_line(r, option: str) -> str:
+    """The output of a bad-input run: exit 2, one line ``error: <option>: ...``."""
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {option}: "), r.output
+    return lines[0]
 
 
-@needs_configs
-def test_build_default_nano4b(tmp_path, fake_compile):
+def make_bundle(path: Path, *extra: str) -> dict:
+    r = run("build", MODEL, "--gpu", "h100", "-o", str(path), *extra)
+    assert r.exit_code == 0, r.output
+    return json.loads((path / "manifest.json").read_text())
+
+
+def test_build_default_nano4b(tmp_path):
     out = tmp_path / "build" / "nano4b"
     r = run("build", "nemotron-3-nano-4b", "--gpu", "h100", "-o", str(out))
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "kernels", "manifest.json", "trtllm-serve.yaml",
                                                      "trtllm_module"]
-    assert fake_compile and all(arch == "sm_90a" for _, arch in fake_compile)
-    assert len(list((out / "kernels").glob("*.cubin"))) == len(set(fake_compile))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["kernels"] and all(k["file"].startswith("kernels/") and (out / k["file"]).stat().st_size > 1000
+                                for k in m["kernels"])
+    assert len(list((out / "kernels").glob("*.cubin"))) == len(m["kernels"])
     y = yaml.safe_load((out / "trtllm-serve.yaml").read_text())
     assert y["kv_cache_config"]["enable_block_reuse"] is False
     assert y["kv_cache_config"]["mamba_ssm_cache_dtype"] == "float32"
     assert 0 < y["kv_cache_config"]["free_gpu_memory_fraction"] < 0.9
     assert y["max_batch_size"] == 256 and y["cuda_graph_config"]["batch_sizes"][-1] == 256
-    m = json.loads((out / "manifest.json").read_text())
     assert m["target"] == {"gpu": "h100", "arch": "sm_90a", "tp_size": 1, "gpu_memory_bytes": 80 * 2**30}
     assert m["buffer_len"] == 16 and m["dtypes"] == {"state": "fp32", "activation": "bf16"}
     assert m["plan"]["family"] == "mamba2" and len(m["plan"]["ssm_layers"]) == 21
@@ -65,10 +64,24 @@ def test_build_default_nano4b(tmp_path, fake_compile):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
 
 
-@needs_configs
-def test_build_from_model_dir_with_tp(tmp_path, fake_compile):
+def test_bundle_readme_says_how_to_benchmark(tmp_path):
+    make_bundle(tmp_path / "b")
+    readme = (tmp_path / "b" / "README.md").read_text()
+    assert "prepare-dataset --output data.jsonl token-norm-dist" in readme  # how to make the dataset
+    assert "--extra_llm_api_options" in readme and "--config" not in readme
+    assert "install trtllm-replayssm" in readme and "environment that runs TensorRT-LLM" in readme
+
+
+def test_bundle_is_readable_by_others(tmp_path):
+    make_bundle(tmp_path / "b")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == 0o777 & ~mask
+
+
+def test_build_from_model_dir_with_tp(tmp_path):
     out = tmp_path / "b"
-    r = run("build", str(FIX / "qwen35_122b"), "--gpu", "b300", "--tp-size", "4", "--buffer-len", "8",
+    r = run("build", str(FIX / "qwen35_122b"), "--gpu", "b300", "--tp_size", "4", "--buffer-len", "8",
             "--state-dtype", "bf16", "-o", str(out))
     assert r.exit_code == 0, r.output
     m = json.loads((out / "manifest.json").read_text())
@@ -76,50 +89,138 @@ def test_build_from_model_dir_with_tp(tmp_path, fake_compile):
     assert m["model"]["path"] == str((FIX / "qwen35_122b").resolve())
     r = run("serve", str(out), "--dry-run", "--", "--port", "9000")
     assert r.exit_code == 0, r.output
-    assert r.output.startswith(f"trtllm-serve {(FIX / 'qwen35_122b').resolve()} --config ")
+    assert r.output.startswith(f"trtllm-serve {(FIX / 'qwen35_122b').resolve()} --extra_llm_api_options ")
     assert "--custom_module_dirs" in r.output and r.output.strip().endswith("--port 9000")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["nemotron-3-nano-4b", "--gpu", "a100"], "unknown GPU 'a100'"),
-    (["nemotron-3-nano-4b", "--gpu", "h100", "--tp-size", "3"], "tp_size: 3 does not divide"),
-    (["nemotron-3-nano-4b", "--gpu", "h100", "--buffer-len", "0"], "buffer_len"),
-    (["nemotron-3-nano-4b", "--gpu", "h100", "--buffer-len", "1000"], "buffer_len"),
-    (["no-such-model", "--gpu", "h100"], "neither a preset"),
+@pytest.mark.parametrize("args,option,message", [
+    (["--gpu", "a100"], "--gpu", "unknown GPU 'a100'"),
+    (["--gpu", "h100", "--tp-size", "3"], "--tp-size", "3 does not divide"),
+    (["--gpu", "h100", "--tp_size", "3"], "--tp-size", "3 does not divide"),
+    (["--gpu", "h100", "--buffer-len", "0"], "--buffer-len", "1<=x<=32"),
+    (["--gpu", "h100", "--buffer-len", "33"], "--buffer-len", "1<=x<=32"),
+    (["--gpu", "h100", "--state-dtype", "fp8"], "--state-dtype", "fp8"),
+    (["--gpu", "h100", "--max_batch_size", "0"], "--max-batch-size", "positive integer"),
+    (["--gpu", "h100", "--max-batch-size", "100000", "--gpu-memory-gib", "1"], "--max-batch-size", "of 1.0 GiB"),
+    (["--gpu", "h100", "--gpu-memory-gib", "-1"], "--gpu-memory-gib", "positive number"),
 ])
-def test_build_bad_input_exit_2(tmp_path, args, message, fake_compile):
+def test_build_bad_input_exit_2(tmp_path, args, option, message):
     out = tmp_path / "o"
-    r = run("build", *args, "-o", str(out))
-    assert r.exit_code == 2 and message in r.output and len(r.output.strip().splitlines()) == 1
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    line = one_error_line(run("build", "nemotron-3-nano-4b", *args, "-o", str(out)), option)
+    assert message in line and " GB" not in line
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_build_model_dir_without_config(tmp_path, fake_compile):
+def test_build_unknown_model_and_missing_option(tmp_path):
+    assert "neither a preset" in one_error_line(run("build", "no-such-model", "--gpu", "h100", "-o",
+                                                    str(tmp_path / "o")), "MODEL")
+    assert "missing" in one_error_line(run("build", MODEL, "-o", str(tmp_path / "o")), "--gpu")
     (tmp_path / "m").mkdir()
-    r = run("build", str(tmp_path / "m"), "--gpu", "h100", "-o", str(tmp_path / "o"))
-    assert r.exit_code == 2 and "has no config.json" in r.output
+    assert "has no config.json" in one_error_line(run("build", str(tmp_path / "m"), "--gpu", "h100", "-o",
+                                                      str(tmp_path / "o")), "MODEL")
     assert not (tmp_path / "o").exists()
 
 
-def test_build_existing_output_needs_force(tmp_path, fake_compile):
+def test_gpu_and_arch_names_accepted_everywhere(tmp_path):
+    m = make_bundle(tmp_path / "b", "--gpu", "sm_90a")  # the last --gpu wins
+    assert m["target"]["arch"] == "sm_90a" and m["target"]["gpu"] == "h100"  # the arch's smallest GPU is planned
+    r = run("inspect", MODEL, "--gpu", "sm_100a", "--json")
+    assert r.exit_code == 0
+    target = json.loads(r.output)["target"]
+    assert (target["gpu"], target["arch"]) == ("b200", "sm_100a")
+    one_error_line(run("compile", "--gpu", "sm_80"), "--gpu")
+    one_error_line(run("inspect", MODEL, "--gpu", "x1"), "--gpu")
+
+
+def test_existing_output_needs_force(tmp_path):
     (tmp_path / "o").mkdir()
-    r = run("build", "nemotron-3-nano-4b", "--gpu", "h100", "-o", str(tmp_path / "o"))
-    assert r.exit_code == 2 and "--force" in r.output
+    assert "--force" in one_error_line(run("build", MODEL, "--gpu", "h100", "-o", str(tmp_path / "o")), "--output")
 
 
-@needs_configs
-def test_failed_compile_leaves_nothing(tmp_path, monkeypatch):
-    def broken(cfg, arch, *, force=False):
-        raise compiler.KernelCompileError("boom")
+def test_force_replaces_a_bundle_atomically(tmp_path):
+    out = tmp_path / "b"
+    first = make_bundle(out)
+    (out / "stale.txt").write_text("from the old bundle")
+    second = make_bundle(out, "--buffer-len", "8", "--force")
+    assert first["buffer_len"] == 16 and second["buffer_len"] == 8
+    assert not (out / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]  # neither the new nor the old copy left beside it
 
-    monkeypatch.setattr(compiler, "compile_config", broken)
-    r = run("build", "nemotron-3-nano-4b", "--gpu", "h100", "-o", str(tmp_path / "o"))
-    assert r.exit_code != 0 and list(tmp_path.iterdir()) == []
+
+def test_failed_replacement_keeps_the_old_bundle(tmp_path):
+    out = tmp_path / "b"
+    make_bundle(out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    spec = get_preset(MODEL)
+
+    def interrupt(done: int, total: int, name: str) -> None:
+        if done:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bundle.write_bundle(spec, memory_plan.plan(spec, "h100", buffer_len=4), "sm_90a", out, force=True,
+                            progress=interrupt)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert json.loads((out / "manifest.json").read_text())["buffer_len"] == 16
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
+
+
+def test_force_never_replaces_a_directory_that_is_not_a_bundle(tmp_path):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "userfile.txt").write_text("keep me")
+    line = one_error_line(run("build", MODEL, "--gpu", "h100", "-o", str(user), "--force"), "--output")
+    assert "not a trtllm-replayssm bundle" in line
+    assert (user / "userfile.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("target,reason", [(".", "the working directory"), ("..", "contains the working directory"),
+                                           ("/", "the filesystem root")])
+def test_force_refuses_working_directory_parents_and_root(tmp_path, target, reason):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "userfile.txt").write_text("keep me")
+    make_bundle(work / "inner")  # even a directory holding a bundle below is refused
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        line = one_error_line(run("build", MODEL, "--gpu", "h100", "-o", target, "--force"), "--output")
+    finally:
+        os.chdir(cwd)
+    assert reason in line
+    assert (work / "userfile.txt").read_text() == "keep me" and (work / "inner" / "manifest.json").is_file()
+
+
+def test_force_refuses_the_working_directory_even_if_it_is_a_bundle(tmp_path):
+    make_bundle(tmp_path / "b")
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "b")
+    try:
+        line = one_error_line(run("build", MODEL, "--gpu", "h100", "-o", ".", "--force"), "--output")
+    finally:
+        os.chdir(cwd)
+    assert "the working directory" in line and (tmp_path / "b" / "manifest.json").is_file()
+
+
+def test_force_refuses_a_home_directory(tmp_path):
+    home = tmp_path / "home" / "someone"
+    home.mkdir(parents=True)
+    (home / "notes.txt").write_text("keep me")
+    line = one_error_line(run("build", MODEL, "--gpu", "h100", "-o", str(home), "--force",
+                              env={"HOME": str(home)}), "--output")
+    assert "a home directory" in line and (home / "notes.txt").is_file()
+
+
+def test_output_that_is_a_file(tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("keep me")
+    for extra in ([], ["--force"]):
+        assert "is a file" in one_error_line(run("build", MODEL, "--gpu", "h100", "-o", str(f), *extra), "--output")
+    assert f.read_text() == "keep me"
 
 
 def test_serve_errors(tmp_path):
-    r = run("serve", str(tmp_path))
-    assert r.exit_code == 2 and "not a bundle" in r.output
+    assert "not a bundle" in one_error_line(run("serve", str(tmp_path)), "BUNDLE_DIR")
 
 
 def test_inspect_preset_and_json():
@@ -128,5 +229,48 @@ def test_inspect_preset_and_json():
     r = run("inspect", str(FIX / "kimi_linear_48b"), "--json")
     m = json.loads(r.output)
     assert m["plan"]["family"] == "kda" and m["plan"]["served_by_trtllm_module"] is False
-    r = run("inspect", "qwen3.5-4b", "--gpu", "x1")
-    assert r.exit_code == 2
+
+
+def test_inspect_says_what_max_sequences_exclude_and_keys_the_layer_pattern():
+    r = run("inspect", "nemotron-3-super-120b", "--gpu", "h200", env={"COLUMNS": "250"})
+    assert r.exit_code == 0
+    assert "excludes weights, KV cache, activations" in r.output
+    layers = next(line for line in r.output.splitlines() if line.startswith("layers: "))
+    assert layers.startswith("layers: MEMEMEM*E") and "M Mamba-2" in layers and "* attention" in layers
+
+
+def test_inspect_bundle_warns_about_plan_options(tmp_path):
+    make_bundle(tmp_path / "b")
+    r = run("inspect", str(tmp_path / "b"), "--gpu", "b200", "--tp-size", "2")
+    assert r.exit_code == 0 and "warning: --gpu, --tp-size ignored" in r.output and "built for h100" in r.output
+    r = run("inspect", str(tmp_path / "b"))
+    assert r.exit_code == 0 and "warning" not in r.output
+
+
+def test_help_shows_defaults_limits_and_aliases():
+    r = run("build", "--help")
+    assert r.exit_code == 0
+    assert "--tp-size, --tp_size" in r.output and "--max-batch-size, --max_batch_size" in r.output
+    assert "[default: 16; 1<=x<=32]" in r.output and "[default: 256]" in r.output
+    for cmd in ("compile", "inspect", "serve", "compare"):
+        assert run(cmd, "--help").exit_code == 0
+    assert "[default: h100]" in run("inspect", "--help").output
+    compile_help = " ".join(run("compile", "--help").output.split())
+    assert "TRTLLM_REPLAYSSM_CACHE" in compile_help and "layer kernels are not included" in compile_help
+
+
+def test_usage_errors_are_one_line():
+    one_error_line(run("build", MODEL, "--gpu", "h100", "-o", "x", "--tp-size", "two"), "--tp-size")
+    r = run("build", MODEL, "--no-such-option")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: ")
+    one_error_line(run("bench", "kernels", "--family", "mamba3"), "--family")
+    one_error_line(run("bench", "kernels", "--state-dtype", "fp8"), "--state-dtype")
+    one_error_line(run("bench", "kernels", "--batch", "x"), "--batch")
+
+
+def test_compile_prints_the_kernel_cache(tmp_path):
+    r = run("compile", "--gpu", "h100", "--preset", MODEL, env={"TRTLLM_REPLAYSSM_CACHE": str(tmp_path / "kc")})
+    assert r.exit_code == 0, r.output
+    assert f"kernel cache: {tmp_path / 'kc' / 'sm_90a'}" in r.output
+    assert "compiled" in r.output and len(list((tmp_path / "kc" / "sm_90a").glob("*.cubin"))) > 0
+    assert "unknown preset" in one_error_line(run("compile", "--gpu", "h100", "--preset", "nope"), "--preset")

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -58,6 +62,7 @@ def test_settings_validation() -> None:
 
 
 def test_cli_table_and_slice(tmp_path, tiny_config) -> None:
+    from trtllm_replayssm.cli import main
     from trtllm_replayssm.cli.compare_cmd import compare_cmd
 
     out = tmp_path / "cli"
@@ -69,10 +74,12 @@ def test_cli_table_and_slice(tmp_path, tiny_config) -> None:
     assert "slice of 2 layers" in result.output
     recs = json.loads((out / "compare.json").read_text())["records"]
     assert {r["layers"] for r in recs} == {"0-1 of 4"}
-    bad = CliRunner().invoke(compare_cmd, [str(tiny_config), "--batch", "x", "-o", str(out)])
-    assert bad.exit_code != 0 and "comma-separated" in bad.output
-    bad = CliRunner().invoke(compare_cmd, ["no-such-model", "-o", str(out)])
-    assert bad.exit_code == 1 and "unknown preset" in bad.output
+    assert "PyTorch fallback" in result.output  # CPU timings say what they time
+    bad = CliRunner().invoke(main, ["compare", str(tiny_config), "--batch", "x", "-o", str(out)])
+    assert bad.exit_code == 2 and bad.output.startswith("error: --batch: ") and "comma-separated" in bad.output
+    bad = CliRunner().invoke(main, ["compare", "no-such-model", "-o", str(out)])
+    assert bad.exit_code == 2 and bad.output.startswith("error: MODEL: unknown preset")
+    assert len(bad.output.strip().splitlines()) == 1
 
 
 def test_trtllm_bench_command_lines(tmp_path) -> None:
@@ -89,7 +96,7 @@ def test_trtllm_bench_command_lines(tmp_path) -> None:
         data = argv[argv.index("--dataset") + 1]
         assert data == cmds[0][2][cmds[0][2].index("--output") + 1]  # one dataset for every run
         assert ("--custom_module_dirs" in argv) == (impl == "replay")
-        assert argv[argv.index("--config") + 1] == str(bundle / "trtllm-serve.yaml")
+        assert argv[argv.index("--extra_llm_api_options") + 1] == str(bundle / "trtllm-serve.yaml")
 
 
 def test_token_check_separates_near_ties_from_mismatches() -> None:
@@ -152,3 +159,47 @@ def test_bench_metrics_flattens_latency_and_throughput_leaves() -> None:
               "engine": {"version": "x"}, "latency": {"p50_latency_ms": 3}, "streaming": True}
     assert bench_metrics(report) == {"performance.avg_tpot_ms": 7.5, "performance.output_throughput_tok_s": 1200.0,
                                      "latency.p50_latency_ms": 3.0}
+
+
+def _cli(*args: str, preamble: str = "") -> list[str]:
+    """argv of the CLI in a fresh interpreter (``preamble`` runs first)."""
+    return [sys.executable, "-c", f"{preamble}\nfrom trtllm_replayssm.cli import main\nmain()", *args]
+
+
+def test_compare_shows_progress_when_piped(tmp_path, tiny_config) -> None:
+    r = subprocess.run(_cli("compare", str(tiny_config), "--batch", "1,2", "--steps", "3", "-L", "1",
+                            "--prompt-len", "2", "-o", str(tmp_path)), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for line in (": loading", "tiny-nemotron batch 1 (1/2) baseline: decoding 3 steps",
+                 "tiny-nemotron batch 2 (2/2) replay: decoding 3 steps", "tiny-nemotron batch 2 (2/2): done"):
+        assert line in r.stderr
+    assert "PyTorch fallback" in r.stderr and "speed-up" in r.stdout
+    assert json.loads((tmp_path / "compare.json").read_text())["complete"] is True
+
+
+def test_compare_stopped_early_keeps_what_it_measured(tmp_path, tiny_config) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_cli("compare", str(tiny_config), "--batch", "1,2,3,4,5,6,7,8", "--steps", "400",
+                                 "-L", "1", "--prompt-len", "2", "-o", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "compare.json").is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    report = json.loads((out / "compare.json").read_text())
+    assert proc.returncode == 130, stderr
+    assert report["complete"] is False and {r["batch"] for r in report["records"]} >= {1}
+    assert len(report["records"]) < 16 and "stopped early" in stdout
+    assert f"interrupted; what was measured is in {out / 'compare.json'}" in stderr
+
+
+def test_compare_without_matplotlib_prints_the_table_and_writes_json(tmp_path, tiny_config) -> None:
+    r = subprocess.run(_cli("compare", str(tiny_config), "--batch", "1", "--steps", "3", "-L", "1",
+                            "--prompt-len", "2", "-o", str(tmp_path),
+                            preamble="import sys; sys.modules['matplotlib'] = None  # as if not installed"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "speed-up" in r.stdout and "Traceback" not in r.stderr
+    assert "matplotlib is not installed (pip install 'trtllm-replayssm[plot]')" in r.stderr
+    assert (tmp_path / "compare.json").is_file() and not (tmp_path / "compare_speedup.png").exists()

@@ -62,4 +62,4 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="state_dtype"):
         plan(spec, "h100", state_dtype="fp8")
     with pytest.raises(ValueError, match="max_batch_size: rings"):
-        plan(spec, "h100", max_batch_size=100000, gpu_memory_gb=10)
+        plan(spec, "h100", max_batch_size=100000, gpu_memory_gib=10)

@@ -22,15 +22,9 @@ from typing import ClassVar, Sequence
 import torch
 
 from trtllm_replayssm.formats import StateFormat, get_state_format
+from trtllm_replayssm.limits import check_buffer_len
 from trtllm_replayssm.reference.gdn import key_ring_dtype
 
-MAX_BUFFER_LEN = 32
-
-
-def check_buffer_len(buffer_len: int) -> int:
-    if not isinstance(buffer_len, int) or not 1 <= buffer_len <= MAX_BUFFER_LEN:
-        raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {buffer_len!r}")
-    return buffer_len
 
 
 @dataclass

@@ -17,21 +17,43 @@ import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from trtllm_replayssm.models import (DecodeRun, HybridConfig, HybridLM, from_preset, greedy_decode, load_hf_config,
                                      time_ssm_only)
 from trtllm_replayssm.models.weights import from_pretrained
-from trtllm_replayssm.plotting import pyplot, save_figure
+from trtllm_replayssm.plotting import PlotUnavailable, pyplot, save_figure
 
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ACT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+CPU_FALLBACK_NOTE = ("CPU run: these timings measure the PyTorch fallback ops (the CPU reference), not the CUDA "
+                     "kernels; they say nothing about GPU speed")
+
+
 class TokenMismatchError(RuntimeError):
     """Greedy tokens of the baseline and replay decoders differ for fp32 state."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` and its
+    ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps, ``ssm timing``, ``batch done``)."""
+
+    model: str
+    phase: str
+    batch: int = 0
+    batch_index: int = 0
+    batches: int = 0
+    impl: str = ""
+    done: int = 0
+    steps: int = 0
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
 
 
 @dataclass
@@ -87,6 +109,17 @@ class ModelResult:
     checks: list[dict[str, Any]] = field(default_factory=list)
 
 
+def check_models(models: list[str]) -> None:
+    """ValueError (naming ``model``) unless every model is a safetensors directory, a config.json / model directory
+    or a preset with a reference decoder; reads configs only."""
+    if not models:
+        raise ValueError("model: expected at least one model")
+    for model in models:
+        path = Path(model)
+        if not (path.is_dir() and any(path.glob("*.safetensors"))):
+            load_hf_config(path) if path.exists() else from_preset(model)
+
+
 def load_model(model: str, settings: CompareSettings) -> tuple[HybridLM, list[str]]:
     """A decoder for ``model``: a preset name or a config.json (random weights), or a model directory with
     ``*.safetensors`` (real weights). Returns the model and notes on what it is."""
@@ -108,8 +141,10 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def measure_batch(model: HybridLM, batch: int, settings: CompareSettings) -> tuple[list[dict], dict]:
-    """Decode ``batch`` sequences with the baseline and the replay SSM op; returns (two decode_step records, check)."""
+def measure_batch(model: HybridLM, batch: int, settings: CompareSettings,
+                  progress: Callable[[str, str, int], None] | None = None) -> tuple[list[dict], dict]:
+    """Decode ``batch`` sequences with the baseline and the replay SSM op; returns (two decode_step records, check).
+    ``progress(impl, phase, steps_done)`` reports each decode step and the SSM-only timing."""
     gen = torch.Generator().manual_seed(settings.seed + batch)
     prompt = torch.randint(0, model.cfg.vocab_size, (batch, settings.prompt_len), generator=gen)
     max_len = settings.prompt_len + settings.steps + 1
@@ -117,7 +152,10 @@ def measure_batch(model: HybridLM, batch: int, settings: CompareSettings) -> tup
     for impl in ("baseline", "replay"):
         state = model.allocate(batch, max_len, ssm_impl=impl, state_dtype=STATE_DTYPES[settings.state_dtype],
                                buffer_len=settings.buffer_len, replay_mode=settings.replay_mode)
-        run = greedy_decode(model, state, prompt, settings.steps, keep_rows=settings.keep_rows)
+        on_step = (lambda done, _steps, impl=impl: progress(impl, "decode", done)) if progress else None
+        run = greedy_decode(model, state, prompt, settings.steps, keep_rows=settings.keep_rows, on_step=on_step)
+        if progress:
+            progress(impl, "ssm timing", settings.steps)
         ssm_us = statistics.median(time_ssm_only(model, state, reps=max(settings.steps // 2, 5)))
         step_us = run.median_step_us
         records.append({
@@ -170,14 +208,26 @@ def token_check(base: DecodeRun, rep: DecodeRun, settings: CompareSettings) -> d
             "near_ties": near_ties[:5], "max_abs_dlogits": dlog, "logit_rows": base.logits.shape[1]}
 
 
-def run_model(model: str, settings: CompareSettings) -> ModelResult:
-    """Load ``model`` and measure every batch size of ``settings``."""
+def run_model(model: str, settings: CompareSettings, progress: ProgressCallback | None = None,
+              on_batch: Callable[[ModelResult], None] | None = None) -> ModelResult:
+    """Load ``model`` and measure every batch size of ``settings``; ``on_batch(result so far)`` after each batch."""
+    if progress:
+        progress(ProgressEvent(model, "load"))
     m, notes = load_model(model, settings)
     result = ModelResult(m.cfg.name, m.cfg.layers_label, notes)
-    for batch in settings.batches:
-        recs, check = measure_batch(m, batch, settings)
+    n = len(settings.batches)
+    for i, batch in enumerate(settings.batches):
+        def step(impl: str, phase: str, done: int, batch: int = batch, i: int = i) -> None:
+            if progress:
+                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps))
+
+        recs, check = measure_batch(m, batch, settings, step if progress else None)
         result.records += recs
         result.checks.append(check)
+        if progress:
+            progress(ProgressEvent(result.model, "batch done", batch, i, n, "", settings.steps, settings.steps))
+        if on_batch:
+            on_batch(result)
     del m
     _free()
     return result
@@ -229,12 +279,17 @@ def plot_speedup(records: list[dict[str, Any]], path: str | Path, title: str = "
     return save_figure(fig, path)
 
 
-def build_report(results: list[ModelResult], settings: CompareSettings, engine: str) -> dict[str, Any]:
-    """The JSON document: ``device``, ``date``, ``engine``, ``records`` (decode_step), ``checks``, ``notes``."""
+def build_report(results: list[ModelResult], settings: CompareSettings, complete: bool = True) -> dict[str, Any]:
+    """The JSON document: ``device``, ``date``, ``engine``, ``complete`` (False while a run is under way or after
+    it was stopped), ``records`` (decode_step), ``checks``, ``notes``."""
+    cpu = settings.torch_device.type == "cpu"
+    engine = "reference decoder (TensorRT-LLM not used)"
     return {
         "device": device_name(settings.torch_device),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "engine": engine,
+        "engine": engine + (", PyTorch CPU fallback ops" if cpu else ", CUDA kernels"),
+        "timing_note": CPU_FALLBACK_NOTE if cpu else None,
+        "complete": complete,
         "settings": {"batches": list(settings.batches), "steps": settings.steps, "state_dtype": settings.state_dtype,
                      "act_dtype": str(settings.torch_act_dtype).replace("torch.", ""), "L": settings.buffer_len,
                      "prompt_len": settings.prompt_len, "gpu_layers": settings.gpu_layers,
@@ -255,20 +310,34 @@ def check_tokens(report: dict[str, Any]) -> None:
                                                           f"rows, first {c['mismatches'][0]}" for c in bad))
 
 
-def run_compare(models: list[str], settings: CompareSettings, out_dir: str | Path) -> dict[str, Any]:
-    """Run every model, write ``compare.json`` and ``compare_speedup.png`` into ``out_dir``; return the report.
+def run_compare(models: list[str], settings: CompareSettings, out_dir: str | Path,
+                progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """Run every model, write ``compare.json`` (after every batch, so a stopped run keeps what it measured) and
+    ``compare_speedup.png`` (when matplotlib is installed) into ``out_dir``; return the report.
     Raises :class:`TokenMismatchError` (after writing) if fp32 greedy tokens differ."""
-    if not models:
-        raise ValueError("model: expected at least one model")
-    results = [run_model(m, settings) for m in models]
-    report = build_report(results, settings, engine="reference decoder (TensorRT-LLM not used)")
+    check_models(models)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot_speedup(report["records"], out / "compare_speedup.png",
-                 title=f"ReplaySSM decode step, {report['device']}, {settings.state_dtype} state, "
-                       f"L={settings.buffer_len}")
-    report["files"] = [str(out / "compare.json"), str(out / "compare_speedup.png")]
+    json_path = out / "compare.json"
+    done: list[ModelResult] = []
+
+    def save(current: ModelResult | None = None, complete: bool = False) -> dict[str, Any]:
+        report = build_report(done + ([current] if current else []), settings, complete)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+    for model in models:
+        done.append(run_model(model, settings, progress, on_batch=save))
+    report = save(complete=True)
+    files = [str(json_path)]
+    try:
+        png = plot_speedup(report["records"], out / "compare_speedup.png",
+                           title=f"ReplaySSM decode step, {report['device']}, {settings.state_dtype} state, "
+                                 f"L={settings.buffer_len}")
+        files.append(str(png))
+    except PlotUnavailable as exc:
+        report["plot_note"] = str(exc)
+    report["files"] = files
     check_tokens(report)
     return report
 
@@ -282,30 +351,34 @@ def trtllm_available() -> bool:
 def trtllm_bench_commands(model: str, bundle: str | Path, batches: tuple[int, ...], out_dir: str | Path,
                           num_requests: int = 512, isl: int = 1024,
                           osl: int = 1024) -> list[tuple[str, int, list[str]]]:
-    """Command lines (shared/docs/trtllm.md §4): one generated dataset, then ``throughput`` for the baseline (the
-    bundle's YAML, no custom module) and for the bundle (``--custom_module_dirs``) per batch, plus ``latency``.
-    Returns ``(impl, batch, argv)``; batch 0 marks the dataset step."""
+    """Command lines: one generated dataset (``trtllm-bench prepare-dataset``), then ``throughput`` per batch for
+    the baseline (the bundle's YAML, no custom module) and for the bundle (``--custom_module_dirs``). Only
+    ``throughput`` takes ``--custom_module_dirs`` (``latency`` does not), so batch 1 is a throughput run at
+    concurrency 1; the YAML goes through ``--extra_llm_api_options`` (``--config`` is its alias only in newer
+    releases). Returns ``(impl, batch, argv)``; batch 0 marks the dataset step."""
     bundle, out = Path(bundle), Path(out_dir)
     yaml_path, module_dir = bundle / "trtllm-serve.yaml", bundle / "trtllm_module"
     for need in (yaml_path, module_dir):
         if not need.exists():
             raise ValueError(f"bundle: expected {need.name} in {str(bundle)!r} (from `trtllm-replayssm build`)")
     data = out / "trtllm_dataset.jsonl"
-    cmds: list[tuple[str, int, list[str]]] = [("dataset", 0, [
-        "trtllm-bench", "-m", model, "prepare-dataset", "--output", str(data), "token-norm-dist",
-        "--num-requests", str(num_requests), "--input-mean", str(isl), "--output-mean", str(osl),
-        "--input-stdev", "0", "--output-stdev", "0"])]
+    cmds: list[tuple[str, int, list[str]]] = [("dataset", 0, prepare_dataset_argv(model, data, num_requests, isl, osl))]
     for impl, extra in (("baseline", []), ("replay", ["--custom_module_dirs", str(module_dir)])):
         for b in batches:
             cmds.append((impl, b, [
                 "trtllm-bench", "-m", model, "throughput", "--dataset", str(data), "--backend", "pytorch",
-                "--config", str(yaml_path), "--max_batch_size", str(b), "--concurrency", str(b),
+                "--extra_llm_api_options", str(yaml_path), "--max_batch_size", str(b), "--concurrency", str(b),
                 "--num_requests", str(num_requests), "--warmup", "8", "--streaming",
                 "--report_json", str(out / f"trtllm_{impl}_b{b}.json"), *extra]))
-        cmds.append((impl, 1, ["trtllm-bench", "-m", model, "latency", "--dataset", str(data), "--backend", "pytorch",
-                               "--config", str(yaml_path), "--report_json", str(out / f"trtllm_{impl}_latency.json"),
-                               *extra]))
     return cmds
+
+
+def prepare_dataset_argv(model: str, output: str | Path, num_requests: int, isl: int, osl: int) -> list[str]:
+    """``trtllm-bench prepare-dataset`` for ``num_requests`` synthetic requests of exactly ``isl`` input and ``osl``
+    output tokens (the tokenizer comes from ``-m``)."""
+    return ["trtllm-bench", "-m", model, "prepare-dataset", "--output", str(output), "token-norm-dist",
+            "--num-requests", str(num_requests), "--input-mean", str(isl), "--input-stdev", "0",
+            "--output-mean", str(osl), "--output-stdev", "0"]
 
 
 def bench_metrics(report: Any, prefix: str = "") -> dict[str, float]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trtllm_replayssm.cache import MAX_BUFFER_LEN
 from trtllm_replayssm.kernels.configs import dtype_from_name
+from trtllm_replayssm.limits import check_buffer_len
 from trtllm_replayssm.presets import GDNDims, KDADims, Mamba2Dims, ModelSpec
 from trtllm_replayssm.reference.gdn import key_ring_dtype
-from trtllm_replayssm.targets import GPU_MEMORY_GB, GPU_TARGETS
+from trtllm_replayssm.targets import GPU_MEMORY_GIB, resolve_gpu
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 GIB = 1 << 30
@@ -40,11 +40,6 @@ def check_tp(spec: ModelSpec, tp_size: int) -> None:
     if bad:
         detail = ", ".join(f"{k}={v}" for k, v in bad.items())
         raise ValueError(f"tp_size: {tp_size} does not divide {detail} of {spec.name}")
-
-
-def check_buffer_len(buffer_len: int) -> None:
-    if isinstance(buffer_len, bool) or not isinstance(buffer_len, int) or not 1 <= buffer_len <= MAX_BUFFER_LEN:
-        raise ValueError(f"buffer_len: expected an integer in [1, {MAX_BUFFER_LEN}], got {buffer_len!r}")
 
 
 @dataclass(frozen=True)
@@ -153,33 +148,31 @@ class MemoryPlan:
 
 
 def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16, state_dtype: str | None = None,
-         act_dtype: str = "bf16", max_batch_size: int = 256, gpu_memory_gb: float | None = None) -> MemoryPlan:
-    """Memory plan of ``spec`` on ``gpu`` (a name in targets.GPU_TARGETS).
+         act_dtype: str = "bf16", max_batch_size: int = 256, gpu_memory_gib: float | None = None) -> MemoryPlan:
+    """Memory plan of ``spec`` on ``gpu`` (a GPU name or an SM arch, see targets.resolve_gpu).
 
     ``max_seqs_*`` is how many sequences' recurrent state (and, for replay, rings) fit in the whole GPU memory
-    budget: an upper bound that ignores weights and KV cache, comparable between replay and upstream.
+    budget: an upper bound that excludes weights, KV cache and activations, comparable between replay and upstream.
     ``free_gpu_memory_fraction`` lowers TensorRT-LLM's default 0.9 so that the rings of ``max_batch_size + 1``
     slots (the +1 is the CUDA-graph padding dummy slot) stay free, assuming at least MIN_FREE_SHARE of the GPU is
     free when TensorRT-LLM sizes its caches.
     """
-    key = gpu.strip().lower()
-    if key not in GPU_TARGETS:
-        raise ValueError(f"gpu: unknown GPU {gpu!r}; expected one of {sorted(GPU_TARGETS)}")
+    key, _arch = resolve_gpu(gpu)
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size: expected a positive integer, got {max_batch_size!r}")
-    mem_gb = GPU_MEMORY_GB[key] if gpu_memory_gb is None else gpu_memory_gb
-    if not mem_gb > 0:
-        raise ValueError(f"gpu_memory_gb: expected a positive number, got {gpu_memory_gb!r}")
+    mem_gib = GPU_MEMORY_GIB[key] if gpu_memory_gib is None else gpu_memory_gib
+    if isinstance(mem_gib, bool) or not isinstance(mem_gib, (int, float)) or not mem_gib > 0:
+        raise ValueError(f"gpu_memory_gib: expected a positive number, got {gpu_memory_gib!r}")
     state_dtype = state_dtype or spec.ssm_state_dtype
     lb = layer_bytes(spec, tp_size, buffer_len, state_dtype, act_dtype)
     n = len(spec.ssm_layers)
     per_replay, per_up = n * lb.replay_total, n * lb.upstream_total
-    mem = int(mem_gb * GIB)
+    mem = int(mem_gib * GIB)
     ring_gpu = n * (lb.ring + lb.cursors) * (max_batch_size + 1)
     fraction = UPSTREAM_FREE_FRACTION - ring_gpu / (MIN_FREE_SHARE * mem)
     if fraction < 0.05:
         raise ValueError(f"max_batch_size: rings of {max_batch_size} sequences need {ring_gpu / GIB:.1f} GiB, "
-                         f"too much of {mem_gb} GB; lower max_batch_size or buffer_len")
+                         f"too much of {mem_gib:.1f} GiB; lower max_batch_size or buffer_len")
     return MemoryPlan(
         model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, state_dtype=state_dtype,
         act_dtype=act_dtype, num_ssm_layers=n, layer=lb, per_seq_replay=per_replay, per_seq_upstream=per_up,

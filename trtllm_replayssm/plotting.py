@@ -3,10 +3,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PLOT_EXTRA = "pip install 'trtllm-replayssm[plot]'"
+
+
+class PlotUnavailable(ImportError):
+    """matplotlib is not installed; the message says which extra provides it."""
+
 
 def pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
-    import matplotlib
+    """``matplotlib.pyplot`` on the Agg backend (no display needed); PlotUnavailable without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable(f"plot skipped: matplotlib is not installed ({PLOT_EXTRA})") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -257,6 +257,22 @@ def _build_presets() -> dict[str, ModelSpec]:
             source="GLM-5.3-Flash geometry file + test fixtures [S2]/[T]",
             notes=("DSA (sparse NoPE MLA) attention layers; indexer 32 x 128",),
         ),
+        # Tiny models for CPU examples and tests: production per-head geometry (so the same kernel modules), few
+        # heads and layers, small vocabularies.
+        ModelSpec(
+            name="tiny-nemotron", architecture="NemotronHForCausalLM", family="mamba2",
+            hidden_size=256, vocab_size=512, layers=nemotron_layers("M-M*M-"),
+            attention=AttentionDims(num_heads=4, num_kv_heads=2, head_dim=64), intermediate_size=512,
+            mamba2=Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=2, conv_kernel=4, chunk_size=128),
+            source="tiny demo model (Nemotron-3-Super head geometry)",
+        ),
+        ModelSpec(
+            name="tiny-qwen", architecture="Qwen3_5ForCausalLM", family="gdn",
+            hidden_size=256, vocab_size=512, layers=interleaved_layers(4, "gdn", every4(4)),
+            attention=AttentionDims(num_heads=4, num_kv_heads=2, head_dim=64), intermediate_size=512,
+            gdn=GDNDims(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128, conv_kernel=4),
+            source="tiny demo model (Qwen3.5 head geometry)",
+        ),
     ]
     return {p.name: p for p in presets}
 

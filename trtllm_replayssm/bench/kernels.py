@@ -41,8 +41,9 @@ class KernelBenchConfig:
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
             raise ValueError(f"batches: expected positive ints, got {self.batches!r}")
-        for sd in self.state_dtypes:
-            byte_model.dtype_bytes(sd)
+        bad = [sd for sd in self.state_dtypes if sd not in byte_model.DTYPE_BYTES]
+        if bad or not self.state_dtypes:
+            raise ValueError(f"state_dtypes: expected some of {sorted(byte_model.DTYPE_BYTES)}, got {bad or '[]'}")
         if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= 16:
             raise ValueError(f"buffer_len: expected an int in [1, 16], got {self.buffer_len!r}")
         if self.replays < timing.MIN_REPLAYS:

@@ -5,7 +5,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from trtllm_replayssm.plotting import pyplot, save_figure
+from trtllm_replayssm.plotting import PlotUnavailable, pyplot, save_figure
 
 PEER_IMPLS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda")
 REQUIRED_KEYS = ("device", "date", "copy_ceiling_gbps", "records")
@@ -139,11 +139,15 @@ def plot_speedups(results: dict, path: str | Path) -> Path:
 
 
 def write_reports(results: dict, json_path: str | Path) -> tuple[Path, Path, Path | None]:
-    """Write results JSON, the markdown summary (``.md``) and the plot (``.png``, when there are replay records)."""
+    """Write results JSON, the markdown summary (``.md``) and the plot (``.png``, when there are replay records and
+    matplotlib is installed; None otherwise)."""
     jp = Path(json_path)
     jp.parent.mkdir(parents=True, exist_ok=True)
     jp.write_text(json.dumps(results, indent=1))
     md = jp.with_suffix(".md")
     md.write_text(summary_markdown(results))
-    png = plot_speedups(results, jp.with_suffix(".png")) if speedups(results) else None
+    try:
+        png = plot_speedups(results, jp.with_suffix(".png")) if speedups(results) else None
+    except PlotUnavailable:
+        png = None
     return jp, md, png

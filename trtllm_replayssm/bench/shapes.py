@@ -68,7 +68,7 @@ def select_shapes(families: list[str], models: list[str] | None) -> list[BenchSh
     """Shapes of the given families, restricted to `models` when given (names must exist and match a family)."""
     for fam in families:
         if fam not in FAMILIES:
-            raise ValueError(f"family: expected any of {FAMILIES}, got {fam!r}")
+            raise ValueError(f"families: expected any of {FAMILIES}, got {fam!r}")
     if models:
         unknown = [m for m in models if m not in BENCH_MODELS]
         if unknown:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from trtllm_replayssm.cli.errors import RunError, bad_value
+
 QUICK_BATCHES = [8, 256]
 QUICK_STATE_DTYPES = "fp32"
 
@@ -21,9 +23,9 @@ def _int_csv(_ctx: click.Context, param: click.Parameter, value: str | None) -> 
     try:
         out = [int(v) for v in _csv(value)]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param=param) from None
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
     if not out or any(b < 1 for b in out):
-        raise click.BadParameter(f"expected positive integers, got {value!r}", param=param)
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
     return out
 
 
@@ -36,13 +38,13 @@ def bench_cmd() -> None:
 @click.option("--family", "families", default="mamba2,gdn,kda", show_default=True,
               help="Comma-separated families: mamba2, gdn, kda.")
 @click.option("--models", default=None, help="Comma-separated model presets (default: every benchmark model).")
-@click.option("--batch", "batches", default=None, callback=_int_csv,
+@click.option("--batch", "batches", default=None, callback=_int_csv, show_default=False,
               help="Comma-separated batch sizes [default: 1,8,64,256,512; --quick: 8,256].")
-@click.option("--state-dtype", "state_dtypes", default=None,
+@click.option("--state-dtype", "state_dtypes", default=None, show_default=False,
               help="Comma-separated state dtypes fp32,bf16,fp16 [default: fp32,bf16; --quick: fp32].")
 @click.option("--buffer-len", default=16, show_default=True, type=int, help="Ring length L (FlashInfer window).")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="Also time FlashInfer, mamba-ssm, fla-core.")
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,
               help="Results JSON [default: benchmarks/results/kernels-<UTC time>.json]; .md and .png written beside.")
 @click.option("--quick", is_flag=True, help="Fewer cases (defaults above) for a smoke run.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: str | None,
@@ -52,6 +54,7 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
 
     from trtllm_replayssm.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
     from trtllm_replayssm.bench.report import write_reports
+    from trtllm_replayssm.plotting import PLOT_EXTRA
 
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
@@ -60,10 +63,9 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
         config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
                                    batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        bad_value(exc)
     if not torch.cuda.is_available():
-        raise click.ClickException("bench kernels needs a CUDA GPU (torch.cuda.is_available() is False); "
-                                   "run it on the GPU host")
+        raise RunError("bench kernels needs a CUDA GPU (torch.cuda.is_available() is False); run it on the GPU host")
     if output is None:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
         output = Path("benchmarks/results") / f"kernels-{stamp}.json"
@@ -75,4 +77,4 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
     results = run_kernel_bench(config, log=click.echo, progress=save_partial)
     jp, md, png = write_reports(results, output)
     click.echo(md.read_text())
-    click.echo(f"wrote {jp}, {md}" + (f", {png}" if png else ""))
+    click.echo(f"wrote {jp}, {md}" + (f", {png}" if png else f" (no plot: {PLOT_EXTRA} gives it)"))

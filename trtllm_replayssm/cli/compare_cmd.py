@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+from trtllm_replayssm.cli.errors import Interrupted, RunError, bad_value
+from trtllm_replayssm.limits import MAX_BUFFER_LEN
+
 
 def _batches(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
     try:
@@ -32,7 +35,10 @@ def _table(report: dict) -> "object":
 
     from trtllm_replayssm.compare import speedups
 
-    table = Table(title=f"decode step, {report['device']} ({report['engine']})")
+    title = f"decode step, {report['device']} ({report['engine']})"
+    if not report.get("complete", True):
+        title += " - stopped early, partial results"
+    table = Table(title=title)
     for col in ("model", "layers", "batch", "baseline µs", "replay µs", "speed-up", "baseline tok/s", "replay tok/s",
                 "SSM share base", "SSM share replay", "tokens equal", "max |Δlogits|"):
         table.add_column(col, justify="left" if col in ("model", "layers") else "right")
@@ -60,48 +66,62 @@ def _bench_table(bench: dict) -> "object":
 
 @click.command("compare")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL...")
-@click.option("--batch", "batches", default="1,8,64,256,512", callback=_batches, show_default=True,
-              help="Comma-separated batch sizes.")
-@click.option("--steps", default=64, show_default=True, type=int,
+@click.option("--batch", "batches", default="1,8,64,256,512", callback=_batches, help="Comma-separated batch sizes.")
+@click.option("--steps", default=64, type=int,
               help="Decode steps per batch (>= 3 * buffer-len for the fp32 token check).")
 @click.option("--gpu-layers", type=int, default=None,
               help="Run a contiguous slice of K layers (the real layer pattern) of a model too large for one GPU.")
-@click.option("--state-dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
-@click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
+@click.option("--state-dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32")
+@click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None, show_default=False,
               help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
-@click.option("--buffer-len", "-L", default=16, show_default=True, type=int, help="Ring length L.")
-@click.option("--prompt-len", default=16, show_default=True, type=int)
+@click.option("--buffer-len", "-L", default=16, type=click.IntRange(1, MAX_BUFFER_LEN), help="Ring length L.")
+@click.option("--prompt-len", default=16, type=int)
 @click.option("--mode", "replay_mode", type=click.Choice(["auto", "replay", "flush"]), default="auto",
-              show_default=True, help="Replay op mode (auto: flush every step at low batch x heads).")
-@click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
+              help="Replay op mode (auto: flush every step at low batch x heads).")
+@click.option("--device", default=None, show_default=False, help="torch device [default: cuda if available, else cpu].")
 @click.option("--bundle", type=click.Path(exists=True, file_okay=False), default=None,
               help="Bundle from `trtllm-replayssm build`: with TensorRT-LLM installed, also run trtllm-bench.")
-@click.option("-o", "--out-dir", default="compare_out", show_default=True, type=click.Path(file_okay=False))
+@click.option("-o", "--out-dir", default="compare_out", type=click.Path(file_okay=False))
 def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, gpu_layers: int | None,
                 state_dtype: str, act_dtype: str | None, buffer_len: int, prompt_len: int, replay_mode: str,
                 device: str | None, bundle: str | None, out_dir: str) -> None:
     """Decode-step latency of MODEL (preset name, config.json or HF model directory) with the baseline SSM op and
-    with ReplaySSM: table, OUT_DIR/compare.json and OUT_DIR/compare_speedup.png."""
+    with ReplaySSM: table, OUT_DIR/compare.json (rewritten after every batch, so a stopped run keeps what it
+    measured) and OUT_DIR/compare_speedup.png. On a CPU the timings are of the PyTorch fallback ops, not of the
+    GPU kernels; try `compare tiny-nemotron tiny-qwen --batch 1,8 --steps 48` there."""
     from rich.console import Console
 
-    from trtllm_replayssm.compare import (CompareSettings, TokenMismatchError, run_compare, run_trtllm_bench,
-                                          trtllm_available)
+    from trtllm_replayssm.cli.progress import compare_progress
+    from trtllm_replayssm.compare import (CPU_FALLBACK_NOTE, CompareSettings, TokenMismatchError, check_models, run_compare,
+                                          run_trtllm_bench, trtllm_available)
 
-    console = Console()
+    console = Console() if Console().is_terminal else Console(width=200)
+    status = Console(stderr=True, soft_wrap=True)
     try:
         settings = CompareSettings(batches=batches, steps=steps, state_dtype=state_dtype, act_dtype=act_dtype,
                                    buffer_len=buffer_len, prompt_len=prompt_len, gpu_layers=gpu_layers,
                                    device=device, replay_mode=replay_mode)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
+        cpu = settings.torch_device.type == "cpu"
+        check_models(list(models))
+    except (ValueError, RuntimeError) as err:
+        bad_value(err)
+    if cpu:
+        status.print(f"[bold yellow]warning[/]: {CPU_FALLBACK_NOTE}")
+    json_path = Path(out_dir) / "compare.json"
     mismatch = None
     try:
-        report = run_compare(list(models), settings, out_dir)
+        with compare_progress(status) as progress:
+            report = run_compare(list(models), settings, out_dir, progress=progress)
     except TokenMismatchError as err:
         mismatch = err
-        report = json.loads((Path(out_dir) / "compare.json").read_text())
+        report = json.loads(json_path.read_text())
+    except KeyboardInterrupt:
+        if json_path.is_file():
+            console.print(_table(json.loads(json_path.read_text())))
+            raise Interrupted(f"interrupted; what was measured is in {json_path}") from None
+        raise
     except ValueError as err:
-        raise click.ClickException(str(err)) from None
+        bad_value(err)
     console.print(_table(report))
     for model, notes in report["notes"].items():
         for note in notes:
@@ -116,6 +136,10 @@ def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, g
     else:
         why = "no --bundle given" if not bundle else "TensorRT-LLM is not installed"
         console.print(f"Ran the reference decoder ({why}); trtllm-bench was not run.")
-    console.print(f"wrote {Path(out_dir) / 'compare.json'} and {Path(out_dir) / 'compare_speedup.png'}")
+    console.print(f"wrote {', '.join(report['files'])}")
+    if "plot_note" in report:
+        click.echo(report["plot_note"], err=True)
+    if cpu:
+        status.print(f"[bold yellow]warning[/]: {CPU_FALLBACK_NOTE}")
     if mismatch is not None:
-        raise click.ClickException(str(mismatch))
+        raise RunError(str(mismatch))

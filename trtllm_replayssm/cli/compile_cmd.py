@@ -4,31 +4,39 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import Progress
 
-from trtllm_replayssm.targets import GPU_TARGETS, resolve_target
+from trtllm_replayssm.cli.errors import bad_value
+from trtllm_replayssm.cli.options import gpu_option
 
 
 @click.command("compile")
-@click.option("--gpu", "gpu", required=True, help=f"target GPU: {', '.join(sorted(GPU_TARGETS))} (or an sm_XXa arch)")
-@click.option("--preset", "presets", multiple=True, help="only the kernels of these model presets (default: all)")
+@gpu_option(required=True)
+@click.option("--preset", "presets", multiple=True, help="Only the kernels of these model presets [default: all].")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="also copy the cubins into this directory (default: only the on-disk cache)")
+              help="Also copy the cubins into this directory [default: only the kernel cache].")
 def compile_cmd(gpu: str, presets: tuple[str, ...], output: Path | None) -> None:
-    """Compile every kernel module for GPU with NVRTC into the cubin cache (and OUTPUT)."""
+    """Compile the SSM decode kernel modules of every preset (or of --preset) for GPU with NVRTC into the kernel
+    cache ($TRTLLM_REPLAYSSM_CACHE, default ~/.cache/trtllm_replayssm). The reference decoders' layer kernels are
+    not included: they compile on first use."""
+    from rich.console import Console
+    from rich.progress import Progress
+
     from trtllm_replayssm.kernels.catalog import catalog_configs, compile_all, resource_usage
+    from trtllm_replayssm.kernels.compiler import cache_dir
+    from trtllm_replayssm.targets import resolve_target
 
     try:
         arch = resolve_target(gpu)
         configs = catalog_configs(presets or None)
-    except (ValueError, KeyError) as exc:
-        raise click.UsageError(str(exc).strip("'\"")) from None
-    console = Console()
+    except ValueError as exc:
+        bad_value(exc)
+    click.echo(f"kernel cache: {cache_dir() / arch}", err=True)
+    console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"NVRTC {arch}", total=len(configs))
         compiled = compile_all(configs, arch, output, progress=lambda cfg: bar.advance(task))
     spills = [(c.config.name, u) for c in compiled for u in resource_usage(c.log) if u.spill_bytes]
-    console.print(f"compiled {len(compiled)} kernel modules for {arch}" + (f" into {output}" if output else ""))
+    click.echo(f"compiled {len(compiled)} kernel modules for {arch} into {cache_dir() / arch}"
+               + (f" and {output}" if output else ""))
     for name, usage in spills:
-        console.print(f"[yellow]warning[/]: {name}:{usage.kernel} spills {usage.spill_bytes} bytes")
+        click.echo(f"warning: {name}:{usage.kernel} spills {usage.spill_bytes} bytes", err=True)

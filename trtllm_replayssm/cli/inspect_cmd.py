@@ -6,10 +6,14 @@ from pathlib import Path
 
 import click
 
-from trtllm_replayssm.cli.build_cmd import fail
-from trtllm_replayssm.targets import GPU_TARGETS
+from trtllm_replayssm.cli.errors import bad_value
+from trtllm_replayssm.cli.options import buffer_len_option, gpu_option, state_dtype_option, tp_size_option
 
 MIB = 1 << 20
+# One letter per layer kind in the printed layer pattern.
+LAYER_LETTERS = {"mamba2": "M", "gdn": "G", "kda": "K", "attention": "*", "mlp": "-", "moe": "E"}
+LAYER_KEY = "M Mamba-2, G Gated DeltaNet, K KDA, * attention, - MLP, E MoE"
+PLAN_OPTIONS = ("gpu", "tp_size", "buffer_len", "state_dtype")
 
 
 def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
@@ -26,42 +30,56 @@ def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
         ("per sequence: replay / upstream", f"{mem['per_seq_replay'] / MIB:.1f} MiB / "
                                             f"{mem['per_seq_upstream'] / MIB:.1f} MiB"),
         ("max sequences: replay / upstream", f"{mem['max_concurrent_seqs_replay']} / "
-                                             f"{mem['max_concurrent_seqs_upstream']}"),
+                                             f"{mem['max_concurrent_seqs_upstream']} (recurrent state in all of the "
+                                             f"GPU memory; excludes weights, KV cache, activations)"),
         ("rings per GPU", f"{mem['ring_bytes_per_gpu'] / MIB:.1f} MiB for {mem['max_batch_size']}+1 slots"),
         ("free_gpu_memory_fraction", str(mem["free_gpu_memory_fraction"])),
         ("predicted SSM-layer speed-up", f"{pred['ssm_layer_speedup']:.2f}x"),
     ]
 
 
+def layer_pattern(layers: list[dict]) -> str:
+    """The layer kinds as one letter each (see LAYER_KEY)."""
+    return "".join(LAYER_LETTERS[lp["kind"]] for lp in layers)
+
+
 @click.command("inspect")
 @click.argument("target")
-@click.option("--gpu", default="h100", show_default=True, help="GPU for a preset/model dir.")
-@click.option("--tp-size", default=1, show_default=True, type=int)
-@click.option("--buffer-len", default=16, show_default=True, type=int)
-@click.option("--state-dtype", default=None)
+@gpu_option(default="h100")
+@tp_size_option
+@buffer_len_option
+@state_dtype_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest-style JSON instead of a table.")
-def inspect_cmd(target: str, gpu: str, tp_size: int, buffer_len: int, state_dtype: str | None,
+@click.pass_context
+def inspect_cmd(ctx: click.Context, target: str, gpu: str, tp_size: int, buffer_len: int, state_dtype: str | None,
                 as_json: bool) -> None:
-    """Show the plan and memory table of a bundle directory, a preset, or a local model directory."""
+    """Show the plan and memory table of a bundle directory, a preset, or a local model directory. For a bundle
+    the plan it was built with is shown; --gpu, --tp-size, --buffer-len and --state-dtype apply to presets and
+    model directories."""
     from rich.console import Console
     from rich.table import Table
 
     path = Path(target)
     if (path / "manifest.json").is_file():
         m = json.loads((path / "manifest.json").read_text())
+        given = [p.opts[0] for p in ctx.command.params if p.name in PLAN_OPTIONS
+                 and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            click.echo(f"warning: {', '.join(given)} ignored: {target} is a bundle built for "
+                       f"{m['target']['gpu']} ({m['target']['arch']}), TP {m['target']['tp_size']}, "
+                       f"L={m['buffer_len']}; rebuild it to plan otherwise", err=True)
     else:
         from trtllm_replayssm import bundle, memory_plan
         from trtllm_replayssm.hf_config import resolve_model
+        from trtllm_replayssm.targets import resolve_gpu
 
-        key = gpu.strip().lower()
-        if key not in GPU_TARGETS:
-            fail(f"--gpu: unknown GPU {gpu!r}; expected one of {', '.join(sorted(GPU_TARGETS))}")
         try:
+            key, arch = resolve_gpu(gpu)
             spec = resolve_model(target)
             mp = memory_plan.plan(spec, key, tp_size=tp_size, buffer_len=buffer_len, state_dtype=state_dtype)
         except ValueError as exc:
-            fail(str(exc))
-        m = bundle.manifest_dict(spec, mp, GPU_TARGETS[key], [], str(path.resolve()) if path.is_dir() else None)
+            bad_value(exc)
+        m = bundle.manifest_dict(spec, mp, arch, [], str(path.resolve()) if path.is_dir() else None)
     if as_json:
         click.echo(json.dumps(m, indent=2))
         return
@@ -69,6 +87,4 @@ def inspect_cmd(target: str, gpu: str, tp_size: int, buffer_len: int, state_dtyp
     for key_, value in _table_from_manifest(m):
         table.add_row(key_, value)
     Console().print(table)
-    kinds = "".join({"mamba2": "M", "gdn": "G", "kda": "K", "attention": "*", "mlp": "-", "moe": "E"}[lp["kind"]]
-                    for lp in m["plan"]["layers"])
-    click.echo(f"layers: {kinds}")
+    click.echo(f"layers: {layer_pattern(m['plan']['layers'])}  ({LAYER_KEY})")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from trtllm_replayssm.cli.build_cmd import fail
+from trtllm_replayssm.cli.errors import RunError, fail
 
 INSTALL_HINT = "pip install tensorrt-llm==1.4.0rc1 (needs CUDA 13 and torch 2.14; see docs/serving.md)"
 
@@ -17,7 +17,7 @@ INSTALL_HINT = "pip install tensorrt-llm==1.4.0rc1 (needs CUDA 13 and torch 2.14
 def serve_command(bundle_dir: Path, model: str, extra: tuple[str, ...]) -> list[str]:
     """The trtllm-serve argv for ``bundle_dir``."""
     d = bundle_dir.resolve()
-    return ["trtllm-serve", model, "--config", str(d / "trtllm-serve.yaml"),
+    return ["trtllm-serve", model, "--extra_llm_api_options", str(d / "trtllm-serve.yaml"),
             "--custom_module_dirs", str(d / "trtllm_module"), *extra]
 
 
@@ -41,5 +41,5 @@ def serve_cmd(bundle_dir: Path, model: str | None, dry_run: bool, extra: tuple[s
         click.echo(shlex.join(argv))
         return
     if shutil.which("trtllm-serve") is None:
-        fail(f"trtllm-serve not found: TensorRT-LLM is not installed; {INSTALL_HINT}")
+        raise RunError(f"trtllm-serve not found: TensorRT-LLM is not installed here; {INSTALL_HINT}")
     os.execvp(argv[0], argv)

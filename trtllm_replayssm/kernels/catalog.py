@@ -1,8 +1,10 @@
 """The kernel modules the toolkit ships: every preset's configs for the supported state/activation dtypes."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -25,6 +27,9 @@ def catalog_configs(presets: Iterable[str] | None = None,
     from trtllm_replayssm.presets import get_preset, list_presets
 
     names = list(presets) if presets is not None else list_presets()
+    unknown = [n for n in names if n.strip().lower() not in list_presets()]
+    if unknown:
+        raise ValueError(f"presets: unknown preset {unknown}; expected names from {list_presets()}")
     pairs = list(dtype_pairs)
     return unique(cfg for name in names for state, act in pairs
                   for cfg in configs_for_spec(get_preset(name), state, act))
@@ -60,15 +65,27 @@ def resource_usage(log: str) -> list[ResourceUsage]:
 
 
 def compile_all(configs: list[KernelConfig], arch: str, out_dir: Path | None = None,
-                progress: Callable[[KernelConfig], None] | None = None) -> list[CompiledKernel]:
-    """Compile (or take from the cache) every config for ``arch``; copy cubins to ``out_dir`` if given."""
-    compiled = []
-    for cfg in configs:
+                progress: Callable[[KernelConfig], None] | None = None,
+                workers: int | None = None) -> list[CompiledKernel]:
+    """Compile (or take from the cache) every config for ``arch`` on ``workers`` threads (default: one per CPU;
+    NVRTC releases the GIL); copy cubins to ``out_dir`` as ``<name>.<arch>.cubin`` if given. Results keep the
+    order of ``configs``; ``progress`` is called once per finished config."""
+    def one(cfg: KernelConfig) -> CompiledKernel:
         result = compile_config(cfg, arch)
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(result.cubin_path, out_dir / f"{cfg.name}.{arch}.cubin")
-        compiled.append(result)
-        if progress:
-            progress(cfg)
-    return compiled
+        return result
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        futures = [pool.submit(one, cfg) for cfg in configs]
+        try:
+            for future in as_completed(futures):
+                future.result()
+                if progress:
+                    progress(future.result().config)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return [f.result() for f in futures]

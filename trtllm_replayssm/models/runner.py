@@ -63,9 +63,10 @@ class DecodeRun:
 
 @torch.no_grad()
 def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, steps: int, keep_rows: int = 4,
-                  use_graph: bool | None = None) -> DecodeRun:
+                  use_graph: bool | None = None, on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
     """Prefill ``prompt [b, T]``, then ``steps`` greedy decode steps, each timed. On CUDA (default) the step
-    (decode, argmax, feed back) is captured once in a CUDA graph before the prefill and replayed."""
+    (decode, argmax, feed back) is captured once in a CUDA graph before the prefill and replayed.
+    ``on_step(done, steps)`` is called after each step, outside the timed region."""
     dev = model.device
     use_graph = dev.type == "cuda" if use_graph is None else use_graph
     if use_graph and dev.type != "cuda":
@@ -116,6 +117,8 @@ def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, ste
         top[s].copy_(top2[:, 0])
         gaps[s].copy_(top2[:, 0] - top2[:, 1])
         tokens[s + 1].copy_(tok)
+        if on_step:
+            on_step(s + 1, steps)
     if use_graph:
         torch.cuda.synchronize(dev)
         step_us = [a.elapsed_time(e) * 1e3 for a, e in step_us]

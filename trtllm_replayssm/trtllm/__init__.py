@@ -13,6 +13,9 @@ from pathlib import Path
 
 from trtllm_replayssm.trtllm_core import check_trtllm_version
 
+# The TensorRT-LLM names and signatures the module relies on (package data; build_scripts/extract_trtllm_symbols.py).
+SYMBOLS_PATH = Path(__file__).with_name("trtllm_symbols.json")
+
 
 @dataclass(frozen=True)
 class ReplaySettings:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import tensorrt_llm
@@ -35,7 +34,7 @@ from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
 from trtllm_replayssm import signature_check
 from trtllm_replayssm.kernels.configs import dtype_from_name
-from trtllm_replayssm.trtllm import ReplaySettings
+from trtllm_replayssm.trtllm import SYMBOLS_PATH, ReplaySettings
 from trtllm_replayssm.trtllm_core import (PAD_SLOT_ID, bind_layer_cache, decode_slot_ids, gdn_materialize_slots, gdn_split_qkv,
                                           is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
                                           kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
@@ -43,7 +42,6 @@ from trtllm_replayssm.trtllm_core import (PAD_SLOT_ID, bind_layer_cache, decode_
                                           warn_speculative_fallback)
 
 _log = logging.getLogger("trtllm_replayssm")
-_SYMBOLS_PATH = Path(__file__).with_name("trtllm_symbols.json")
 
 
 def _layer_cache(owner: Any, family: str, state: torch.Tensor, num_k_heads: int) -> Any:
@@ -220,7 +218,7 @@ def _install(model: torch.nn.Module, model_config: Any, arch: str, settings: Rep
 
 def _check_installed_signatures(version: str, skip_modules: tuple[str, ...]) -> None:
     """Compare every recorded callable signature with the installed one (one RuntimeError listing all)."""
-    recorded = signature_check.recorded_signatures(json.loads(_SYMBOLS_PATH.read_text()))
+    recorded = signature_check.recorded_signatures(json.loads(SYMBOLS_PATH.read_text()))
     recorded = {name: sig for name, sig in recorded.items() if name.partition(":")[0] not in skip_modules}
     signature_check.check_signatures(recorded, signature_check.resolve_all(recorded), version)
 
