@@ -8,13 +8,15 @@ from __future__ import annotations
 import sys
 import time
 
-from trtllm_replayssm.kernels.catalog import catalog_configs, compile_all, decoder_layer_configs, resource_usage
-from trtllm_replayssm.kernels.compiler import KernelCompileError
-from trtllm_replayssm.targets import SUPPORTED_ARCHS
+from trtllm_replayssm.core.jit.compiler import compile_all, resource_usage
+from trtllm_replayssm.lab.layers.ops import layers_configs
+from trtllm_replayssm.serving.catalog import catalog_configs
+from trtllm_replayssm.core.jit.compiler import KernelCompileError
+from trtllm_replayssm.core.targets import SUPPORTED_ARCHS
 
 
 def main() -> int:
-    configs = catalog_configs() + decoder_layer_configs()
+    configs = catalog_configs() + layers_configs()
     failures: list[str] = []
     for arch in SUPPORTED_ARCHS:
         start = time.time()

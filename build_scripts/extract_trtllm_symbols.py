@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Extract the TensorRT-LLM names and signatures trtllm_replayssm.trtllm relies on into trtllm_symbols.json.
+"""Extract the TensorRT-LLM names and signatures trtllm_replayssm.serving.trtllm relies on into trtllm_symbols.json.
 
 Source: a git directory and tag (``--git-dir DIR --ref v1.4.0rc1``, e.g. from a bare clone) or a source tree
 (``--source-dir DIR``). For each module in SYMBOLS it parses the file with ``ast`` and records, for every wanted
@@ -73,7 +73,7 @@ def main() -> int:
     src.add_argument("--source-dir", help="checkout of NVIDIA/TensorRT-LLM")
     ap.add_argument("--ref", help="tag or commit with --git-dir, e.g. v1.4.0rc1")
     ap.add_argument("--version", required=True, help="TensorRT-LLM version these symbols belong to")
-    ap.add_argument("-o", "--output", default=str(Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "trtllm"
+    ap.add_argument("-o", "--output", default=str(Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "serving" / "trtllm"
                                                   / "trtllm_symbols.json"))
     args = ap.parse_args()
     if args.git_dir and not args.ref:

@@ -17,7 +17,7 @@ steps="${*:-tests bench compare}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c "import torch, cuda.bindings; from trtllm_replayssm.kernels.compiler import nvrtc_version; \
+python3 -c "import torch, cuda.bindings; from trtllm_replayssm.core.jit.compiler import nvrtc_version; \
 print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc_version())"
 
 if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-core, mamba-ssm's Triton SSU
@@ -64,7 +64,7 @@ if has compare; then  # whole 4B models, then layer slices of the 120B/122B mode
   fi
 fi
 for f in "$OUT"/kernels-h200-*.json; do
-  [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.bench.report import load_results, \
+  [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.lab.bench.report import load_results, \
 summary_markdown; print(summary_markdown(load_results(sys.argv[1])))" "$f"
 done
 if [ -n "${PACK_TO:-}" ]; then tar czf "$PACK_TO/gpu_results.tgz" -C "$OUT" . && echo "packed $OUT -> $PACK_TO"; fi

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_replayssm.reference import mamba2 as ref
+from trtllm_replayssm.core.reference import mamba2 as ref
 
 
 @dataclass

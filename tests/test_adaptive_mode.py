@@ -3,10 +3,10 @@ persistent kernels' claimed tail, the prep kernels' programmatic launch."""
 import pytest
 import torch
 
-from trtllm_replayssm.cache import ReplayStateCache
-from trtllm_replayssm.ops import _launch
-from trtllm_replayssm.ops import gdn as gdn_ops
-from trtllm_replayssm.ops._launch import force_flush_for
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.ops import launch as _launch
+from trtllm_replayssm.core.ops import gdn as gdn_ops
+from trtllm_replayssm.core.ops.launch import force_flush_for
 
 CUDA = torch.device("cuda", 0)  # only the device type is read when the threshold comes from the environment
 
@@ -41,7 +41,7 @@ def test_default_threshold_is_8_work_items_per_sm(monkeypatch):
 def test_fold_buffer_only_where_it_costs_no_stage(monkeypatch):
     """persistent_plan keeps the fold buffer only if the CTA keeps its number of stages, or, fold_first (KDA), while
     3 stages remain; GDN/KDA row tiles."""
-    from trtllm_replayssm.ops import gdn
+    from trtllm_replayssm.core.ops import gdn
 
     monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
     fold = gdn.fold_bytes(16, 128, 2, per_channel_gate=True)

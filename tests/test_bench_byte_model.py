@@ -10,11 +10,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtllm_replayssm.bench import byte_model as bm
-from trtllm_replayssm.bench import report
-from trtllm_replayssm.bench.kernels import KernelBenchConfig
-from trtllm_replayssm.bench.shapes import BenchShape, select_shapes, shape_from_preset
-from trtllm_replayssm.bench.timing import pools_for_cold_l2
+from trtllm_replayssm.lab.bench import byte_model as bm
+from trtllm_replayssm.lab.bench import report
+from trtllm_replayssm.lab.bench.kernels import KernelBenchConfig
+from trtllm_replayssm.lab.bench.shapes import BenchShape, select_shapes, shape_from_preset
+from trtllm_replayssm.lab.bench.timing import pools_for_cold_l2
 from trtllm_replayssm.cli.bench_cmd import bench_cmd
 
 MIB = 1 << 20

@@ -7,9 +7,9 @@ import importlib
 import pytest
 import torch
 
-from trtllm_replayssm.bench import ours
-from trtllm_replayssm.bench.inputs import delta_step, mamba2_step, slot_indices
-from trtllm_replayssm.bench.shapes import BenchShape
+from trtllm_replayssm.lab.bench import ours
+from trtllm_replayssm.lab.bench.inputs import delta_step, mamba2_step, slot_indices
+from trtllm_replayssm.lab.bench.shapes import BenchShape
 
 CPU = torch.device("cpu")
 TINY = {
@@ -39,7 +39,7 @@ def test_slot_indices_are_a_permutation_without_the_pad_slot():
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_replay_case_runs_whole_cycles_from_staggered_cursors(family):
-    pytest.importorskip(f"trtllm_replayssm.ops.{family}")
+    pytest.importorskip(f"trtllm_replayssm.core.ops.{family}")
     shape, batch, L = TINY[family], 6, 4
     gen = torch.Generator().manual_seed(0)
     case = ours.replay_case(shape, batch, "fp32", _step(shape, batch, gen), 2, L, "replay", gen, CPU)
@@ -56,7 +56,7 @@ def test_replay_case_runs_whole_cycles_from_staggered_cursors(family):
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_flush_mode_and_baseline_cases(family):
-    ops = pytest.importorskip(f"trtllm_replayssm.ops.{family}")
+    ops = pytest.importorskip(f"trtllm_replayssm.core.ops.{family}")
     assert hasattr(ops, "state_update")
     shape, batch = TINY[family], 3
     gen = torch.Generator().manual_seed(2)
@@ -77,7 +77,7 @@ def test_unimportable_family_is_reported_not_raised(monkeypatch):
     real = importlib.import_module
 
     def fake(name: str, *a, **k):
-        if name == "trtllm_replayssm.ops.kda":
+        if name == "trtllm_replayssm.core.ops.kda":
             raise ImportError("not built")
         return real(name, *a, **k)
 
@@ -100,7 +100,7 @@ def test_input_generators_shapes():
 
 
 def test_peer_adapters_report_unavailability(monkeypatch, tmp_path):
-    from trtllm_replayssm.bench import peers
+    from trtllm_replayssm.lab.bench import peers
 
     monkeypatch.delitem(__import__("sys").modules, "mamba_ssm", raising=False)
     monkeypatch.setenv(peers.MAMBA_SSM_SRC_ENV, str(tmp_path / "absent"))
@@ -120,8 +120,8 @@ def test_peer_adapters_report_unavailability(monkeypatch, tmp_path):
 
 @pytest.mark.gpu
 def test_kernel_bench_end_to_end_on_gpu():
-    from trtllm_replayssm.bench.kernels import KernelBenchConfig, run_kernel_bench
-    from trtllm_replayssm.bench.report import summary_markdown
+    from trtllm_replayssm.lab.bench.kernels import KernelBenchConfig, run_kernel_bench
+    from trtllm_replayssm.lab.bench.report import summary_markdown
 
     config = KernelBenchConfig(families=["mamba2", "gdn"], models=["nemotron-3-super-120b", "qwen3.5-4b"],
                                batches=[8], state_dtypes=["fp32"], peers=False)
@@ -140,7 +140,7 @@ def test_kernel_bench_end_to_end_on_gpu():
 
 def test_runner_records_and_skips_on_cpu(monkeypatch):
     """The runner's bookkeeping with the timing replaced by one eager pass (CPU has no CUDA graphs)."""
-    from trtllm_replayssm.bench import byte_model, kernels, peers
+    from trtllm_replayssm.lab.bench import byte_model, kernels, peers
 
     ran = []
 

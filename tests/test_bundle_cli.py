@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trtllm_replayssm import bundle, memory_plan
+from trtllm_replayssm.serving import bundle, memory_plan
 from trtllm_replayssm.cli import main
-from trtllm_replayssm.presets import get_preset
+from trtllm_replayssm.serving.presets import get_preset
 
 FIX = Path(__file__).parent / "fixtures" / "hf_configs"
 MODEL = "tiny-nemotron"  # production head geometry, few heads: the kernels of nemotron-3-super-120b
@@ -58,7 +58,7 @@ def test_build_default_nano4b(tmp_path):
     assert m["memory"]["max_concurrent_seqs_replay"] < m["memory"]["max_concurrent_seqs_upstream"]
     assert m["prediction"]["ssm_layer_speedup"] == pytest.approx(1.81, abs=0.01)
     init = (out / "trtllm_module" / "__init__.py").read_text()
-    assert "import trtllm_replayssm.trtllm" in init and "manifest.json" in init
+    assert "import trtllm_replayssm.serving.trtllm" in init and "manifest.json" in init
     readme = (out / "README.md").read_text()
     assert "--custom_module_dirs" in readme and "trtllm-replayssm serve" in readme
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dir left

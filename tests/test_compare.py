@@ -10,7 +10,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from trtllm_replayssm.compare import CompareSettings, run_compare, speedups, trtllm_bench_commands
+from trtllm_replayssm.lab.compare import CompareSettings, run_compare, speedups, trtllm_bench_commands
 
 TINY = {
     "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 64, "hidden_size": 32,
@@ -102,8 +102,8 @@ def test_trtllm_bench_command_lines(tmp_path) -> None:
 def test_token_check_separates_near_ties_from_mismatches() -> None:
     import torch
 
-    from trtllm_replayssm.compare import check_tokens, token_check
-    from trtllm_replayssm.models import DecodeRun
+    from trtllm_replayssm.lab.compare import check_tokens, token_check
+    from trtllm_replayssm.lab.models import DecodeRun
 
     settings = CompareSettings(batches=(3,), steps=6, buffer_len=2, device="cpu", act_dtype="fp32")
     tokens = torch.arange(21).view(7, 3)
@@ -125,7 +125,7 @@ def test_token_check_separates_near_ties_from_mismatches() -> None:
     check = token_check(base, DecodeRun(rep_tokens, top, gaps, rep_logits, [1.0], False), settings)
     assert check["mismatch_rows"] == 1 and check["mismatches"][0] == {
         "row": 2, "step": 5, "baseline": 17, "replay": 18, "baseline_top2_gap": 1.0, "tolerance": 1e-4}
-    from trtllm_replayssm.compare import TokenMismatchError
+    from trtllm_replayssm.lab.compare import TokenMismatchError
 
     with pytest.raises(TokenMismatchError, match="batch 3"):
         check_tokens({"checks": [dict(check, model="m", batch=3)]})
@@ -134,7 +134,7 @@ def test_token_check_separates_near_ties_from_mismatches() -> None:
 def test_tie_tolerance_is_two_ulps_of_the_top_logit() -> None:
     import torch
 
-    from trtllm_replayssm.compare import tie_tolerance
+    from trtllm_replayssm.lab.compare import tie_tolerance
 
     assert tie_tolerance(torch.bfloat16, 8.0) == pytest.approx(2 * 2 ** -7 * 8.0)
     assert tie_tolerance(torch.float32, 8.0) == 1e-4
@@ -153,7 +153,7 @@ def test_compare_on_cuda_preset_slice(tmp_path, preset: str, layers: int) -> Non
 
 
 def test_bench_metrics_flattens_latency_and_throughput_leaves() -> None:
-    from trtllm_replayssm.compare import bench_metrics
+    from trtllm_replayssm.lab.compare import bench_metrics
 
     report = {"performance": {"avg_tpot_ms": 7.5, "output_throughput_tok_s": 1200, "num_requests": 16},
               "engine": {"version": "x"}, "latency": {"p50_latency_ms": 3}, "streaming": True}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_replayssm.ops import layers as ops
+from trtllm_replayssm.lab.layers import ops as ops
 
 pytestmark = pytest.mark.kernels
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

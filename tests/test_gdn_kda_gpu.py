@@ -9,13 +9,13 @@ import pytest
 import torch
 from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 
-from trtllm_replayssm.cache import ReplayStateCache
-from trtllm_replayssm.ops import gdn as gdn_ops
-from trtllm_replayssm.ops import _launch
-from trtllm_replayssm.ops import kda as kda_ops
-from trtllm_replayssm.ops._launch import force_flush_for
-from trtllm_replayssm.reference import gdn as gdn_ref
-from trtllm_replayssm.reference import kda as kda_ref
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.ops import gdn as gdn_ops
+from trtllm_replayssm.core.ops import launch as _launch
+from trtllm_replayssm.core.ops import kda as kda_ops
+from trtllm_replayssm.core.ops.launch import force_flush_for
+from trtllm_replayssm.core.reference import gdn as gdn_ref
+from trtllm_replayssm.core.reference import kda as kda_ref
 
 pytestmark = pytest.mark.kernels
 # The CUDA kernels on a GPU; without one, the same contract checks run the CPU reference ops (the CPU fallback).

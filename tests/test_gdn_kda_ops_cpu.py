@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_replayssm.cache import ReplayStateCache
-from trtllm_replayssm.kernels.catalog import resource_usage
-from trtllm_replayssm.kernels.compiler import compile_config
-from trtllm_replayssm.kernels.configs import gdn_config, kda_config
-from trtllm_replayssm.ops import gdn as gdn_ops
-from trtllm_replayssm.ops import kda as kda_ops
-from trtllm_replayssm.reference import gdn as gdn_ref
-from trtllm_replayssm.reference import kda as kda_ref
-from trtllm_replayssm.targets import SUPPORTED_ARCHS
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.jit.compiler import resource_usage
+from trtllm_replayssm.core.jit.compiler import compile_config
+from trtllm_replayssm.core.jit.configs import gdn_config, kda_config
+from trtllm_replayssm.core.ops import gdn as gdn_ops
+from trtllm_replayssm.core.ops import kda as kda_ops
+from trtllm_replayssm.core.reference import gdn as gdn_ref
+from trtllm_replayssm.core.reference import kda as kda_ref
+from trtllm_replayssm.core.targets import SUPPORTED_ARCHS
 
 H, HV, K, V, L, SLOTS, BATCH = 2, 4, 64, 32, 4, 5, 3
 

@@ -7,9 +7,9 @@ import torch
 
 from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 from mamba2_helpers import Float64Sequential, make_params, make_step
-from trtllm_replayssm.cache import ReplayStateCache
-from trtllm_replayssm.ops import _launch
-from trtllm_replayssm.ops import mamba2 as ops
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.ops import launch as _launch
+from trtllm_replayssm.core.ops import mamba2 as ops
 
 pytestmark = pytest.mark.kernels
 # The CUDA kernels on a GPU; without one, the same contract checks run the CPU reference ops (the CPU fallback).

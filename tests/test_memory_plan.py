@@ -1,8 +1,8 @@
 """Memory plan and byte model against the numbers of algorithm.md 4.6/5.4 and peers.md 1.1."""
 import pytest
 
-from trtllm_replayssm.memory_plan import check_tp, layer_bytes, plan, predict_step_bytes
-from trtllm_replayssm.presets import get_preset
+from trtllm_replayssm.serving.memory_plan import check_tp, layer_bytes, plan, predict_step_bytes
+from trtllm_replayssm.serving.presets import get_preset
 
 MIB = 2**20
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trtllm_replayssm.models import HybridConfig, HybridLM, from_pretrained, greedy_decode
-from trtllm_replayssm.models.config import from_preset
+from trtllm_replayssm.lab.models import HybridConfig, HybridLM, from_pretrained, greedy_decode
+from trtllm_replayssm.lab.models.config import from_preset
 
 NEMOTRON_HF = {
     "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 96, "hidden_size": 32,
@@ -33,7 +33,7 @@ QWEN_HF = {
 
 
 def tiny(arch: str) -> HybridConfig:
-    from trtllm_replayssm.models import from_hf_config
+    from trtllm_replayssm.lab.models import from_hf_config
 
     return from_hf_config(NEMOTRON_HF if arch == "nemotron_h" else QWEN_HF, name=f"tiny-{arch}")
 
@@ -286,7 +286,7 @@ def test_loader_errors(tmp_path) -> None:
 
 
 def load_hf_config_dict() -> HybridConfig:
-    from trtllm_replayssm.models import from_hf_config
+    from trtllm_replayssm.lab.models import from_hf_config
 
     return from_hf_config(dict(NEMOTRON_HF, hybrid_override_pattern="M-*M-"), name="tiny-dense")
 
@@ -295,7 +295,7 @@ def load_hf_config_dict() -> HybridConfig:
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5"])
 def test_cuda_graph_decode_matches_eager_and_tokens_agree(arch: str) -> None:
-    from trtllm_replayssm.models import from_hf_config
+    from trtllm_replayssm.lab.models import from_hf_config
 
     if arch == "nemotron_h":
         cfg = from_hf_config(dict(NEMOTRON_HF, mamba_head_dim=16, ssm_state_size=64), name="gpu-nemotron")

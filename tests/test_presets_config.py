@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_replayssm.hf_config import SUPPORTED_ARCHITECTURES, ConfigError, load_config_dir, spec_from_config
-from trtllm_replayssm.presets import LayerPlan, get_preset, list_presets
+from trtllm_replayssm.serving.hf_config import SUPPORTED_ARCHITECTURES, ConfigError, load_config_dir, spec_from_config
+from trtllm_replayssm.serving.presets import LayerPlan, get_preset, list_presets
 
 FIX = Path(__file__).parent / "fixtures" / "hf_configs"
 
@@ -19,7 +19,7 @@ def test_preset_names_and_unknown():
 
 
 def test_tiny_presets_need_no_kernel_modules_of_their_own():
-    from trtllm_replayssm.kernels.catalog import catalog_configs
+    from trtllm_replayssm.serving.catalog import catalog_configs
 
     production = [n for n in list_presets() if not n.startswith("tiny-")]
     assert set(catalog_configs(["tiny-nemotron", "tiny-qwen"])) <= set(catalog_configs(production))

@@ -15,7 +15,7 @@ from delta_rule_harness import (
     run_replay,
 )
 
-from trtllm_replayssm.reference import gdn
+from trtllm_replayssm.core.reference import gdn
 
 DIM = 128  # K == V
 

@@ -12,8 +12,8 @@ from delta_rule_harness import (
     run_replay,
 )
 
-from trtllm_replayssm.reference import kda
-from trtllm_replayssm.reference.gdn import PREDECAY_FLOOR
+from trtllm_replayssm.core.reference import kda
+from trtllm_replayssm.core.reference.gdn import PREDECAY_FLOOR
 
 DIM = 128  # K == V
 

@@ -6,8 +6,8 @@ import torch
 
 from kernel_checks import rel_err
 from mamba2_helpers import Float64Sequential, make_params, make_step
-from trtllm_replayssm.cache import ReplayStateCache
-from trtllm_replayssm.ops import mamba2 as ops
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.ops import mamba2 as ops
 
 # (head_dim, d_state, ngroups, nheads, L): every head_dim/d_state/ngroups/L value of the issue appears.
 CASES = [
@@ -136,9 +136,9 @@ def test_prefill_handoff_and_reset():
 def test_persistent_stage_plan_fits_every_preset():
     """The persistent replay kernel's launch plan: some row tile of every Mamba-2 preset leaves >= 2 shared-memory
     stages per CTA at the planned CTAs per SM, for fp32/bf16 states and L up to 32."""
-    from trtllm_replayssm.kernels.configs import tile_choices
-    from trtllm_replayssm.ops import _launch
-    from trtllm_replayssm.presets import PRESETS
+    from trtllm_replayssm.core.jit.configs import tile_choices
+    from trtllm_replayssm.core.ops import launch as _launch
+    from trtllm_replayssm.serving.presets import PRESETS
 
     shapes = {(s.ssm_dims.head_dim, s.ssm_dims.d_state) for s in PRESETS.values() if s.family == "mamba2"}
     assert shapes

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_replayssm.signature_check import (SKIP_ENV, check_signatures, recorded_signatures, resolve, resolve_all,
+from trtllm_replayssm.serving.signature_check import (SKIP_ENV, check_signatures, recorded_signatures, resolve, resolve_all,
                                               signature_mismatches)
 
 
@@ -77,7 +77,7 @@ def test_resolve_and_resolve_all():
 
 
 def test_recorded_signatures_of_the_shipped_json_all_parse():
-    path = Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "trtllm" / "trtllm_symbols.json"
+    path = Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "serving" / "trtllm" / "trtllm_symbols.json"
     recorded = recorded_signatures(json.loads(path.read_text()))
     key = "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer:KimiKDALinearAttention.forward_decode"
     assert key in recorded

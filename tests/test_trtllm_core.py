@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from trtllm_replayssm.trtllm_core import (PAD_SLOT_ID, bind_layer_cache, check_trtllm_version, decode_slot_ids,
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, bind_layer_cache, check_trtllm_version, decode_slot_ids,
                                           gdn_materialize_slots, gdn_split_qkv, is_single_token_decode,
                                           kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
                                           kda_packed_conv_weight, kda_split_qkv, per_head, prefill_handoff,
@@ -162,7 +162,7 @@ def test_kda_fp32_params_from_bf16_parameters():
 def test_kda_hook_composition_matches_baseline_step_on_cpu():
     """The argument mapping of the KDA hook (split, gates, fp32 params, slot ids) fed to the replay op gives the
     same outputs and state as the baseline op over a few decode steps (CPU reference path)."""
-    from trtllm_replayssm.ops import kda
+    from trtllm_replayssm.core.ops import kda
 
     torch.manual_seed(1)
     slots, H, D, L, b = 4, 2, 64, 3, 3

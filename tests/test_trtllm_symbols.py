@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "trtllm"
+PKG = Path(__file__).resolve().parents[1] / "trtllm_replayssm" / "serving" / "trtllm"
 SYMBOLS = json.loads((PKG / "trtllm_symbols.json").read_text())["modules"]
 OWN_PREFIXES = ("_rs", "_replay", "__")  # our subclasses' own attributes/methods, and Python object dunders
 

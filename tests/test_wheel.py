@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Every non-Python file the package opens at run time, as it lies in the wheel.
-RUNTIME_FILES = ["trtllm_replayssm/trtllm/trtllm_symbols.json"] + [
+RUNTIME_FILES = ["trtllm_replayssm/serving/trtllm/trtllm_symbols.json"] + [
     f"trtllm_replayssm/_plugins/{p.name}" for p in sorted((REPO / "plugins").glob("*.cu*"))]
 
 
@@ -55,8 +55,8 @@ def test_wheel_serves_the_cli_from_a_fresh_venv(wheel: Path, tmp_path: Path) -> 
         return r.stdout + r.stderr
 
     where = json.loads(run(str(py), "-c", "import json, trtllm_replayssm as t; "
-                                          "from trtllm_replayssm.kernels.compiler import plugin_dir; "
-                                          "from trtllm_replayssm.trtllm import SYMBOLS_PATH; "
+                                          "from trtllm_replayssm.core.jit.compiler import plugin_dir; "
+                                          "from trtllm_replayssm.serving.trtllm import SYMBOLS_PATH; "
                                           "print(json.dumps([t.__file__, str(plugin_dir()), str(SYMBOLS_PATH)]))"))
     assert all(p.startswith(str(env_dir)) for p in where), where  # the wheel, not the checkout
     assert Path(where[2]).is_file()

@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from trtllm_replayssm.bench import kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench import kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 l2 = timing.l2_bytes(dev)

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from trtllm_replayssm.models.runner import capture_graph, time_calls
+from trtllm_replayssm.lab.models.runner import capture_graph, time_calls
 
 dev = torch.device("cuda", 0)
 m = int(sys.argv[1])

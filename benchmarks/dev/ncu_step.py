@@ -6,8 +6,8 @@ import sys
 
 import torch
 
-from trtllm_replayssm.bench import kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench import kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 model, sd, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -9,8 +9,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trtllm_replayssm.bench import kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench import kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 batch = int(sys.argv[2])

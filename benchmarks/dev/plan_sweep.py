@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from trtllm_replayssm.bench import byte_model, kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
-from trtllm_replayssm.kernels import compiler, loader
-from trtllm_replayssm.kernels.configs import dtype_from_name
-from trtllm_replayssm.ops import _launch
-from trtllm_replayssm.ops import gdn as gdn_ops
-from trtllm_replayssm.ops import mamba2 as m2_ops
+from trtllm_replayssm.lab.bench import byte_model, kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+from trtllm_replayssm.core.jit import compiler, loader
+from trtllm_replayssm.core.jit.configs import dtype_from_name
+from trtllm_replayssm.core.ops import launch as _launch
+from trtllm_replayssm.core.ops import gdn as gdn_ops
+from trtllm_replayssm.core.ops import mamba2 as m2_ops
 
 dev = torch.device("cuda", 0)
 ceil = timing.copy_ceiling_gbps(dev)

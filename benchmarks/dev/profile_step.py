@@ -13,8 +13,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trtllm_replayssm.models import config, decoder
-from trtllm_replayssm.models.runner import capture_graph, time_calls
+from trtllm_replayssm.lab.models import config, decoder
+from trtllm_replayssm.lab.models.runner import capture_graph, time_calls
 
 models = sys.argv[1].split(",")
 batches = [int(b) for b in sys.argv[2].split(",")]

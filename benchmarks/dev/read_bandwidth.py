@@ -3,7 +3,7 @@
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/read_bandwidth.py"""
 import torch
 
-from trtllm_replayssm.bench import timing
+from trtllm_replayssm.lab.bench import timing
 
 dev = torch.device("cuda", 0)
 n = 1 << 30

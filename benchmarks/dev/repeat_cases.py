@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from trtllm_replayssm.bench import kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench import kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 model, sd, batch, n_cases, n_timings = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])

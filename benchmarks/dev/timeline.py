@@ -10,9 +10,9 @@ the raw arrays to OUT.npz. Used for docs/benchmarks.md "Session 9".
 import sys
 from pathlib import Path
 import numpy as np, torch
-from trtllm_replayssm.bench import kernels, ours, timing
-from trtllm_replayssm.bench.shapes import shape_from_preset
-from trtllm_replayssm.kernels import compiler, loader
+from trtllm_replayssm.lab.bench import kernels, ours, timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+from trtllm_replayssm.core.jit import compiler, loader
 
 model, sd, batch, src = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 compiler.PLUGIN_DIR = src

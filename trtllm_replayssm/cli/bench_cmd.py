@@ -52,9 +52,9 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
     """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
     import torch
 
-    from trtllm_replayssm.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
-    from trtllm_replayssm.bench.report import write_reports
-    from trtllm_replayssm.plotting import PLOT_EXTRA
+    from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
+    from trtllm_replayssm.lab.bench.report import write_reports
+    from trtllm_replayssm.lab.plotting import PLOT_EXTRA
 
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)

@@ -33,9 +33,9 @@ def _progress_display():
 def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int, state_dtype: str | None,
               max_batch_size: int, gpu_memory_gib: float | None, force: bool) -> None:
     """Build a serving bundle for MODEL (a preset name or a local HF model directory)."""
-    from trtllm_replayssm import bundle, memory_plan
-    from trtllm_replayssm.hf_config import resolve_model
-    from trtllm_replayssm.targets import resolve_gpu
+    from trtllm_replayssm.serving import bundle, memory_plan
+    from trtllm_replayssm.serving.hf_config import resolve_model
+    from trtllm_replayssm.core.targets import resolve_gpu
 
     try:
         key, arch = resolve_gpu(gpu)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from trtllm_replayssm.cli.errors import Interrupted, RunError, bad_value
-from trtllm_replayssm.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
 
 
 def _batches(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -33,7 +33,7 @@ def _tokens_cell(check: dict) -> str:
 def _table(report: dict) -> "object":
     from rich.table import Table
 
-    from trtllm_replayssm.compare import speedups
+    from trtllm_replayssm.lab.compare import speedups
 
     title = f"decode step, {report['device']} ({report['engine']})"
     if not report.get("complete", True):
@@ -92,7 +92,7 @@ def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, g
     from rich.console import Console
 
     from trtllm_replayssm.cli.progress import compare_progress
-    from trtllm_replayssm.compare import (CPU_FALLBACK_NOTE, CompareSettings, TokenMismatchError, check_models, run_compare,
+    from trtllm_replayssm.lab.compare import (CPU_FALLBACK_NOTE, CompareSettings, TokenMismatchError, check_models, run_compare,
                                           run_trtllm_bench, trtllm_available)
 
     console = Console() if Console().is_terminal else Console(width=200)

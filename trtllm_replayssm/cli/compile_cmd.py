@@ -21,9 +21,10 @@ def compile_cmd(gpu: str, presets: tuple[str, ...], output: Path | None) -> None
     from rich.console import Console
     from rich.progress import Progress
 
-    from trtllm_replayssm.kernels.catalog import catalog_configs, compile_all, resource_usage
-    from trtllm_replayssm.kernels.compiler import cache_dir
-    from trtllm_replayssm.targets import resolve_target
+    from trtllm_replayssm.core.jit.compiler import compile_all, resource_usage
+    from trtllm_replayssm.serving.catalog import catalog_configs
+    from trtllm_replayssm.core.jit.compiler import cache_dir
+    from trtllm_replayssm.core.targets import resolve_target
 
     try:
         arch = resolve_target(gpu)

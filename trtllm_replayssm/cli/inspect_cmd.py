@@ -69,9 +69,9 @@ def inspect_cmd(ctx: click.Context, target: str, gpu: str, tp_size: int, buffer_
                        f"{m['target']['gpu']} ({m['target']['arch']}), TP {m['target']['tp_size']}, "
                        f"L={m['buffer_len']}; rebuild it to plan otherwise", err=True)
     else:
-        from trtllm_replayssm import bundle, memory_plan
-        from trtllm_replayssm.hf_config import resolve_model
-        from trtllm_replayssm.targets import resolve_gpu
+        from trtllm_replayssm.serving import bundle, memory_plan
+        from trtllm_replayssm.serving.hf_config import resolve_model
+        from trtllm_replayssm.core.targets import resolve_gpu
 
         try:
             key, arch = resolve_gpu(gpu)

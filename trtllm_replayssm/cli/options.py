@@ -6,8 +6,8 @@ from typing import Callable
 
 import click
 
-from trtllm_replayssm.limits import MAX_BUFFER_LEN
-from trtllm_replayssm.targets import GPU_CHOICES
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.targets import GPU_CHOICES
 
 STATE_DTYPES = ("fp32", "fp16", "bf16")
 

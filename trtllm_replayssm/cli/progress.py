@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from rich.console import Console
 
-from trtllm_replayssm.compare import ProgressEvent
+from trtllm_replayssm.lab.compare import ProgressEvent
 
 LINE_INTERVAL_S = 2.0  # piped output: at most one step line per this many seconds
 

@@ -1,0 +1,248 @@
+"""ReplayStateCache: per-layer checkpoint states, input rings and per-slot device cursors for one model's SSM layers.
+
+Layout per layer (TP-local; docs/design.md):
+
+* Mamba-2: ``state [slots, H, P, N]``, ``x_ring [slots, H, L, P]`` (act), ``dt_ring [slots, H, L]`` (fp32, Δ after
+  bias + softplus), ``B_ring [slots, G, L, N]`` (act).
+* GDN:     ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]`` (act), ``k_ring [slots, H, L, K]`` (act),
+  ``g_ring [slots, HV, L]`` (fp32, inclusive cumulative log-gate since the checkpoint).
+* KDA:     as GDN with ``g_ring [slots, HV, L, K]`` (fp32, per channel) and ``k_ring [slots, HV, L, K]``: one key per
+  value head, pre-decayed (``e^{-G_j} k_j``) while the cumulative gate allows (reference/gdn.py PREDECAY_FLOOR);
+  activation dtype, fp32 for fp16 activations.
+
+Every layer also has ``cursor [slots]`` (int32, ring fill of each slot) and ``arrive [slots]`` (int32, the in-launch
+arrival counter that lets the decode launch advance the cursor). Slot operations (prefill hand-off, reset on reuse)
+are device-side index writes: no host sync, safe to call between CUDA-graph replays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Sequence
+
+import torch
+
+from trtllm_replayssm.core.formats import StateFormat, get_state_format
+from trtllm_replayssm.core.limits import check_buffer_len
+from trtllm_replayssm.core.reference.gdn import key_ring_dtype
+
+
+
+@dataclass
+class _LayerCache:
+    """Tensors of one layer; ``cursor``/``arrive`` are views into the cache-wide [layers, slots] tensors."""
+
+    state: torch.Tensor
+    cursor: torch.Tensor
+    arrive: torch.Tensor
+
+    @property
+    def slots(self) -> int:
+        return self.state.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    shared_scratch: ClassVar[tuple[str, ...]] = ()  # fields shared by all layers (counted once per cache)
+
+    def slot_tensors(self) -> dict[str, torch.Tensor]:
+        """The per-slot tensors (state, rings, cursors), without the per-step scratch (indexed by batch row)."""
+        return {name: t for name, t in self.tensors().items() if name not in self.shared_scratch}
+
+    def nbytes_per_slot(self, include_shared: bool = False) -> int:
+        return sum(t[0].numel() * t.element_size() for name, t in self.tensors().items()
+                   if include_shared or name not in self.shared_scratch)
+
+
+@dataclass
+class Mamba2LayerCache(_LayerCache):
+    """``coef`` [slots, H, L+1] fp32 and ``step`` [slots + 1] int32 are per-step scratch indexed by batch row and
+    shared by all layers of a cache (layers run one after another on a stream): the replay's prep launch writes them,
+    its main launch reads them; ``step[0]`` is the main launch's tile-claim counter, ``step[1:]`` the rows' words."""
+
+    x_ring: torch.Tensor
+    dt_ring: torch.Tensor
+    B_ring: torch.Tensor
+    coef: torch.Tensor
+    step: torch.Tensor
+    shared_scratch: ClassVar[tuple[str, ...]] = ("coef", "step")
+
+    @property
+    def buffer_len(self) -> int:
+        return self.x_ring.shape[2]
+
+
+@dataclass
+class GDNLayerCache(_LayerCache):
+    """``coef`` [slots, HV, record] fp32 and ``step`` [slots + 1] int32: per-step scratch indexed by batch row and
+    shared by all layers (the replay's prep launch writes one record per (row, value head), its main launch reads
+    them); ``step[0]`` is the main launch's tile-claim counter (plugins/replayssm_common.cuh
+    produce_tiles_claiming_tail), ``step[1:]`` the rows' words."""
+
+    u_ring: torch.Tensor
+    k_ring: torch.Tensor
+    g_ring: torch.Tensor
+    coef: torch.Tensor
+    step: torch.Tensor
+    shared_scratch: ClassVar[tuple[str, ...]] = ("coef", "step")
+
+    @property
+    def buffer_len(self) -> int:
+        return self.u_ring.shape[2]
+
+
+@dataclass
+class KDALayerCache(GDNLayerCache):
+    """KDA: ``g_ring`` carries one cumulative log-gate per key channel ([slots, HV, L, K]), ``k_ring`` one
+    pre-decayed key per value head ([slots, HV, L, K])."""
+
+
+class ReplayStateCache:
+    """Checkpoint + ring buffers + cursors for ``num_layers`` SSM layers of one family; build with a factory."""
+
+    def __init__(self, family: str, layers: list[_LayerCache], cursor: torch.Tensor, arrive: torch.Tensor,
+                 state_format: StateFormat, act_dtype: torch.dtype, buffer_len: int) -> None:
+        self.family = family
+        self._layers = layers
+        self.cursor = cursor
+        self.arrive = arrive
+        self.state_format = state_format
+        self.act_dtype = act_dtype
+        self.buffer_len = buffer_len
+
+    # ------------------------------------------------------------------ factories
+    @classmethod
+    def mamba2(cls, num_layers: int, slots: int, nheads: int, head_dim: int, d_state: int, ngroups: int,
+               buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32",
+               act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``)."""
+        _check_positive(num_layers=num_layers, slots=slots, nheads=nheads, head_dim=head_dim, d_state=d_state,
+                        ngroups=ngroups)
+        if nheads % ngroups:
+            raise ValueError(f"ngroups: must divide nheads={nheads}, got {ngroups}")
+        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        cursor, arrive = _cursors(num_layers, slots, device)
+        coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
+        layers = [Mamba2LayerCache(
+            state=fmt.allocate((slots, nheads, head_dim, d_state), device),
+            cursor=cursor[i], arrive=arrive[i],
+            x_ring=torch.zeros(slots, nheads, L, head_dim, dtype=act_dtype, device=device),
+            dt_ring=torch.zeros(slots, nheads, L, dtype=torch.float32, device=device),
+            B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
+            coef=coef, step=step,
+        ) for i in range(num_layers)]
+        return cls("mamba2", layers, cursor, arrive, fmt, act_dtype, L)
+
+    @classmethod
+    def gdn(cls, num_layers: int, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+            buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
+            device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Gated DeltaNet layers (state [HV, V, K]; one key ring per key head)."""
+        return cls._delta(GDNLayerCache, "gdn", num_layers, slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                          buffer_len, state_dtype, act_dtype, device)
+
+    @classmethod
+    def kda(cls, num_layers: int, slots: int, num_heads: int, head_dim: int, buffer_len: int = 16,
+            state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
+            device: torch.device | str = "cuda") -> "ReplayStateCache":
+        """Cache for Kimi Delta Attention layers (per-channel gate ring)."""
+        return cls._delta(KDALayerCache, "kda", num_layers, slots, num_heads, num_heads, head_dim, head_dim,
+                          buffer_len, state_dtype, act_dtype, device)
+
+    @classmethod
+    def _delta(cls, layer_cls: type[GDNLayerCache], family: str, num_layers: int, slots: int, num_k_heads: int,
+               num_v_heads: int, head_k_dim: int, head_v_dim: int, buffer_len: int, state_dtype: str | torch.dtype,
+               act_dtype: torch.dtype, device: torch.device | str) -> "ReplayStateCache":
+        _check_positive(num_layers=num_layers, slots=slots, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+                        head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"num_k_heads: must divide num_v_heads={num_v_heads}, got {num_k_heads}")
+        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        cursor, arrive = _cursors(num_layers, slots, device)
+        kda = family == "kda"
+        gate_shape = (slots, num_v_heads, L, head_k_dim) if kda else (slots, num_v_heads, L)
+        key_heads = num_v_heads if kda else num_k_heads
+        coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, kda), dtype=torch.float32, device=device)
+        step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
+        layers = [layer_cls(
+            state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
+            cursor=cursor[i], arrive=arrive[i],
+            u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
+            k_ring=torch.zeros(slots, key_heads, L, head_k_dim, dtype=key_ring_dtype(act_dtype, kda), device=device),
+            g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
+            coef=coef, step=step,
+        ) for i in range(num_layers)]
+        return cls(family, layers, cursor, arrive, fmt, act_dtype, L)
+
+    # ------------------------------------------------------------------ access
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def slots(self) -> int:
+        return self.cursor.shape[1]
+
+    def layer(self, index: int) -> _LayerCache:
+        if not 0 <= index < len(self._layers):
+            raise IndexError(f"layer: expected an index in [0, {len(self._layers)}), got {index}")
+        return self._layers[index]
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one slot (sequence) occupies over all layers: checkpoints, rings, cursors, arrival counters and the
+        per-step scratch shared by the layers."""
+        layers = self._layers
+        return sum(layer.nbytes_per_slot() for layer in layers) + (
+            layers[0].nbytes_per_slot(include_shared=True) - layers[0].nbytes_per_slot())
+
+    # ------------------------------------------------------------------ slot lifecycle
+    def reset_slots(self, slot_ids: torch.Tensor | Sequence[int], layers: Sequence[int] | None = None) -> None:
+        """Empty the rings of ``slot_ids`` (cursor <- 0) in all or the given layers; the checkpoint is kept.
+
+        Use on slot reuse and after prefill wrote a fresh checkpoint. Stale ring entries are never read: every load
+        is masked by the cursor.
+        """
+        ids = self._slot_ids(slot_ids)
+        if layers is None:  # one write per tensor for all layers ([layers, slots])
+            self.cursor.index_fill_(1, ids, 0)
+            self.arrive.index_fill_(1, ids, 0)
+            return
+        for i in layers:
+            self.layer(i)  # validates the index
+            self.cursor[i].index_fill_(0, ids, 0)
+            self.arrive[i].index_fill_(0, ids, 0)
+
+    def load_prefill_state(self, layer_index: int, slot_ids: torch.Tensor | Sequence[int],
+                           states: torch.Tensor) -> None:
+        """Prefill hand-off: write ``states`` ([n, *state_shape]) as the checkpoints of ``slot_ids``, reset cursors."""
+        layer, ids = self.layer(layer_index), self._slot_ids(slot_ids)
+        expected = (ids.numel(), *layer.state.shape[1:])
+        if tuple(states.shape) != expected:
+            raise ValueError(f"states: expected shape {expected}, got {tuple(states.shape)}")
+        layer.state.index_copy_(0, ids, states.to(device=layer.state.device, dtype=layer.state.dtype))
+        self.reset_slots(ids, layers=[layer_index])
+
+    def _slot_ids(self, slot_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        ids = torch.as_tensor(slot_ids, dtype=torch.long, device=self.cursor.device).reshape(-1)
+        if not ids.is_cuda and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.slots):
+            raise ValueError(f"slot_ids: expected values in [0, {self.slots}), got {ids.tolist()}")
+        return ids
+
+
+def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.zeros(num_layers, slots, dtype=torch.int32, device=device),
+            torch.zeros(num_layers, slots, dtype=torch.int32, device=device))
+
+
+def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
+    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), the log-decay
+    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta, and for KDA the ring's key
+    form (padded to 4) (mirrors plugins/delta_rule_decode.cu:rec_len)."""
+    r4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
+    return r4(2 * L) + r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")

@@ -1,0 +1,210 @@
+"""Compile plugin sources to cubins with NVRTC (cuda-python); cache them on disk.
+
+The cache key hashes the source files (the kernel file and every header it includes from ``plugins/``), the target
+arch, the NVRTC version and the options, so a changed source never loads a stale cubin.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trtllm_replayssm.core.jit.configs import KernelConfig
+
+PLUGIN_DIR = Path(__file__).resolve().parents[3] / "plugins"
+_PACKAGED_PLUGIN_DIR = Path(__file__).resolve().parents[2] / "_plugins"  # wheel installs copy plugins/ here
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC rejected a kernel source; the message holds the compile log."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled cubin on disk and the NVRTC log of its compilation."""
+
+    config: KernelConfig
+    arch: str
+    cubin_path: Path
+    log: str
+
+
+def plugin_dir() -> Path:
+    """Directory holding the CUDA sources (the repo's ``plugins/`` or the packaged copy)."""
+    for candidate in (PLUGIN_DIR, _PACKAGED_PLUGIN_DIR):
+        if (candidate / "replayssm_common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(f"CUDA sources not found in {PLUGIN_DIR} or {_PACKAGED_PLUGIN_DIR}")
+
+
+def cache_dir() -> Path:
+    """Root of the cubin cache (``$TRTLLM_REPLAYSSM_CACHE`` or ``~/.cache/trtllm_replayssm``)."""
+    root = os.environ.get("TRTLLM_REPLAYSSM_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "trtllm_replayssm"
+
+
+def _source_closure(source: Path) -> list[Path]:
+    """The source file plus every local header it includes (transitively), in a stable order."""
+    seen: dict[Path, None] = {}
+    stack = [source]
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for match in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.MULTILINE):
+            header = path.parent / match.group(1)
+            if header.is_file():
+                stack.append(header)
+    return sorted(seen)
+
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    err, major, minor = _nvrtc().nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+def _check(err, what: str) -> None:
+    nvrtc = _nvrtc()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise KernelCompileError(f"{what} failed: {err}")
+
+
+def _cuda_include_dir() -> str:
+    """Directory with cuda_fp16.h / cuda_bf16.h (from the nvidia-cuda-runtime wheel, else a CUDA toolkit)."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+        if found:
+            return str(found)
+    except ImportError:
+        pass
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and Path(root, "include", "cuda_fp16.h").is_file():
+            return str(Path(root, "include"))
+    raise KernelCompileError("CUDA headers not found: install nvidia-cuda-runtime (pip) or set CUDA_HOME")
+
+
+def compile_options(config: KernelConfig, arch: str) -> list[str]:
+    """NVRTC options for one kernel config (defines, arch, optimisation flags)."""
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--use_fast_math", "-default-device", "-lineinfo",
+            "--fmad=true", "-Xptxas=-warn-spills", "-Xptxas=-v"]
+    opts += [f"-D{key}={value}" for key, value in sorted(config.defines.items())]
+    return opts
+
+
+def cache_key(config: KernelConfig, arch: str) -> str:
+    """Hash of source closure + arch + options + NVRTC version."""
+    digest = hashlib.sha256()
+    source = plugin_dir() / config.source
+    for path in _source_closure(source):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    digest.update(arch.encode())
+    digest.update("\0".join(compile_options(config, arch)).encode())
+    digest.update(repr(nvrtc_version()).encode())
+    return digest.hexdigest()[:24]
+
+
+def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> CompiledKernel:
+    """Compile ``config`` for ``arch`` (e.g. ``sm_90a``) unless a cached cubin exists; return its path and log."""
+    key = cache_key(config, arch)
+    out_dir = cache_dir() / arch
+    cubin_path = out_dir / f"{config.name}-{key}.cubin"
+    log_path = cubin_path.with_suffix(".log")
+    if cubin_path.is_file() and not force:
+        return CompiledKernel(config, arch, cubin_path, log_path.read_text() if log_path.is_file() else "")
+
+    nvrtc = _nvrtc()
+    source = plugin_dir() / config.source
+    err, prog = nvrtc.nvrtcCreateProgram(source.read_bytes(), str(source).encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = compile_options(config, arch) + [f"-I{plugin_dir()}", f"-I{_cuda_include_dir()}"]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\x00").decode(errors="replace").strip()
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelCompileError(f"{config.name} for {arch}: NVRTC compilation failed:\n{log}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Atomic write: concurrent processes may compile the same config.
+    with tempfile.NamedTemporaryFile(dir=out_dir, delete=False) as tmp:
+        tmp.write(cubin)
+    os.replace(tmp.name, cubin_path)
+    log_path.write_text(log)
+    return CompiledKernel(config, arch, cubin_path, log)
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """Per-kernel numbers ptxas printed into the NVRTC log."""
+
+    kernel: str
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+
+
+def resource_usage(log: str) -> list[ResourceUsage]:
+    """Parse ``-Xptxas -v`` output: registers, spill stores+loads and stack frame per entry function."""
+    usage, current, stack, spills = [], None, 0, 0
+    for line in log.splitlines():
+        if m := re.search(r"Function properties for (\w+)", line):
+            current = m.group(1)
+        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            stack, spills = int(m.group(1)), int(m.group(2)) + int(m.group(3))
+        elif (m := re.search(r"Used (\d+) registers", line)) and current:
+            usage.append(ResourceUsage(current, int(m.group(1)), spills, stack))
+            current = None
+    return usage
+
+
+def compile_all(configs: list[KernelConfig], arch: str, out_dir: Path | None = None,
+                progress: Callable[[KernelConfig], None] | None = None,
+                workers: int | None = None) -> list[CompiledKernel]:
+    """Compile (or take from the cache) every config for ``arch`` on ``workers`` threads (default: one per CPU;
+    NVRTC releases the GIL); copy cubins to ``out_dir`` as ``<name>.<arch>.cubin`` if given. Results keep the
+    order of ``configs``; ``progress`` is called once per finished config."""
+    def one(cfg: KernelConfig) -> CompiledKernel:
+        result = compile_config(cfg, arch)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(result.cubin_path, out_dir / f"{cfg.name}.{arch}.cubin")
+        return result
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        futures = [pool.submit(one, cfg) for cfg in configs]
+        try:
+            for future in as_completed(futures):
+                future.result()
+                if progress:
+                    progress(future.result().config)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return [f.result() for f in futures]

@@ -1,0 +1,416 @@
+"""Model-level decode-step comparison, baseline SSM op vs ReplaySSM, on the reference hybrid decoders.
+
+Per batch size: prefill a random prompt, run ``steps`` greedy decode steps with each SSM implementation (a captured
+CUDA graph per batch on CUDA, wall clock on CPU), take the median step latency, the SSM share of a step (the SSM ops
+alone, timed the same way, over the step), check that greedy tokens agree (asserted for fp32 state) and report the
+largest logit difference. Results: ``decode_step`` records in a JSON file and a speed-up plot.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import importlib.util
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trtllm_replayssm.lab.models import (DecodeRun, HybridConfig, HybridLM, from_preset, greedy_decode, load_hf_config,
+                                     time_ssm_only)
+from trtllm_replayssm.lab.models.weights import from_pretrained
+from trtllm_replayssm.lab.plotting import PlotUnavailable, pyplot, save_figure
+
+STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ACT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+CPU_FALLBACK_NOTE = ("CPU run: these timings measure the PyTorch fallback ops (the CPU reference), not the CUDA "
+                     "kernels; they say nothing about GPU speed")
+
+
+class TokenMismatchError(RuntimeError):
+    """Greedy tokens of the baseline and replay decoders differ for fp32 state."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` and its
+    ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps, ``ssm timing``, ``batch done``)."""
+
+    model: str
+    phase: str
+    batch: int = 0
+    batch_index: int = 0
+    batches: int = 0
+    impl: str = ""
+    done: int = 0
+    steps: int = 0
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class CompareSettings:
+    """What one ``compare`` run measures."""
+
+    batches: tuple[int, ...] = (1, 8, 64, 256, 512)
+    steps: int = 64
+    state_dtype: str = "fp32"
+    act_dtype: str | None = None  # default: bf16 on CUDA, fp32 on CPU
+    buffer_len: int = 16
+    prompt_len: int = 16
+    gpu_layers: int | None = None
+    device: str | None = None  # default: cuda if available
+    seed: int = 0
+    keep_rows: int = 4
+    replay_mode: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ValueError(f"batch: expected positive ints, got {self.batches}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype: expected one of {list(STATE_DTYPES)}, got {self.state_dtype!r}")
+        if self.act_dtype is not None and self.act_dtype not in ACT_DTYPES:
+            raise ValueError(f"act_dtype: expected one of {list(ACT_DTYPES)}, got {self.act_dtype!r}")
+        if self.prompt_len < 1:
+            raise ValueError(f"prompt_len: expected >= 1, got {self.prompt_len}")
+        if self.state_dtype == "fp32" and self.steps < 3 * self.buffer_len:
+            raise ValueError(f"steps: the fp32 token check needs >= 3 flush cycles, i.e. steps >= 3 * buffer_len = "
+                             f"{3 * self.buffer_len}, got {self.steps}")
+        if self.steps < 1:
+            raise ValueError(f"steps: expected >= 1, got {self.steps}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @property
+    def torch_act_dtype(self) -> torch.dtype:
+        if self.act_dtype is not None:
+            return ACT_DTYPES[self.act_dtype]
+        return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+
+
+@dataclass
+class ModelResult:
+    """Records and checks of one model."""
+
+    model: str
+    layers: str
+    notes: list[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_models(models: list[str]) -> None:
+    """ValueError (naming ``model``) unless every model is a safetensors directory, a config.json / model directory
+    or a preset with a reference decoder; reads configs only."""
+    if not models:
+        raise ValueError("model: expected at least one model")
+    for model in models:
+        path = Path(model)
+        if not (path.is_dir() and any(path.glob("*.safetensors"))):
+            load_hf_config(path) if path.exists() else from_preset(model)
+
+
+def load_model(model: str, settings: CompareSettings) -> tuple[HybridLM, list[str]]:
+    """A decoder for ``model``: a preset name or a config.json (random weights), or a model directory with
+    ``*.safetensors`` (real weights). Returns the model and notes on what it is."""
+    path = Path(model)
+    dev, act = settings.torch_device, settings.torch_act_dtype
+    if path.is_dir() and any(path.glob("*.safetensors")):
+        m = from_pretrained(path, dtype=act, device=dev, gpu_layers=settings.gpu_layers)
+        return m, [f"real weights from {path}"] + m.cfg.describe()
+    cfg: HybridConfig = load_hf_config(path) if path.exists() else from_preset(model)
+    if settings.gpu_layers is not None:
+        cfg = cfg.slice(settings.gpu_layers)
+    m = HybridLM.build(cfg, dtype=act, device=dev, seed=settings.seed)
+    return m, ["random weights"] + cfg.describe()
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure_batch(model: HybridLM, batch: int, settings: CompareSettings,
+                  progress: Callable[[str, str, int], None] | None = None) -> tuple[list[dict], dict]:
+    """Decode ``batch`` sequences with the baseline and the replay SSM op; returns (two decode_step records, check).
+    ``progress(impl, phase, steps_done)`` reports each decode step and the SSM-only timing."""
+    gen = torch.Generator().manual_seed(settings.seed + batch)
+    prompt = torch.randint(0, model.cfg.vocab_size, (batch, settings.prompt_len), generator=gen)
+    max_len = settings.prompt_len + settings.steps + 1
+    runs, records = {}, []
+    for impl in ("baseline", "replay"):
+        state = model.allocate(batch, max_len, ssm_impl=impl, state_dtype=STATE_DTYPES[settings.state_dtype],
+                               buffer_len=settings.buffer_len, replay_mode=settings.replay_mode)
+        on_step = (lambda done, _steps, impl=impl: progress(impl, "decode", done)) if progress else None
+        run = greedy_decode(model, state, prompt, settings.steps, keep_rows=settings.keep_rows, on_step=on_step)
+        if progress:
+            progress(impl, "ssm timing", settings.steps)
+        ssm_us = statistics.median(time_ssm_only(model, state, reps=max(settings.steps // 2, 5)))
+        step_us = run.median_step_us
+        records.append({
+            "kind": "decode_step", "model": model.cfg.name, "layers": model.cfg.layers_label, "impl": impl,
+            "batch": batch, "state_dtype": settings.state_dtype, "act_dtype": str(model.dtype).replace("torch.", ""),
+            "L": settings.buffer_len, "steps": settings.steps, "median_step_us": step_us,
+            "ssm_median_us": ssm_us, "ssm_share": ssm_us / step_us,
+            "tokens_per_s": batch / (step_us * 1e-6), "cuda_graph": run.graphed,
+        })
+        runs[impl] = run
+        del state
+        _free()
+    check = token_check(runs["baseline"], runs["replay"], settings)
+    check.update(model=model.cfg.name, batch=batch)
+    return records, check
+
+
+def tie_tolerance(act_dtype: torch.dtype, top_logit: float) -> float:
+    """Top-2 logit gap below which a greedy divergence is a rounding near-tie rather than an error: two units in the
+    last place of the top logit in the activation dtype (the logits are rounded to it), at least 1e-4."""
+    return max(1e-4, 2.0 * torch.finfo(act_dtype).eps * abs(top_logit))
+
+
+def token_check(base: DecodeRun, rep: DecodeRun, settings: CompareSettings) -> dict[str, Any]:
+    """Compare greedy tokens row by row. A row whose first divergence happens where the baseline's top-2 logit gap is
+    within :func:`tie_tolerance` is a near-tie (reported); any other divergence is a mismatch (fp32 state: fails).
+    ``max_abs_dlogits`` covers the kept rows up to their first divergence (inputs identical until then)."""
+    act = settings.torch_act_dtype
+    diff = base.tokens != rep.tokens  # [steps+1, b]; row 0 comes from the shared prefill
+    near_ties, mismatches = [], []
+    first = {}
+    for row in diff.any(0).nonzero().flatten().tolist():
+        step = int(diff[:, row].nonzero()[0])
+        first[row] = step
+        gap = float(base.gaps[step - 1, row]) if step >= 1 else float("inf")
+        tol = tie_tolerance(act, float(base.top[step - 1, row])) if step >= 1 else 0.0
+        entry = {"row": row, "step": step, "baseline": int(base.tokens[step, row]),
+                 "replay": int(rep.tokens[step, row]), "baseline_top2_gap": gap, "tolerance": tol}
+        (near_ties if gap <= tol else mismatches).append(entry)
+    dlog = 0.0
+    for r in range(base.logits.shape[1]):
+        n = first.get(r, base.logits.shape[0] + 1)  # logits of steps < n had identical inputs
+        if n:
+            dlog = max(dlog, (base.logits[:n, r] - rep.logits[:n, r]).abs().max().item())
+    return {"kind": "token_check", "state_dtype": settings.state_dtype,
+            "act_dtype": str(settings.torch_act_dtype).replace("torch.", ""), "L": settings.buffer_len,
+            "steps": settings.steps, "flush_cycles": settings.steps // settings.buffer_len,
+            "tokens_equal": not diff.any().item(), "rows": base.tokens.shape[1],
+            "near_tie_rows": len(near_ties), "mismatch_rows": len(mismatches), "mismatches": mismatches[:5],
+            "near_ties": near_ties[:5], "max_abs_dlogits": dlog, "logit_rows": base.logits.shape[1]}
+
+
+def run_model(model: str, settings: CompareSettings, progress: ProgressCallback | None = None,
+              on_batch: Callable[[ModelResult], None] | None = None) -> ModelResult:
+    """Load ``model`` and measure every batch size of ``settings``; ``on_batch(result so far)`` after each batch."""
+    if progress:
+        progress(ProgressEvent(model, "load"))
+    m, notes = load_model(model, settings)
+    result = ModelResult(m.cfg.name, m.cfg.layers_label, notes)
+    n = len(settings.batches)
+    for i, batch in enumerate(settings.batches):
+        def step(impl: str, phase: str, done: int, batch: int = batch, i: int = i) -> None:
+            if progress:
+                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps))
+
+        recs, check = measure_batch(m, batch, settings, step if progress else None)
+        result.records += recs
+        result.checks.append(check)
+        if progress:
+            progress(ProgressEvent(result.model, "batch done", batch, i, n, "", settings.steps, settings.steps))
+        if on_batch:
+            on_batch(result)
+    del m
+    _free()
+    return result
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, layers, batch): baseline and replay step times, speed-up, tokens/s and SSM shares."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if r.get("kind") == "decode_step":
+            by_key.setdefault((r["model"], r["layers"], r["batch"]), {})[r["impl"]] = r
+    rows = []
+    for (model, layers, batch), impls in by_key.items():
+        if {"baseline", "replay"} <= impls.keys():
+            b, p = impls["baseline"], impls["replay"]
+            rows.append({"model": model, "layers": layers, "batch": batch, "baseline_us": b["median_step_us"],
+                         "replay_us": p["median_step_us"], "speedup": b["median_step_us"] / p["median_step_us"],
+                         "baseline_tok_s": b["tokens_per_s"], "replay_tok_s": p["tokens_per_s"],
+                         "baseline_ssm_share": b["ssm_share"], "replay_ssm_share": p["ssm_share"]})
+    return rows
+
+
+def plot_speedup(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """PNG: decode-step speed-up (baseline / replay) vs batch size, one line per model."""
+    plt = pyplot()
+
+    rows = speedups(records)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label in sorted({(r["model"], r["layers"]) for r in rows}):
+        pts = sorted((r["batch"], r["speedup"]) for r in rows if (r["model"], r["layers"]) == label)
+        name = label[0] if label[1] == "all" else f"{label[0]} (layers {label[1]})"
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in rows})
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode-step speed-up (baseline / replay)")
+    ax.set_title(title or "ReplaySSM vs baseline, whole decode step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def build_report(results: list[ModelResult], settings: CompareSettings, complete: bool = True) -> dict[str, Any]:
+    """The JSON document: ``device``, ``date``, ``engine``, ``complete`` (False while a run is under way or after
+    it was stopped), ``records`` (decode_step), ``checks``, ``notes``."""
+    cpu = settings.torch_device.type == "cpu"
+    engine = "reference decoder (TensorRT-LLM not used)"
+    return {
+        "device": device_name(settings.torch_device),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "engine": engine + (", PyTorch CPU fallback ops" if cpu else ", CUDA kernels"),
+        "timing_note": CPU_FALLBACK_NOTE if cpu else None,
+        "complete": complete,
+        "settings": {"batches": list(settings.batches), "steps": settings.steps, "state_dtype": settings.state_dtype,
+                     "act_dtype": str(settings.torch_act_dtype).replace("torch.", ""), "L": settings.buffer_len,
+                     "prompt_len": settings.prompt_len, "gpu_layers": settings.gpu_layers,
+                     "replay_mode": settings.replay_mode},
+        "notes": {r.model: r.notes for r in results},
+        "records": [rec for r in results for rec in r.records],
+        "checks": [c for r in results for c in r.checks],
+    }
+
+
+def check_tokens(report: dict[str, Any]) -> None:
+    """Raise :class:`TokenMismatchError` if any fp32-state check found greedy tokens that differ other than at a
+    rounding near-tie."""
+    bad = [c for c in report["checks"] if c["state_dtype"] == "fp32" and c["mismatch_rows"]]
+    if bad:
+        raise TokenMismatchError("greedy tokens differ between baseline and replay for fp32 state (not at a "
+                                 "near-tie): " + "; ".join(f"{c['model']} batch {c['batch']}: {c['mismatch_rows']} "
+                                                          f"rows, first {c['mismatches'][0]}" for c in bad))
+
+
+def run_compare(models: list[str], settings: CompareSettings, out_dir: str | Path,
+                progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """Run every model, write ``compare.json`` (after every batch, so a stopped run keeps what it measured) and
+    ``compare_speedup.png`` (when matplotlib is installed) into ``out_dir``; return the report.
+    Raises :class:`TokenMismatchError` (after writing) if fp32 greedy tokens differ."""
+    check_models(models)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "compare.json"
+    done: list[ModelResult] = []
+
+    def save(current: ModelResult | None = None, complete: bool = False) -> dict[str, Any]:
+        report = build_report(done + ([current] if current else []), settings, complete)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+    for model in models:
+        done.append(run_model(model, settings, progress, on_batch=save))
+    report = save(complete=True)
+    files = [str(json_path)]
+    try:
+        png = plot_speedup(report["records"], out / "compare_speedup.png",
+                           title=f"ReplaySSM decode step, {report['device']}, {settings.state_dtype} state, "
+                                 f"L={settings.buffer_len}")
+        files.append(str(png))
+    except PlotUnavailable as exc:
+        report["plot_note"] = str(exc)
+    report["files"] = files
+    check_tokens(report)
+    return report
+
+
+# ---------------------------------------------------------------------- TensorRT-LLM (trtllm-bench)
+def trtllm_available() -> bool:
+    """True when the ``tensorrt_llm`` package and the ``trtllm-bench`` executable are both present."""
+    return importlib.util.find_spec("tensorrt_llm") is not None and shutil.which("trtllm-bench") is not None
+
+
+def trtllm_bench_commands(model: str, bundle: str | Path, batches: tuple[int, ...], out_dir: str | Path,
+                          num_requests: int = 512, isl: int = 1024,
+                          osl: int = 1024) -> list[tuple[str, int, list[str]]]:
+    """Command lines: one generated dataset (``trtllm-bench prepare-dataset``), then ``throughput`` per batch for
+    the baseline (the bundle's YAML, no custom module) and for the bundle (``--custom_module_dirs``). Only
+    ``throughput`` takes ``--custom_module_dirs`` (``latency`` does not), so batch 1 is a throughput run at
+    concurrency 1; the YAML goes through ``--extra_llm_api_options`` (``--config`` is its alias only in newer
+    releases). Returns ``(impl, batch, argv)``; batch 0 marks the dataset step."""
+    bundle, out = Path(bundle), Path(out_dir)
+    yaml_path, module_dir = bundle / "trtllm-serve.yaml", bundle / "trtllm_module"
+    for need in (yaml_path, module_dir):
+        if not need.exists():
+            raise ValueError(f"bundle: expected {need.name} in {str(bundle)!r} (from `trtllm-replayssm build`)")
+    data = out / "trtllm_dataset.jsonl"
+    cmds: list[tuple[str, int, list[str]]] = [("dataset", 0, prepare_dataset_argv(model, data, num_requests, isl, osl))]
+    for impl, extra in (("baseline", []), ("replay", ["--custom_module_dirs", str(module_dir)])):
+        for b in batches:
+            cmds.append((impl, b, [
+                "trtllm-bench", "-m", model, "throughput", "--dataset", str(data), "--backend", "pytorch",
+                "--extra_llm_api_options", str(yaml_path), "--max_batch_size", str(b), "--concurrency", str(b),
+                "--num_requests", str(num_requests), "--warmup", "8", "--streaming",
+                "--report_json", str(out / f"trtllm_{impl}_b{b}.json"), *extra]))
+    return cmds
+
+
+def prepare_dataset_argv(model: str, output: str | Path, num_requests: int, isl: int, osl: int) -> list[str]:
+    """``trtllm-bench prepare-dataset`` for ``num_requests`` synthetic requests of exactly ``isl`` input and ``osl``
+    output tokens (the tokenizer comes from ``-m``)."""
+    return ["trtllm-bench", "-m", model, "prepare-dataset", "--output", str(output), "token-norm-dist",
+            "--num-requests", str(num_requests), "--input-mean", str(isl), "--input-stdev", "0",
+            "--output-mean", str(osl), "--output-stdev", "0"]
+
+
+def bench_metrics(report: Any, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a ``trtllm-bench --report_json`` document whose key names a latency or throughput metric
+    (contains ``tpot``, ``itl``, ``throughput``, ``tps`` or ``latency``), flattened to dotted keys as reported."""
+    out: dict[str, float] = {}
+    if isinstance(report, dict):
+        for key, value in report.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if any(tag in str(key).lower() for tag in ("tpot", "itl", "throughput", "tps", "latency")):
+                    out[name] = float(value)
+            else:
+                out.update(bench_metrics(value, name))
+    return out
+
+
+def run_trtllm_bench(model: str, bundle: str | Path, batches: tuple[int, ...], out_dir: str | Path) -> dict[str, Any]:
+    """Run the :func:`trtllm_bench_commands` and collect the raw reports as ``trtllm_bench`` records."""
+    if not trtllm_available():
+        raise RuntimeError("trtllm-bench: TensorRT-LLM is not installed here")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    for impl, batch, argv in trtllm_bench_commands(model, bundle, batches, out):
+        subprocess.run(argv, check=True)
+        if impl == "dataset":
+            continue
+        report_path = Path(argv[argv.index("--report_json") + 1])
+        records.append({"kind": "trtllm_bench", "model": model, "impl": impl, "batch": batch,
+                        "mode": argv[3], "report": json.loads(report_path.read_text())})
+        records[-1]["metrics"] = bench_metrics(records[-1]["report"])
+    return {"device": device_name(torch.device("cuda")),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "engine": "trtllm-bench", "records": records}

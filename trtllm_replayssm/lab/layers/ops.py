@@ -1,0 +1,375 @@
+"""Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
+the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations, RoPE and single-token
+attention over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
+elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the
+baseline and the replay decoders alike."""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from trtllm_replayssm.core import checks as chk
+from trtllm_replayssm.core.jit.configs import CUDA_TYPE, KernelConfig
+from trtllm_replayssm.core.jit.loader import get_kernel, launch
+from trtllm_replayssm.core.ops.launch import make_struct, ptr
+from trtllm_replayssm.lab.layers import reference as ref
+
+def layers_config(act_dtype: torch.dtype) -> KernelConfig:
+    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update, MLP
+    activations, RoPE, single-token attention) for one activation dtype."""
+    return KernelConfig(
+        family="layers",
+        source="decoder_layers.cu",
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel",
+                 "attention_decode_kernel"),
+        params=(("act_t", CUDA_TYPE[act_dtype]),),
+    )
+
+
+
+def layers_configs() -> list[KernelConfig]:
+    """The module for every activation dtype (compiled on first use; the CI kernel gate compiles them all)."""
+    return [layers_config(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+# Mirror the parameter structs of plugins/decoder_layers.cu (same order; natural alignment).
+_RmsNormParams = make_struct("RmsNormParams", [
+    ("x", _P), ("residual", _P), ("weight", _P), ("out", _P), ("s_x_outer", _I64), ("s_x_inner", _I64),
+    ("s_out_outer", _I64), ("s_out_inner", _I64), ("inner", _I32), ("dim", _I32), ("eps", _F32),
+    ("unit_offset", _I32), ("vec", _I32), ("pad0", _I32)])
+_GatedNormParams = make_struct("GatedNormParams", [
+    ("x", _P), ("z", _P), ("weight", _P), ("out", _P), ("s_x", _I64), ("s_z", _I64), ("s_out", _I64),
+    ("group_size", _I32), ("groups", _I32), ("weight_len", _I32), ("eps", _F32), ("norm_before_gate", _I32),
+    ("vec", _I32), ("warp_groups", _I32), ("pad0", _I32)])
+_ConvParams = make_struct("ConvParams", [
+    ("x", _P), ("conv_state", _P), ("weight", _P), ("bias", _P), ("out", _P), ("s_x", _I64), ("s_out", _I64),
+    ("channels", _I32), ("width", _I32), ("silu", _I32), ("vec", _I32)])
+_ActParams = make_struct("ActParams", [("a", _P), ("b", _P), ("out", _P), ("s_a", _I64), ("s_b", _I64),
+                                       ("rows", _I32), ("cols", _I32), ("kind", _I32), ("vec", _I32)])
+_AttnParams = make_struct("AttnParams", [
+    ("q", _P), ("k_new", _P), ("v_new", _P), ("gate", _P), ("k_cache", _P), ("v_cache", _P), ("pos", _P), ("out", _P),
+    ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
+    ("s_g_b", _I64), ("s_g_h", _I64), ("heads", _I32), ("kv_heads", _I32), ("head_dim", _I32), ("max_len", _I32),
+    ("scale", _F32), ("pad0", _I32)])
+_RopeParams = make_struct("RopeParams", [
+    ("x", _P), ("pos", _P), ("out", _P), ("s_x_row", _I64), ("s_x_head", _I64), ("heads", _I32), ("head_dim", _I32),
+    ("rotary_dim", _I32), ("theta", _F32)])
+
+# plugins/decoder_layers.cu: kBlock, kMaxRowVecs, kMaxConvWidth, kVecConvWidth
+MAX_THREADS = 256
+WARPS_PER_CTA = MAX_THREADS // 32
+MAX_ROW_VECS = 4
+MAX_CONV_WIDTH = 8
+VEC_CONV_WIDTH = 4
+MLP_ACTS = ("relu2", "swiglu")
+ATTN_MAX_SHARED = 48 * 1024  # the attention kernel's dynamic shared memory limit (no opt-in above the default)
+
+
+def _kernel(name: str, t: torch.Tensor):
+    return get_kernel(layers_config(t.dtype), name, t.device)
+
+
+def vector_elems(t: torch.Tensor) -> int:
+    """Elements of ``t``'s dtype in a 16-byte vector."""
+    return 16 // t.element_size()
+
+
+def _vectorizable(elems: int, tensors: list[torch.Tensor | None], strides: list[int]) -> bool:
+    """Whether ``elems``-element vectors stay 16-byte aligned in every tensor at every given stride."""
+    return (all(t is None or t.data_ptr() % 16 == 0 for t in tensors) and all(s % elems == 0 for s in strides))
+
+
+def _row_plan(cols: int, elems: int, vec: bool) -> tuple[int, bool]:
+    """(threads per row, vector path) of a norm over ``cols`` channels: a vector (else about 4 channels) per
+    thread, a multiple of a warp, at most MAX_THREADS; vectors only where a row fits MAX_ROW_VECS per thread."""
+    if vec and cols % elems == 0:
+        threads = max(32, min(MAX_THREADS, (cols // elems + 31) // 32 * 32))
+        if cols // elems <= threads * MAX_ROW_VECS:
+            return threads, True
+    return max(32, min(MAX_THREADS, ((cols + 3) // 4 + 31) // 32 * 32)), False
+
+
+def _rows3(t: torch.Tensor) -> torch.Tensor:
+    """``t [..., D]`` (last dim dense) as ``[outer, inner, D]`` without a copy where its strides allow."""
+    if t.dim() == 1:
+        return t.view(1, 1, -1)
+    if t.dim() == 2:
+        return t.unsqueeze(1)
+    return t if t.dim() == 3 else t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+def _rows2(t: torch.Tensor) -> torch.Tensor:
+    """``t [..., D]`` as ``[rows, D]`` (a copy only where no row stride exists)."""
+    return t.reshape(-1, t.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------------- custom ops
+@torch.library.custom_op("replayssm::rms_norm", mutates_args=("out",))
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, out: torch.Tensor) -> None:
+    out.copy_(ref.rms_norm(x, weight, eps, unit_offset))
+
+
+@torch.library.custom_op("replayssm::add_rms_norm", mutates_args=("residual", "out"))
+def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool,
+                     out: torch.Tensor) -> None:
+    out.copy_(ref.add_rms_norm_(x, residual, weight, eps, unit_offset))
+
+
+def _rms_norm_launch(x, residual, weight, eps, unit_offset, out) -> None:
+    x3, o3 = _rows3(x), _rows3(out)
+    rows, dim = x3.shape[0] * x3.shape[1], x3.shape[2]
+    if rows == 0:
+        return
+    elems = vector_elems(x)
+    strides = [x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), dim]
+    threads, vec = _row_plan(dim, elems, _vectorizable(elems, [x3, residual, weight, o3], strides))
+    params = _RmsNormParams(ptr(x3), ptr(residual), ptr(weight), ptr(o3), x3.stride(0), x3.stride(1), o3.stride(0),
+                            o3.stride(1), x3.shape[1], dim, float(eps), int(unit_offset), int(vec), 0)
+    launch(_kernel("rmsnorm_kernel", x), (rows, 1, 1), (threads, 1, 1), params)
+
+
+@_rms_norm_op.register_kernel("cuda")
+def _rms_norm_cuda(x, weight, eps, unit_offset, out) -> None:
+    _rms_norm_launch(x, None, weight, eps, unit_offset, out)
+
+
+@_add_rms_norm_op.register_kernel("cuda")
+def _add_rms_norm_cuda(x, residual, weight, eps, unit_offset, out) -> None:
+    _rms_norm_launch(x, residual, weight, eps, unit_offset, out)
+
+
+@torch.library.custom_op("replayssm::gated_rms_norm", mutates_args=("out",))
+def _gated_rms_norm_op(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                       norm_before_gate: bool, out: torch.Tensor) -> None:
+    out.copy_(ref.gated_rms_norm(x, z, weight, group_size, eps, norm_before_gate))
+
+
+@_gated_rms_norm_op.register_kernel("cuda")
+def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -> None:
+    x2, z2, o2 = _rows2(x), _rows2(z), _rows2(out)
+    if x2.shape[0] == 0:
+        return
+    elems = vector_elems(x)
+    strides = [x2.stride(0), z2.stride(0), o2.stride(0), group_size]
+    threads, vec = _row_plan(group_size, elems, _vectorizable(elems, [x2, z2, weight, o2], strides))
+    groups = x2.shape[1] // group_size
+    # a warp per group where a warp holds the group in registers (more loads in flight than a CTA per group)
+    warp_groups = min(WARPS_PER_CTA, groups) if vec and group_size // elems <= 32 * MAX_ROW_VECS else 0
+    if warp_groups:
+        threads, grid_y = 32 * warp_groups, (groups + warp_groups - 1) // warp_groups
+    else:
+        grid_y = groups
+    params = _GatedNormParams(ptr(x2), ptr(z2), ptr(weight), ptr(o2), x2.stride(0), z2.stride(0), o2.stride(0),
+                              group_size, groups, weight.shape[0], float(eps), int(norm_before_gate), int(vec),
+                              warp_groups, 0)
+    launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], grid_y, 1), (threads, 1, 1), params)
+
+
+@torch.library.custom_op("replayssm::conv1d_update", mutates_args=("conv_state", "out"))
+def _conv1d_update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      silu: bool, out: torch.Tensor) -> None:
+    out.copy_(ref.conv1d_update_(x, conv_state, weight, bias, silu))
+
+
+@_conv1d_update_op.register_kernel("cuda")
+def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
+    batch, channels = x.shape
+    if batch == 0:
+        return
+    width, elems = weight.shape[-1], vector_elems(x)
+    vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
+                                                    [x.stride(0), out.stride(0), channels])
+    threads = channels // elems if vec else channels
+    params = _ConvParams(ptr(x), ptr(conv_state), ptr(weight), ptr(bias), ptr(out), x.stride(0), out.stride(0),
+                         channels, width, int(silu), int(vec))
+    launch(_kernel("conv1d_update_kernel", x), ((threads + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
+           (MAX_THREADS, 1, 1), params)
+
+
+@torch.library.custom_op("replayssm::mlp_act", mutates_args=("out",))
+def _mlp_act_op(a: torch.Tensor, b: Optional[torch.Tensor], kind: str, out: torch.Tensor) -> None:
+    out.copy_(ref.mlp_act(a, b, kind))
+
+
+@_mlp_act_op.register_kernel("cuda")
+def _mlp_act_cuda(a, b, kind, out) -> None:
+    a2, b2 = _rows2(a), None if b is None else _rows2(b)
+    rows, cols = a2.shape
+    if rows * cols == 0:
+        return
+    elems = vector_elems(a)
+    s_a, s_b = a2.stride(0), 0 if b2 is None else b2.stride(0)
+    vec = _vectorizable(elems, [a2, b2, out], [s_a, s_b, cols])
+    step = elems if vec else 1
+    params = _ActParams(ptr(a2), ptr(b2), ptr(out), s_a // step, s_b // step, rows, cols // step,
+                        MLP_ACTS.index(kind), int(vec))
+    blocks = min((rows * cols // step + MAX_THREADS - 1) // MAX_THREADS, 16 * 1024)
+    launch(_kernel("mlp_act_kernel", a), (blocks, 1, 1), (MAX_THREADS, 1, 1), params)
+
+
+@torch.library.custom_op("replayssm::rope", mutates_args=("out",))
+def _rope_op(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float, out: torch.Tensor) -> None:
+    out.copy_(ref.rope(x, pos, rotary_dim, theta))
+
+
+@_rope_op.register_kernel("cuda")
+def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
+    x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
+    rows, heads, head_dim = x3.shape
+    if rows == 0:
+        return
+    pos_rows = pos.expand(x.shape[:-2]).reshape(-1).contiguous()
+    params = _RopeParams(ptr(x3), ptr(pos_rows), ptr(out), x3.stride(0), x3.stride(1), heads, head_dim, rotary_dim,
+                         float(theta))
+    launch(_kernel("rope_kernel", x), (rows * heads, 1, 1), ((head_dim + 31) // 32 * 32, 1, 1), params)
+
+
+@torch.library.custom_op("replayssm::attention_decode", mutates_args=("k_cache", "v_cache", "out"))
+def _attention_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
+                         out: torch.Tensor) -> None:
+    out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))
+
+
+def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: int) -> int:
+    """Dynamic shared memory of the attention kernel: a group's queries and scores in fp32."""
+    return 4 * (heads // kv_heads) * (head_dim + max_len)
+
+
+@_attention_decode_op.register_kernel("cuda")
+def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> None:
+    b, heads, head_dim = q.shape
+    _, kv_heads, max_len, _ = k_cache.shape
+    if b == 0:
+        return
+    shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
+    if head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:
+        out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))  # shapes the kernel does not take
+        return
+    g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
+    params = _AttnParams(ptr(q), ptr(k), ptr(v), ptr(gate), ptr(k_cache), ptr(v_cache), ptr(pos), ptr(out),
+                         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g_b, g_h,
+                         heads, kv_heads, head_dim, max_len, float(scale), 0)
+    launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
+
+
+for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op, _rope_op,
+            _attention_decode_op):
+    _op.register_fake(lambda *args, **kwargs: None)
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x [..., D]`` (last dim dense) scaled by ``weight [D]`` (``1 + weight`` with ``unit_offset``).
+    With ``residual`` (``x``'s shape, contiguous): ``residual += x`` in place first and the sum is normalised."""
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
+    chk.check_tensor("weight", weight, (x.shape[-1],), (x.dtype,), x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if residual is None:
+        torch.ops.replayssm.rms_norm(x, weight, float(eps), bool(unit_offset), out)
+        return out
+    chk.check_tensor("residual", residual, tuple(x.shape), (x.dtype,), x.device, inner_contiguous=x.dim())
+    torch.ops.replayssm.add_rms_norm(x, residual, weight, float(eps), bool(unit_offset), out)
+    return out
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                   norm_before_gate: bool) -> torch.Tensor:
+    """Gated RMSNorm over groups of ``group_size`` channels of ``x [..., D]`` with gate ``z`` (same shape; last dims
+    dense): ``norm(x * silu(z)) * w`` or, ``norm_before_gate``, ``norm(x) * w * silu(z)``. ``weight [W]`` repeats
+    along the row (``W`` a multiple of ``group_size`` dividing ``D``: ``D`` for per-channel weights, ``group_size``
+    for one weight shared by all groups)."""
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
+    chk.check_tensor("z", z, tuple(x.shape), (x.dtype,), x.device)
+    D = x.shape[-1]
+    if group_size < 1 or D % group_size:
+        raise ValueError(f"group_size: expected a divisor of the last dim {D}, got {group_size}")
+    chk.check_tensor("weight", weight, (None,), (x.dtype,), x.device)
+    if weight.shape[0] % group_size or D % weight.shape[0]:
+        raise ValueError(f"weight: expected a length that is a multiple of group_size={group_size} and divides {D}, "
+                         f"got {weight.shape[0]}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.ops.replayssm.gated_rms_norm(x, z, weight, int(group_size), float(eps), bool(norm_before_gate), out)
+    return out
+
+
+def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu: bool = True) -> torch.Tensor:
+    """One decode step of a causal depthwise conv1d: ``x [b, C]`` (last dim dense), ``conv_state [b, C, W-1]``
+    (contiguous, shifted in place), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous), ``bias [C]``; returns ``[b, C]``
+    (the conv + bias rounded to ``x.dtype``, then SiLU if ``silu``)."""
+    chk.check_tensor("x", x, (None, None), chk.ACT_DTYPES)
+    batch, channels = x.shape
+    width = weight.shape[-1]
+    if not 2 <= width <= MAX_CONV_WIDTH:
+        raise ValueError(f"weight: expected a conv width (last dim) in [2, {MAX_CONV_WIDTH}], got {width}")
+    chk.check_tensor("weight", weight, (channels, 1, width) if weight.dim() == 3 else (channels, width), (x.dtype,),
+                     x.device, inner_contiguous=weight.dim())
+    chk.check_tensor("conv_state", conv_state, (batch, channels, width - 1), (x.dtype,), x.device, inner_contiguous=3)
+    chk.check_optional("bias", bias, (channels,), (x.dtype,), x.device)
+    out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
+    torch.ops.replayssm.conv1d_update(x, conv_state, weight, bias, bool(silu), out)
+    return out
+
+
+def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """MLP activation of ``a [..., I]`` (last dim dense): ``relu2`` (``relu(a)^2``, ``b`` None) or ``swiglu``
+    (``silu(a) * b``, ``b`` of ``a``'s shape, e.g. the two halves of one packed gate/up projection)."""
+    if kind not in MLP_ACTS:
+        raise ValueError(f"kind: expected one of {MLP_ACTS}, got {kind!r}")
+    chk.check_tensor("a", a, (None,) * max(a.dim(), 1), chk.ACT_DTYPES)
+    if (kind == "swiglu") != (b is not None):
+        raise ValueError(f"b: expected {'a tensor' if kind == 'swiglu' else 'None'} for kind={kind!r}")
+    chk.check_optional("b", b, tuple(a.shape), (a.dtype,), a.device)
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    torch.ops.replayssm.mlp_act(a, b, kind, out)
+    return out
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, head_dim]`` (last dim dense) at
+    positions ``pos`` (int64, broadcast to ``x.shape[:-2]``); the other channels are copied. Returns a new tensor."""
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 2), chk.ACT_DTYPES)
+    head_dim = x.shape[-1]
+    if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim: expected an even number in [0, {head_dim}], got {rotary_dim}")
+    if head_dim > MAX_THREADS:
+        raise ValueError(f"x: head_dim (last dim) must be at most {MAX_THREADS}, got {head_dim}")
+    if not isinstance(pos, torch.Tensor) or pos.dtype != torch.int64 or pos.device != x.device:
+        raise TypeError(f"pos: expected an int64 tensor on {x.device}")
+    try:
+        torch.broadcast_shapes(pos.shape, x.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"pos: shape {list(pos.shape)} does not broadcast to {list(x.shape[:-2])}") from None
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.ops.replayssm.rope(x, pos, int(rotary_dim), float(theta), out)
+    return out
+
+
+def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of GQA attention over a static KV cache: appends ``k, v [b, kv_heads, hd]`` at ``pos [b]``
+    (int64) of ``k_cache, v_cache [b, kv_heads, max_len, hd]`` (contiguous), attends ``q [b, heads, hd]`` over
+    positions ``0..pos``, multiplies by ``sigmoid(gate)`` (``q``'s shape) if given. Last dims dense. Returns
+    ``[b, heads * hd]``; ``pos`` is not advanced. A row whose ``pos`` is outside the cache: the CUDA kernel writes
+    nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (head_dim a
+    multiple of 32 up to 256, a group's queries and scores within 48 KiB of shared memory); other shapes and the CPU
+    run the PyTorch reference."""
+    chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
+    b, heads, hd = q.shape
+    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
+    kv_heads = k_cache.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
+    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
+    chk.check_tensor("k", k, (b, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("v", v, (b, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_optional("gate", gate, (b, heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
+    out = torch.empty((b, heads * hd), dtype=q.dtype, device=q.device)
+    torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), out)
+    return out

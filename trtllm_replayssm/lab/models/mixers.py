@@ -1,0 +1,179 @@
+"""SSM mixers of the reference decoders: Nemotron-H Mamba-2 and Qwen3.5 Gated DeltaNet.
+
+Parameter names follow the Hugging Face checkpoints. Prefill runs a plain sequential float32 scan and returns the
+final recurrent state (handed to the decode cache); decode runs one token through the shared projections/conv/norm
+and calls the SSM op selected by the decoder's :class:`SSMStates` (baseline or replay).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HybridConfig
+from trtllm_replayssm.lab.layers.ops import conv1d_update
+
+from .layers import GatedRMSNorm, PackedLinears, conv_prefill
+from .ssm_state import SSMStates
+
+# parameters kept in float32 whatever the model dtype (they enter the SSM ops as fp32)
+FP32_PARAMS: frozenset[str] = frozenset({"A_log", "D", "dt_bias"})
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def mamba2_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequential Mamba-2 scan from a zero state in float32. ``x [b,T,H,P]``, ``delta [b,T,H]`` (after bias and
+    softplus), ``A, D [H]``, ``B, C [b,T,G,N]``. Returns ``y [b,T,H,P]`` and the final state ``[b,H,P,N]``."""
+    b, t, h, p = x.shape
+    rep = h // B.shape[2]
+    xf, df = x.float(), delta.float()
+    Bh, Ch = B.float().repeat_interleave(rep, 2), C.float().repeat_interleave(rep, 2)
+    state = x.new_zeros((b, h, p, B.shape[-1]), dtype=torch.float32)
+    ys = []
+    for i in range(t):
+        decay = torch.exp(A.float() * df[:, i])[:, :, None, None]
+        state = state * decay + (df[:, i, :, None] * xf[:, i]).unsqueeze(-1) * Bh[:, i, :, None, :]
+        ys.append((state * Ch[:, i, :, None, :]).sum(-1) + D.float()[:, None] * xf[:, i])
+    return torch.stack(ys, 1), state
+
+
+def gdn_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequential gated delta rule from a zero state in float32. ``q, k [b,T,H,K]`` (already l2-normalised),
+    ``v [b,T,HV,V]``, ``g, beta [b,T,HV]``. Returns ``o [b,T,HV,V]`` and the final state ``[b,HV,V,K]``."""
+    b, t, hv, vd = v.shape
+    rep = hv // q.shape[2]
+    qh, kh = q.float().repeat_interleave(rep, 2), k.float().repeat_interleave(rep, 2)
+    state = v.new_zeros((b, hv, vd, q.shape[-1]), dtype=torch.float32)
+    outs = []
+    for i in range(t):
+        state = state * torch.exp(g[:, i].float())[:, :, None, None]
+        kv = (state * kh[:, i, :, None, :]).sum(-1)
+        u = beta[:, i].float()[:, :, None] * (v[:, i].float() - kv)
+        state = state + u.unsqueeze(-1) * kh[:, i, :, None, :]
+        outs.append((state * (qh[:, i] * scale)[:, :, None, :]).sum(-1))
+    return torch.stack(outs, 1), state
+
+
+class Mamba2Mixer(nn.Module):
+    """in_proj -> [z | xBC | dt]; causal conv1d + SiLU on xBC; SSM; gated RMSNorm(y, z); out_proj."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.h, self.p, self.n, self.g = cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state, cfg.n_groups
+        self.d_inner, self.conv_dim = cfg.d_inner, cfg.mamba_conv_dim
+        self.in_proj = nn.Linear(cfg.hidden_size, self.d_inner + self.conv_dim + self.h, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, groups=self.conv_dim, bias=True)
+        self.dt_bias = nn.Parameter(torch.zeros(self.h))
+        self.A_log = nn.Parameter(torch.zeros(self.h))
+        self.D = nn.Parameter(torch.ones(self.h))
+        self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.g, cfg.rms_eps, norm_before_gate=False)
+        self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
+        self._A: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def A(self) -> torch.Tensor:
+        """``A = -exp(A_log)`` (float32), computed again only when ``A_log`` changed (not in every decode step)."""
+        key = (self.A_log.data_ptr(), self.A_log._version)
+        if self._A is None or self._A[0] != key:
+            self._A = (key, -torch.exp(self.A_log.detach().float()))
+        return self._A[1]
+
+    def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return zxbcdt.split([self.d_inner, self.conv_dim, self.h], dim=-1)
+
+    def _split_xbc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gn = self.g * self.n
+        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
+        lead = x.shape[:-1]
+        return x.reshape(*lead, self.h, self.p), B.reshape(*lead, self.g, self.n), C.reshape(*lead, self.g, self.n)
+
+    def prefill(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], SSM state [b,H,P,N] float32)."""
+        z, xbc, dt = self._split(self.in_proj(hs))
+        xbc, conv_state = conv_prefill(xbc, self.conv1d.weight, self.conv1d.bias)
+        x, B, C = self._split_xbc(F.silu(xbc))
+        delta = F.softplus(dt.float() + self.dt_bias.float())
+        y, state = mamba2_scan(x, delta, self.A(), B, C, self.D)
+        y = self.norm(y.flatten(-2).to(hs.dtype), z)
+        return self.out_proj(y), conv_state, state
+
+    def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
+        """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
+        z, xbc, dt = self._split(self.in_proj(hs))
+        x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
+        y = ssm.mamba2_step(idx, x, dt, self.A(), B, C, self.D, self.dt_bias)
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
+    def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """Static random step inputs ``(x, dt, A, B, C, D, dt_bias)`` for timing the SSM op alone."""
+        dev = self.D.device
+        x = torch.randn((batch, self.h, self.p), generator=gen, device=dev).to(dtype)
+        dt = torch.randn((batch, self.h), generator=gen, device=dev).to(dtype)
+        B = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
+        C = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
+        return x, dt, self.A(), B, C, self.D, self.dt_bias
+
+
+class GatedDeltaNetMixer(nn.Module):
+    """in_proj_qkv -> causal conv1d + SiLU -> q, k, v; in_proj_z/b/a; gated delta rule; gated RMSNorm; out_proj."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.hk, self.hv, self.dk, self.dv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
+        self.key_dim, self.value_dim, self.conv_dim = self.hk * self.dk, self.hv * self.dv, cfg.gdn_conv_dim
+        d = cfg.hidden_size
+        self.in_proj_qkv = nn.Linear(d, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(d, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(d, self.hv, bias=False)
+        self.in_proj = PackedLinears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)  # decode
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, self.dv, cfg.rms_eps, norm_before_gate=True)
+        self.out_proj = nn.Linear(self.value_dim, d, bias=False)
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        lead = q.shape[:-1]
+        return (q.reshape(*lead, self.hk, self.dk), k.reshape(*lead, self.hk, self.dk),
+                v.reshape(*lead, self.hv, self.dv))
+
+    def gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` (float32)."""
+        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
+        return g, torch.sigmoid(b.float())
+
+    def _finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``o [..., HV, V]``, ``z [..., HV * V]`` -> out_proj(norm(o) * silu(z)) (the norm per value head)."""
+        return self.out_proj(self.norm(o.flatten(-2), z))
+
+    def prefill(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], state [b,HV,V,K] float32)."""
+        qkv, conv_state = conv_prefill(self.in_proj_qkv(hs), self.conv1d.weight, None)
+        q, k, v = self._split_qkv(F.silu(qkv))
+        g, beta = self.gates(self.in_proj_a(hs), self.in_proj_b(hs))
+        o, state = gdn_scan(l2norm(q.float()), l2norm(k.float()), v, g, beta, self.dk ** -0.5)
+        return self._finish(o.to(hs.dtype), self.in_proj_z(hs)), conv_state, state
+
+    def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
+        """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
+        qkv, z, b, a = self.in_proj(hs)
+        q, k, v = self._split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
+        o = ssm.gdn_step(idx, q, k, v, a, b, self.A_log, self.dt_bias)
+        return self._finish(o, z)
+
+    def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """Static random step inputs ``(q, k, v, a, b, A_log, dt_bias)`` for timing the SSM op alone."""
+        dev = self.A_log.device
+
+        def rnd(*shape: int) -> torch.Tensor:
+            return torch.randn(shape, generator=gen, device=dev).to(dtype)
+
+        return (rnd(batch, self.hk, self.dk), rnd(batch, self.hk, self.dk), rnd(batch, self.hv, self.dv),
+                rnd(batch, self.hv), rnd(batch, self.hv), self.A_log, self.dt_bias)

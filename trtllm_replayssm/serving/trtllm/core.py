@@ -1,0 +1,258 @@
+"""TensorRT-LLM-free core of the serving glue: metadata mapping, prefill handoff, fallbacks, version gate.
+
+``trtllm_replayssm.serving.trtllm`` only subclasses TensorRT-LLM classes and calls these functions, so everything here is
+tested on CPU without TensorRT-LLM. All tensor functions are device-side (no host sync), hence CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
+ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
+DISABLE_ENV = "TRTLLM_REPLAYSSM_DISABLE"
+PAD_SLOT_ID = -1
+
+_log = logging.getLogger("trtllm_replayssm")
+
+
+def check_trtllm_version(version: str) -> None:
+    """RuntimeError naming the supported versions unless ``version`` is one (or ALLOW_VERSION_ENV=1)."""
+    if version in SUPPORTED_TRTLLM_VERSIONS or os.environ.get(ALLOW_VERSION_ENV) == "1":
+        return
+    raise RuntimeError(f"tensorrt_llm {version} is not supported by trtllm-replayssm; supported: "
+                       f"{', '.join(SUPPORTED_TRTLLM_VERSIONS)} (set {ALLOW_VERSION_ENV}=1 to try anyway)")
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """A TensorRT-LLM batch: context (prefill) requests first, then generation (decode) requests."""
+
+    num_contexts: int
+    num_decodes: int
+    prefill_slots: torch.Tensor
+    decode_slots: torch.Tensor
+
+
+def split_batch(state_indices: torch.Tensor, num_contexts: int, num_seqs: int) -> BatchSplit:
+    """Split ``mamba_metadata.state_indices`` into prefill and decode cache slots.
+
+    ``num_contexts`` is ``attn_metadata.num_contexts``; ``num_seqs`` is ``attn_metadata.seq_lens.shape[0]``
+    (contexts + generations, CUDA-graph padding requests included).
+    """
+    if state_indices.dim() != 1:
+        raise ValueError(f"state_indices: expected a 1-D tensor, got shape {tuple(state_indices.shape)}")
+    if not 0 <= num_contexts <= num_seqs <= state_indices.shape[0]:
+        raise ValueError(f"num_contexts/num_seqs: expected 0 <= {num_contexts} <= {num_seqs} <= "
+                         f"len(state_indices)={state_indices.shape[0]}")
+    return BatchSplit(num_contexts, num_seqs - num_contexts, state_indices[:num_contexts],
+                      state_indices[num_contexts:num_seqs])
+
+
+def decode_slot_ids(decode_slots: torch.Tensor, num_slots: int, pad_slot_id: int = PAD_SLOT_ID) -> torch.Tensor:
+    """``state_batch_indices`` for our ops: int32, each slot at most once per batch.
+
+    CUDA-graph padding requests share the dummy request's slot (one dummy slot without speculation), and padded
+    rows may carry negative ids. Every repeat of a slot after its first row, every negative id and every id
+    ``>= num_slots`` becomes ``pad_slot_id`` (those rows are skipped by the kernels). Device-side, no host sync.
+    """
+    if decode_slots.dim() != 1:
+        raise ValueError(f"decode_slots: expected a 1-D tensor, got shape {tuple(decode_slots.shape)}")
+    if num_slots < 1:
+        raise ValueError(f"num_slots: expected a positive integer, got {num_slots}")
+    idx = decode_slots.to(torch.int64)
+    valid = (idx >= 0) & (idx < num_slots)
+    safe = torch.where(valid, idx, torch.full_like(idx, num_slots))  # out-of-range rows go to a spare bucket
+    rows = torch.arange(idx.shape[0], device=idx.device, dtype=torch.int64)
+    first = torch.full((num_slots + 1,), idx.shape[0], device=idx.device, dtype=torch.int64)
+    first.scatter_reduce_(0, safe, rows, reduce="amin")
+    keep = valid & (first[safe] == rows)
+    return torch.where(keep, idx, torch.full_like(idx, pad_slot_id)).to(torch.int32)
+
+
+def per_head(t: torch.Tensor | None, lead: int, name: str) -> torch.Tensor | None:
+    """Collapse a tie-hdim expanded tensor to one value per head.
+
+    Mamba2Mixer passes ``A`` as ``[H, P, N]``, ``dt_bias`` / ``D`` as ``[H, P]`` and ``dt`` as ``[b, H, P]``
+    (repeated along P and N). ``lead`` is the number of leading dims to keep (1 for params, 2 for ``dt``); the
+    trailing dims must be broadcast copies, which the caller's ``post_load_weights`` guarantees.
+    """
+    if t is None:
+        return None
+    if t.dim() < lead:
+        raise ValueError(f"{name}: expected at least {lead} dims, got shape {tuple(t.shape)}")
+    while t.dim() > lead:
+        t = t[..., 0]
+    return t
+
+
+def is_single_token_decode(x: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    """True for Mamba2Mixer's non-speculative decode SSU call (x ``[b, H, P]``, no intermediate-state buffers);
+    False for the MTP verify call (4-D x, ``intermediate_states_buffer`` / ``cache_steps``)."""
+    return x.dim() == 3 and kwargs.get("intermediate_states_buffer") is None and kwargs.get("cache_steps") is None
+
+
+def speculative_configured(spec_config: Any) -> bool:
+    """True when the model was built with a speculative-decoding config (MTP, Eagle, ...)."""
+    return spec_config is not None
+
+
+def warn_speculative_fallback(arch: str) -> None:
+    """Logged once per architecture: speculative decoding keeps upstream's SSM path (replay not used)."""
+    if arch not in _warned:
+        _warned.add(arch)
+        _log.warning("trtllm-replayssm: %s has speculative decoding configured; ReplaySSM is disabled for this "
+                     "model and upstream TensorRT-LLM kernels run (speculative ReplaySSM is a later feature)", arch)
+
+
+_warned: set[str] = set()
+
+
+def replay_disabled() -> bool:
+    """TRTLLM_REPLAYSSM_DISABLE=1 keeps upstream kernels everywhere (A/B comparison with the same bundle)."""
+    return os.environ.get(DISABLE_ENV) == "1"
+
+
+class SlotResettable(Protocol):
+    def reset_slots(self, slot_ids: torch.Tensor, layers: Any = None) -> None: ...
+
+
+def prefill_handoff(cache: SlotResettable, prefill_slots: torch.Tensor) -> None:
+    """Prefill wrote the full state of ``prefill_slots`` into the checkpoint: empty their rings (cursor 0).
+
+    Called for every context step (first chunk, later chunks, and a new request on a reused slot), before the
+    decode kernels can see those slots again. Negative (padding) ids are dropped.
+    """
+    slots = prefill_slots[prefill_slots >= 0]
+    if slots.numel():
+        cache.reset_slots(slots)
+
+
+def bind_layer_cache(family: str, state: torch.Tensor, num_k_heads: int, buffer_len: int, act_dtype: torch.dtype
+                     ) -> Any:
+    """A one-layer ReplayStateCache whose checkpoint *is* TensorRT-LLM's SSM-state tensor of that layer.
+
+    ``state`` is the layer's ``ssm_states`` (``[slots, H, P, N]`` for Mamba-2, ``[slots, HV, V, K]`` for GDN/KDA);
+    prefill writes it, so the checkpoint is always the upstream tensor and only rings and cursors are ours.
+    ``num_k_heads`` is the TP-local group count (Mamba-2 ``n_groups``, GDN key heads; ignored for KDA).
+    """
+    from trtllm_replayssm.core.cache import ReplayStateCache
+
+    if state.dim() != 4:
+        raise ValueError(f"state: expected a 4-D [slots, heads, d1, d2] tensor, got shape {tuple(state.shape)}")
+    slots, heads, d1, d2 = state.shape
+    common = dict(buffer_len=buffer_len, state_dtype=state.dtype, act_dtype=act_dtype, device=state.device)
+    if family == "mamba2":
+        cache = ReplayStateCache.mamba2(1, slots, heads, d1, d2, num_k_heads, **common)
+    elif family == "gdn":
+        cache = ReplayStateCache.gdn(1, slots, num_k_heads, heads, d2, d1, **common)
+    elif family == "kda":
+        cache = ReplayStateCache.kda(1, slots, heads, d1, **common)
+    else:
+        raise ValueError(f"family: expected 'mamba2', 'gdn' or 'kda', got {family!r}")
+    cache.layer(0).state = state  # drop our allocation, share upstream's tensor
+    return cache
+
+
+def gdn_split_qkv(mixed_qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``q [b, H, K]``, ``k [b, H, K]``, ``v [b, HV, V]`` of the post-conv GDN projection ``[b, 2HK + HV V]``."""
+    key = num_k_heads * head_k_dim
+    width = 2 * key + num_v_heads * head_v_dim
+    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != width:
+        raise ValueError(f"mixed_qkv: expected shape [tokens, {width}], got {tuple(mixed_qkv.shape)}")
+    q = mixed_qkv[:, :key].unflatten(1, (num_k_heads, head_k_dim))
+    k = mixed_qkv[:, key:2 * key].unflatten(1, (num_k_heads, head_k_dim))
+    v = mixed_qkv[:, 2 * key:].unflatten(1, (num_v_heads, head_v_dim))
+    return q, k, v
+
+
+def gdn_materialize_slots(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+                          cursor: torch.Tensor, slots: torch.Tensor) -> None:
+    """Fold the rings of ``slots`` into their checkpoint and set their cursor to 0 (in place, device-side).
+
+    Needed before upstream code reads ``state`` as the live state: TensorRT-LLM runs the decode rows of a mixed
+    (prefill + decode) batch through its chunked kernel, which starts from ``ssm_states``. Layouts (design.md):
+    ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]``, ``k_ring [slots, H, L, K]``, ``g_ring [slots, HV, L]``
+    (inclusive cumulative log-gate), ``cursor [slots]`` = valid entries ``w``:
+    ``S = exp(G[w-1]) S0 + sum_{j<w} exp(G[w-1] - G[j]) u_j k_jᵀ``.
+    """
+    slots = slots.to(torch.int64)
+    slots = slots[slots >= 0]
+    if slots.numel() == 0:
+        return
+    hv, h, L = u_ring.shape[1], k_ring.shape[1], u_ring.shape[2]
+    w = cursor.index_select(0, slots).to(torch.int64)  # [n]
+    pos = torch.arange(L, device=state.device)
+    valid = pos[None, :] < w[:, None]  # [n, L]
+    g = g_ring.index_select(0, slots).float()  # [n, HV, L]
+    last = torch.gather(g, 2, (w - 1).clamp(min=0)[:, None, None].expand(-1, hv, 1)).squeeze(2)  # [n, HV]
+    last = torch.where(w[:, None] > 0, last, torch.zeros_like(last))
+    weight = torch.exp(last[:, :, None] - g) * valid[:, None, :]  # [n, HV, L]
+    u = u_ring.index_select(0, slots).float()  # [n, HV, L, V]
+    k = k_ring.index_select(0, slots).float().repeat_interleave(hv // h, dim=1)  # [n, HV, L, K]
+    s0 = state.index_select(0, slots).float()
+    s = torch.exp(last)[:, :, None, None] * s0 + torch.einsum("nhl,nhlv,nhlk->nhvk", weight, u, k)
+    state.index_copy_(0, slots, s.to(state.dtype))
+    cursor.index_fill_(0, slots, 0)
+
+
+def kda_packed_conv_weight(q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor) -> torch.Tensor:
+    """``[3D, W]`` depthwise conv weight (sections q | k | v) from the three ``ShortConvolution`` weights
+    ``[D, 1, W]`` (or ``[D, W]``), in the order of TensorRT-LLM's packed KDA conv pool ``[slots, 3D, W-1]``."""
+    parts = []
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight), ("v_weight", v_weight)):
+        if w.dim() == 3 and w.shape[1] == 1:
+            w = w[:, 0]
+        if w.dim() != 2:
+            raise ValueError(f"{name}: expected shape [D, 1, W] or [D, W], got {tuple(w.shape)}")
+        parts.append(w)
+    if len({tuple(p.shape) for p in parts}) != 1:
+        raise ValueError(f"q_weight/k_weight/v_weight: expected equal shapes, got {[tuple(p.shape) for p in parts]}")
+    return torch.cat(parts, dim=0).contiguous()
+
+
+def kda_check_conv_pool(conv_pool: torch.Tensor, proj_size: int, conv_size: int) -> None:
+    """ValueError unless ``conv_pool`` is the packed ``[slots, 3 * proj_size, conv_size - 1]`` layout the replay
+    hook's conv update assumes (older TensorRT-LLM revisions kept a full ``W``-wide window)."""
+    want = (3 * proj_size, conv_size - 1)
+    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != want:
+        raise ValueError(f"conv_pool: expected shape [slots, {want[0]}, {want[1]}], got {tuple(conv_pool.shape)}")
+
+
+def kda_split_qkv(mixed_qkv: torch.Tensor, num_heads: int, head_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``q, k, v [b, H, D]`` of the post-conv KDA activations ``[b, 3 * H * D]`` (sections q | k | v)."""
+    d = num_heads * head_dim
+    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != 3 * d:
+        raise ValueError(f"mixed_qkv: expected shape [tokens, {3 * d}], got {tuple(mixed_qkv.shape)}")
+    q, k, v = (mixed_qkv[:, i * d:(i + 1) * d].unflatten(1, (num_heads, head_dim)) for i in range(3))
+    return q, k, v
+
+
+def kda_gate_inputs(g_hidden: torch.Tensor, beta: torch.Tensor, num_heads: int, head_dim: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw gate ``g [b, H, K]`` and beta logits ``[b, H]`` for ``ops.kda.replay_decode`` from the mixer's
+    ``f_b_proj(f_a_proj(x))`` ``[b, H*K]`` and ``b_proj(x)`` ``[b, H]`` (the op applies A_log, dt_bias, the
+    lower bound and the beta sigmoid itself, as upstream's kernel does)."""
+    if g_hidden.dim() != 2 or g_hidden.shape[1] != num_heads * head_dim:
+        raise ValueError(f"g_hidden: expected shape [tokens, {num_heads * head_dim}], got {tuple(g_hidden.shape)}")
+    if beta.dim() != 2 or tuple(beta.shape) != (g_hidden.shape[0], num_heads):
+        raise ValueError(f"beta: expected shape [{g_hidden.shape[0]}, {num_heads}], got {tuple(beta.shape)}")
+    return g_hidden.unflatten(1, (num_heads, head_dim)), beta
+
+
+def kda_fp32_params(A_log: torch.Tensor, dt_bias: torch.Tensor, num_heads: int, head_dim: int  # noqa: N803
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous fp32 ``A_log [H]`` and ``dt_bias [H, K]`` copies (the mixer casts its parameters to bf16;
+    our op takes fp32). Built once per layer, outside CUDA-graph capture."""
+    if A_log.numel() != num_heads:
+        raise ValueError(f"A_log: expected {num_heads} elements, got shape {tuple(A_log.shape)}")
+    if dt_bias.numel() != num_heads * head_dim:
+        raise ValueError(f"dt_bias: expected {num_heads * head_dim} elements, got shape {tuple(dt_bias.shape)}")
+    return (A_log.detach().reshape(num_heads).float().contiguous(),
+            dt_bias.detach().reshape(num_heads, head_dim).float().contiguous())
