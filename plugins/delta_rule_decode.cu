@@ -33,7 +33,7 @@
 using state_t = STATE_T;
 using act_t = ACT_T;
 
-// Kernel parameters (one by-value struct; mirrored by trtllm_replayssm/ops/gdn.py:_DeltaParams).
+// Kernel parameters (one by-value struct; its layout in trtllm_replayssm/core/layouts.py, checked at compilation).
 struct DeltaParams {
   void* state;            // [slots, HV, V, K]
   void* u_ring;           // [slots, HV, L, V]       (replay only)
@@ -377,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_
 // the log-decay lg of the checkpoint to after the token (per key channel for KDA, one for GDN; from a 16-byte
 // boundary), then the multipliers of q and k (q~ = q_mul q, k = k_mul k_raw: the main kernel's producer copies the
 // raw q and k rows), k·q~ and beta; KDA then 1 if every ring entry is pre-decayed, else 0 (and 3 floats of padding).
-// trtllm_replayssm/cache.py:delta_record_len mirrors the length.
+// trtllm_replayssm/core/layouts.py:delta_record_len mirrors the length (checked at compilation).
 __host__ __device__ constexpr int rec_cq(int) { return 0; }
 __host__ __device__ constexpr int rec_ck(int L) { return L; }
 __host__ __device__ constexpr int rec_lg(int L) { return (2 * L + 3) / 4 * 4; }
@@ -563,14 +563,14 @@ constexpr int kFoldRows = 32 / kEpl < 8 ? 32 / kEpl : 8;    // state rows a flus
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
 // One shared-memory stage: the checkpoint tile, then the tile's slot and step, its record, v of its rows, the raw q
-// and k rows of its key head and the u ring rows j < w ([L][kTile]); trtllm_replayssm/ops/gdn.py:stage_bytes mirrors
-// the total.
+// and k rows of its key head and the u ring rows j < w ([L][kTile]); trtllm_replayssm/core/layouts.py mirrors the
+// total (checked at compilation).
 struct StageLayout {
   int info, rec, v, qk, u_ring, bytes;
 };
 
-__device__ __forceinline__ StageLayout stage_layout(int L) {
-  StageLayout l;
+__host__ __device__ constexpr StageLayout stage_layout(int L) {
+  StageLayout l{};
   l.info = kTileBytes;
   l.rec = l.info + 16;
   l.v = l.rec + round16(rec_len(L) * 4);
@@ -581,8 +581,11 @@ __device__ __forceinline__ StageLayout stage_layout(int L) {
 }
 
 // The fold buffer: ring keys [L][K] (kring_t), then for GDN the ring's cumulative gates [L] (fp32; a KDA fold reads
-// gates only for raw ring keys, from global memory); trtllm_replayssm/ops/gdn.py:fold_bytes mirrors the total.
-__device__ __forceinline__ int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(kring_t))); }
+// gates only for raw ring keys, from global memory); trtllm_replayssm/core/layouts.py mirrors the total.
+__host__ __device__ constexpr int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(kring_t))); }
+__host__ __device__ constexpr int fold_buffer_bytes(int L) {
+  return fold_gates_offset(L) + (kPerChannel ? 0 : round16(L * 4));
+}
 
 struct TileCoord {
   int b, hv, row0;

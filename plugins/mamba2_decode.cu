@@ -18,7 +18,7 @@
 using state_t = STATE_T;
 using act_t = ACT_T;
 
-// Kernel parameters (one by-value struct; mirrored by trtllm_replayssm/ops/mamba2.py:_Mamba2Params).
+// Kernel parameters (one by-value struct; its layout in trtllm_replayssm/core/layouts.py, checked at compilation).
 struct Mamba2Params {
   void* state;            // [slots, H, P, N]
   void* x_ring;           // [slots, H, L, P]
@@ -369,13 +369,14 @@ constexpr int kFoldRows = kRowsPerWarp <= 10 ? kRowsPerWarp : 8;
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
 // One shared-memory stage: the checkpoint tile, then everything else the consumers read of the tile, copied by the
-// producer warp (offsets from the ring length L; trtllm_replayssm/ops/mamba2.py:stage_bytes mirrors the total).
+// producer warp (offsets from the ring length L; trtllm_replayssm/core/layouts.py mirrors the total, checked at
+// compilation).
 struct StageLayout {
   int info, coef, x, z, C, x_ring, bytes;
 };
 
-__device__ __forceinline__ StageLayout stage_layout(int L) {
-  StageLayout l;
+__host__ __device__ constexpr StageLayout stage_layout(int L) {
+  StageLayout l{};
   l.info = kTileBytes;                                                // slot, step, D, tile (4 words)
   l.coef = l.info + 16;                                               // coef[0..L] (weights, decay)
   l.x = l.coef + round16((L + 1) * 4);                                // x of the tile rows
@@ -385,6 +386,9 @@ __device__ __forceinline__ StageLayout stage_layout(int L) {
   l.bytes = (l.x_ring + round16(L * PT * int(sizeof(act_t))) + 127) / 128 * 128;
   return l;
 }
+
+// The fold buffer: a flush tile's B rows [L][N] (trtllm_replayssm/core/layouts.py mirrors it).
+__host__ __device__ constexpr int fold_buffer_bytes(int L) { return round16(L * N * int(sizeof(act_t))); }
 
 struct TileCoord {
   int b, head, row0;

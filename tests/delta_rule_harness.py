@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtllm_replayssm.core.reference.gdn import key_ring_dtype
+from trtllm_replayssm.core.layouts import key_ring_dtype
 
 PAD = -1
 INT_VIEW = {

@@ -1,35 +1,34 @@
 """Benchmark case builders for our ops on CPU (the ops' reference fallback): staggered cursors, whole L-cycles,
-slot pools of batch + 1 with a random permutation, and the input generators."""
+slot pools of batch + 1 with a random permutation, the sample inputs, the runner's bookkeeping."""
 from __future__ import annotations
-
-import importlib
 
 import pytest
 import torch
 
+from trtllm_replayssm.core import byte_model as core
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
+from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.samples import delta_step, mamba2_step, slot_indices
 from trtllm_replayssm.lab.bench import ours
-from trtllm_replayssm.lab.bench.inputs import delta_step, mamba2_step, slot_indices
 from trtllm_replayssm.lab.bench.shapes import BenchShape
 
 CPU = torch.device("cpu")
 TINY = {
-    "mamba2": BenchShape("mamba2", "tiny", heads=4, head_dim=8, key_dim=32, key_heads=2),
-    "gdn": BenchShape("gdn", "tiny", heads=4, head_dim=32, key_dim=64, key_heads=2),
-    "kda": BenchShape("kda", "tiny", heads=2, head_dim=64, key_dim=64, key_heads=2),
+    "mamba2": BenchShape("tiny", Mamba2Dims(nheads=4, head_dim=8, d_state=32, n_groups=2)),
+    "gdn": BenchShape("tiny", GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=32)),
+    "kda": BenchShape("tiny", KDADims(num_heads=2, head_dim=64)),
 }
 
 
 def _step(shape: BenchShape, batch: int, gen: torch.Generator):
-    return (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, CPU)
+    return family_of(shape.dims).random_step(shape.dims, batch, gen, CPU)
 
 
 def _cursors(case) -> list[torch.Tensor]:
-    # the replay call closures capture the layer; read its cursor through the closure cell
-    layers = [next(c.cell_contents for c in fn.__closure__ if hasattr(c.cell_contents, "cursor")) for fn in case.calls]
-    return [layer.cursor.clone() for layer in layers]
+    return [fn.__defaults__[0].cursor.clone() for fn in case.calls]  # each call's default args: its layer first
 
 
-def test_slot_indices_are_a_permutation_without_the_pad_slot():
+def test_slot_indices_are_a_permutation_without_slot_0():
     idx = slot_indices(7, torch.Generator().manual_seed(1), CPU)
     assert idx.dtype == torch.int32
     assert sorted(idx.tolist()) == list(range(1, 8))
@@ -39,13 +38,13 @@ def test_slot_indices_are_a_permutation_without_the_pad_slot():
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_replay_case_runs_whole_cycles_from_staggered_cursors(family):
-    pytest.importorskip(f"trtllm_replayssm.core.ops.{family}")
     shape, batch, L = TINY[family], 6, 4
     gen = torch.Generator().manual_seed(0)
     case = ours.replay_case(shape, batch, "fp32", _step(shape, batch, gen), 2, L, "replay", gen, CPU)
+    assert case.plan["mode"] == "replay"
     start = _cursors(case)
     for cur in start:
-        assert int(cur[0]) == 0  # the pad slot is never used
+        assert int(cur[0]) == 0  # slot 0 is never used
         assert sorted(cur[1:].tolist()) == sorted(r % L for r in range(batch))
     for _ in range(L):  # one whole cycle: every row visits every cursor value once and returns
         for fn in case.calls:
@@ -56,47 +55,34 @@ def test_replay_case_runs_whole_cycles_from_staggered_cursors(family):
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_flush_mode_and_baseline_cases(family):
-    ops = pytest.importorskip(f"trtllm_replayssm.core.ops.{family}")
-    assert hasattr(ops, "state_update")
     shape, batch = TINY[family], 3
     gen = torch.Generator().manual_seed(2)
     step = _step(shape, batch, gen)
     flush = ours.replay_case(shape, batch, "bf16", step, 1, 4, "flush", gen, CPU)
+    assert flush.plan["mode"] == "flush"
     flush.calls[0]()
     assert not _cursors(flush)[0].any()  # every row flushed: all cursors back to 0
     base = ours.baseline_case(shape, batch, "bf16", step, 2, gen, CPU)
+    assert base.plan["mode"] == "baseline"
     before = base.calls[0].__defaults__[0].clone()  # the pool's state tensor
     base.calls[0]()
     after = base.calls[0].__defaults__[0]
-    assert torch.equal(before[0], after[0])  # pad slot untouched
+    assert torch.equal(before[0], after[0])  # slot 0 untouched
     assert not torch.equal(before[1:], after[1:])  # used slots updated
     assert bool(torch.isfinite(base.outputs[0].float()).all())
 
 
-def test_unimportable_family_is_reported_not_raised(monkeypatch):
-    real = importlib.import_module
-
-    def fake(name: str, *a, **k):
-        if name == "trtllm_replayssm.core.ops.kda":
-            raise ImportError("not built")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(ours.importlib, "import_module", fake)
-    gen = torch.Generator().manual_seed(0)
-    with pytest.raises(ours.PeerUnavailable, match="ops.kda not importable"):
-        ours.baseline_case(TINY["kda"], 2, "fp32", _step(TINY["kda"], 2, gen), 1, gen, CPU)
-
-
 def test_input_generators_shapes():
     gen = torch.Generator().manual_seed(0)
-    m = mamba2_step(TINY["mamba2"], 3, gen, CPU)
+    m = mamba2_step(TINY["mamba2"].dims, 3, gen, CPU)
     assert m.x.shape == (3, 4, 8) and m.dt.shape == (3, 4) and m.B.shape == (3, 2, 32) and m.A.max() <= -1.0
     delta = torch.nn.functional.softplus(m.dt_bias)
     assert 0.9e-3 <= float(delta.min()) and float(delta.max()) <= 1.1e-1
-    k = delta_step(TINY["kda"], 3, gen, CPU)
+    k = delta_step(TINY["kda"].dims, 3, gen, CPU)
     assert k.a.shape == (3, 2, 64) and k.dt_bias.shape == (2, 64) and k.b.shape == (3, 2)
-    g = delta_step(TINY["gdn"], 3, gen, CPU)
+    g = delta_step(TINY["gdn"].dims, 3, gen, CPU)
     assert g.a.shape == (3, 4) and g.q.shape == (3, 2, 64) and g.v.shape == (3, 4, 32)
+    assert all(float(t.abs().sum()) > 0 for t in (m.x, m.B, k.q, k.a, g.v))  # never zeros
 
 
 def test_peer_adapters_report_unavailability(monkeypatch, tmp_path):
@@ -110,7 +96,7 @@ def test_peer_adapters_report_unavailability(monkeypatch, tmp_path):
     step = _step(TINY["gdn"], 2, gen)
     with pytest.raises(peers.PeerUnavailable, match="Mamba-2 kernel"):
         peers.build_peer("flashinfer_ssu", TINY["gdn"], 2, "fp32", step, 1, 16, gen, CPU)
-    nano = BenchShape("mamba2", "nano", heads=96, head_dim=80, key_dim=128, key_heads=8)
+    nano = BenchShape("nano", Mamba2Dims(nheads=96, head_dim=80, d_state=128, n_groups=8))
     with pytest.raises(peers.PeerUnavailable, match="head_dim 80"):
         peers.build_peer("flashinfer_checkpointing_ssu", nano, 2, "fp32", _step(TINY["mamba2"], 2, gen), 1, 16,
                          gen, CPU)
@@ -135,36 +121,39 @@ def test_kernel_bench_end_to_end_on_gpu():
     for r in recs:
         assert r["median_us"] > 0 and r["finite"] is True
         assert r["calls_per_graph"] == 16 * r["n_pools"] and r["n_pools"] >= 4
+        assert r["plan"]["mode"] in ("replay", "flush", "baseline") and r["plan"]["rows_per_cta"] > 0
+        if r["impl"] == "replay":
+            assert r["resolved_mode"] == r["plan"]["mode"]
     assert "speed-up vs baseline" in summary_markdown(results)
 
 
-def test_runner_records_and_skips_on_cpu(monkeypatch):
-    """The runner's bookkeeping with the timing replaced by one eager pass (CPU has no CUDA graphs)."""
-    from trtllm_replayssm.lab.bench import byte_model, kernels, peers
+def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
+    """The runner's bookkeeping with a timer that runs every call once (CPU has no CUDA graphs)."""
+    from trtllm_replayssm.lab.bench import byte_model, kernels
 
     ran = []
 
-    def fake_time(calls, replays):
+    def one_pass(calls, replays):
         for fn in calls:
             fn()
         ran.append(len(calls))
         return 10.0
 
-    monkeypatch.setattr(kernels.timing, "time_calls", fake_time)
-    monkeypatch.setattr(peers, "PEERS_BY_FAMILY", {**peers.PEERS_BY_FAMILY, "mamba2": ("flashinfer_ssu",)})
-    monkeypatch.setattr(peers, "_import", lambda name: (_ for _ in ()).throw(peers.PeerUnavailable(f"no {name}")))
-    config = kernels.KernelBenchConfig(families=["mamba2"], batches=[4], state_dtypes=["fp32"], buffer_len=4)
+    config = kernels.KernelBenchConfig(families=["mamba2"], batches=[4], state_dtypes=["fp32"], buffer_len=4,
+                                       peer_impls=("flashinfer_ssu",))
     shape, skipped = TINY["mamba2"], []
-    recs = kernels._run_case(config, shape, "fp32", 4, 2000.0, 1000, skipped, CPU, lambda _m: None)
+    recs = kernels._run_case(config, shape, "fp32", 4, 2000.0, 1000, skipped, CPU, lambda _m: None, one_pass)
     assert [(r.impl, r.mode) for r in recs] == [("replay", "replay"), ("replay", "flush"), ("replay", "auto"),
                                                   ("baseline", None)]
+    assert [r.resolved_mode for r in recs] == ["replay", "flush", "replay", None]  # CPU: auto replays
+    assert [r.plan["mode"] for r in recs] == ["replay", "flush", "replay", "baseline"]
     n_pools = recs[0].n_pools
     assert n_pools == 4 and ran == [4 * n_pools] * 4  # L steps x pools per graph
-    flush_bytes = 4 * byte_model.baseline_bytes(shape, "fp32")
+    flush_bytes = 4 * core.baseline_bytes(shape.dims, "fp32", byte_model.ACT_DTYPE)
     assert recs[1].bytes_per_call == flush_bytes and recs[3].bytes_per_call == flush_bytes
-    assert recs[0].bytes_per_call == 4 * byte_model.replay_bytes(shape, "fp32", 4)
+    assert recs[0].bytes_per_call == 4 * core.replay_bytes(shape.dims, "fp32", byte_model.ACT_DTYPE, 4)
     assert recs[0].model_gbps == pytest.approx(recs[0].bytes_per_call / 10e-6 / 1e9)
     assert recs[0].pct_of_copy == pytest.approx(100 * recs[0].model_gbps / 2000.0)
     assert all(r.finite for r in recs)
-    assert skipped == [{"family": "mamba2", "model": "tiny", "impl": "flashinfer_ssu", "batch": 4,
-                        "state_dtype": "fp32", "mode": None, "reason": "no flashinfer.mamba"}]
+    assert len(skipped) == 1 and skipped[0]["impl"] == "flashinfer_ssu" and skipped[0]["model"] == "tiny"
+    assert skipped[0]["reason"].startswith("import flashinfer.mamba failed")

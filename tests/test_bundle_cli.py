@@ -228,7 +228,7 @@ def test_inspect_preset_and_json():
     assert r.exit_code == 0 and "predicted SSM-layer speed-up" in r.output and "1.80x" in r.output
     r = run("inspect", str(FIX / "kimi_linear_48b"), "--json")
     m = json.loads(r.output)
-    assert m["plan"]["family"] == "kda" and m["plan"]["served_by_trtllm_module"] is False
+    assert m["plan"]["family"] == "kda" and m["plan"]["served_by_trtllm_module"] is True
 
 
 def test_inspect_says_what_max_sequences_exclude_and_keys_the_layer_pattern():

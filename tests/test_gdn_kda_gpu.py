@@ -11,9 +11,8 @@ from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.ops import gdn as gdn_ops
-from trtllm_replayssm.core.ops import launch as _launch
 from trtllm_replayssm.core.ops import kda as kda_ops
-from trtllm_replayssm.core.ops.launch import force_flush_for
+from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.reference import gdn as gdn_ref
 from trtllm_replayssm.core.reference import kda as kda_ref
 
@@ -36,10 +35,23 @@ class Problem:
     dt_bias: torch.Tensor
     lower_bound: float | None = None
     gate_scale: float = 1.0  # spread of the raw gate input
+    tuning: Tuning = Tuning()  # the launch plans' knobs (claimed-tail tests force small plans)
 
     @property
     def ops(self):
         return gdn_ops if self.family == "gdn" else kda_ops
+
+    def decode(self, layer, x: dict[str, torch.Tensor], idx: torch.Tensor, mode: str = "replay",
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """One replay_decode step with the plan the problem's tuning gives."""
+        plan = self.ops.replay_plan(layer, idx.shape[0], mode, self.tuning)
+        return self.ops.replay_decode(layer, **self.args(x), state_batch_indices=idx, out=out, plan=plan)
+
+    def update(self, state: torch.Tensor, x: dict[str, torch.Tensor], idx: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """One baseline state_update step with the plan the problem's tuning gives."""
+        plan = self.ops.state_update_plan(state, idx.shape[0], x["q"].dtype, self.tuning)
+        return self.ops.state_update(state, **self.args(x), state_batch_indices=idx, out=out, plan=plan)
 
     def draw(self, batch: int, gen: torch.Generator, act_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         def rnd(*shape, scale=1.0):
@@ -74,13 +86,13 @@ class Problem:
 
 
 def make_problem(family: str, H: int, HV: int, K: int, V: int, seed: int = 0, lower_bound: float | None = None,
-                 gate_scale: float = 1.0) -> Problem:
+                 gate_scale: float = 1.0, tuning: Tuning = Tuning()) -> Problem:
     """Per-token decays from about e^-0.02 to e^-2 (A_log in [-3, 0.5], dt_bias ~ 0.5 N(0, 1))."""
     gen = torch.Generator().manual_seed(1000 + seed)
     A_log = torch.empty(HV).uniform_(-3.0, 0.5, generator=gen).to(DEV)
     bias_shape = (HV,) if family == "gdn" else (HV, K)
     dt_bias = (0.5 * torch.randn(bias_shape, generator=gen)).to(DEV)
-    return Problem(family, H, HV, K, V, A_log, dt_bias, lower_bound, gate_scale)
+    return Problem(family, H, HV, K, V, A_log, dt_bias, lower_bound, gate_scale, tuning)
 
 
 class Truth:
@@ -132,7 +144,7 @@ def run_against_truth(prob: Problem, L: int, mode: str, state_dtype: str = "fp32
         row = slot_ids.index(s)
         for _ in range((5 * r) % L):
             one = prob.draw(1, gen, act_dtype)
-            prob.ops.replay_decode(layer, **prob.args(one), state_batch_indices=idx[row:row + 1], mode="replay")
+            prob.decode(layer, one, idx[row:row + 1])
             truth.step([s], one)
     if L > 2:
         assert len(set(layer.cursor[real].tolist())) > 2
@@ -140,12 +152,12 @@ def run_against_truth(prob: Problem, L: int, mode: str, state_dtype: str = "fp32
     frozen = snapshot(layer, untouched)
     worst_out = worst_state = 0.0
     flushes = 0
-    forced = force_flush_for(prob.family, mode, len(slot_ids), prob.HV, layer.state.dtype, layer.state.device)
+    forced = prob.ops.replay_plan(layer, len(slot_ids), mode, prob.tuning).mode == "flush"
     for _ in range(steps or 3 * L + 3):
         x = prob.draw(len(slot_ids), gen, act_dtype)
         out = torch.full_like(x["v"], float("nan"))
         before = layer.cursor.clone()
-        prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, out=out, mode=mode)
+        prob.decode(layer, x, idx, mode, out)
         expected = truth.step(slot_ids, x)
         assert_rows_written(out, slot_ids)
         rows = [r for r, s in enumerate(slot_ids) if s >= 0]
@@ -183,17 +195,14 @@ def test_replay_fp32_matches_float64(family, H, HV, K, V, L, mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
-def test_claimed_tail_tiles_match_float64(family, fraction, monkeypatch):
+def test_claimed_tail_tiles_match_float64(family, fraction):
     """Tiles past the round-robin share claimed at run time (the last partial wave; half; all after the first wave),
     one CTA per SM and two stages so that CTAs claim many, pad rows and flushes included."""
-    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
-    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
-    monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
-    HV = 4 if family == "gdn" else 2
-    tiles = 7 * HV * (128 // 8)
-    grid = min(tiles, _launch.persistent_ctas_per_sm() * _launch.sm_count(0))
-    assert _launch.tail_start(tiles, grid, fraction) < tiles, "no tile would be claimed"
-    prob = make_problem(family, 2, HV, 128, 128, seed=41)
+    tuning = Tuning(tail_fraction=fraction, ctas_per_sm=1, stages=2, rows_per_cta=8)
+    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=41, tuning=tuning)
+    probe = prob.new_cache(9, 8, "fp32", torch.float32).layer(0)
+    plan = prob.ops.replay_plan(probe, 7, "replay", tuning)
+    assert plan.tail_start < plan.num_tiles, "no tile would be claimed"
     worst_out, worst_state, flushes = run_against_truth(prob, 8, "replay")
     assert flushes >= 3
     assert worst_out <= 1e-5 and worst_state <= 1e-5
@@ -225,8 +234,8 @@ def test_low_precision_bounds(family, state_dtype, act_dtype, bound):
     worst_replay = worst_base = worst_state = 0.0
     for _ in range(4 * L):
         x = prob.draw(len(slot_ids), gen, act_dtype)
-        y = prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, mode="replay")
-        yb = prob.ops.state_update(base_pool, **prob.args(x), state_batch_indices=idx)
+        y = prob.decode(layer, x, idx)
+        yb = prob.update(base_pool, x, idx)
         worst_replay = max(worst_replay, rel_err(y, truth.step(slot_ids, x)))
         worst_base = max(worst_base, rel_err(yb, base_truth.step(slot_ids, x)))
         if int(layer.cursor[slot_ids[0]]) == 0:
@@ -245,7 +254,7 @@ def test_baseline_kernel_matches_float64(family):
     for _ in range(20):
         x = prob.draw(4, gen, torch.float32)
         out = torch.full_like(x["v"], float("nan"))
-        prob.ops.state_update(layer.state, **prob.args(x), state_batch_indices=idx, out=out)
+        prob.update(layer.state, x, idx, out)
         expected = truth.step(slot_ids, x)
         assert torch.isnan(out[1]).all()
         assert rel_err(out[[0, 2, 3]], expected[[0, 2, 3]]) <= 1e-5
@@ -284,9 +293,9 @@ def test_flush_mode_and_l1_equal_baseline(family, state_dtype):
     tol = 1e-5 if state_dtype == "fp32" else 1e-2
     for _ in range(10):
         x = prob.draw(3, gen, torch.bfloat16)
-        y = prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, mode="flush")
-        y1 = prob.ops.replay_decode(one, **prob.args(x), state_batch_indices=idx, mode="replay")
-        yb = prob.ops.state_update(pool, **prob.args(x), state_batch_indices=idx)
+        y = prob.decode(layer, x, idx, "flush")
+        y1 = prob.decode(one, x, idx)
+        yb = prob.update(pool, x, idx)
         for s in (layer.state, one.state):
             torch.testing.assert_close(s.float(), pool.float(), rtol=tol, atol=tol)
         torch.testing.assert_close(y, yb, rtol=1e-2, atol=1e-2)
@@ -312,8 +321,8 @@ def test_paged_slot_stride(family):
     idx = torch.tensor([3, 0], dtype=torch.int32, device=DEV)
     for _ in range(2 * L + 1):
         x = prob.draw(2, gen, torch.float32)
-        y1 = prob.ops.replay_decode(dl, **prob.args(x), state_batch_indices=idx, mode="replay")
-        y2 = prob.ops.replay_decode(paged, **prob.args(x), state_batch_indices=idx, mode="replay")
+        y1 = prob.decode(dl, x, idx)
+        y2 = prob.decode(paged, x, idx)
         torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     torch.testing.assert_close(dl.state, paged.state, rtol=0, atol=0)
     for name in RING_NAMES:
@@ -324,31 +333,27 @@ def test_paged_slot_stride(family):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("claimed", [False, True])
-def test_cuda_graph_l_cycle_matches_eager(family, claimed, monkeypatch):
+def test_cuda_graph_l_cycle_matches_eager(family, claimed):
     """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
     first wave claimed at run time (which CTA takes a tile changes, its result must not)."""
-    if claimed:
-        monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", 1.0)
-        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
-        monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
-    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=13)
+    tuning = Tuning(tail_fraction=1.0, ctas_per_sm=1, stages=2, rows_per_cta=8) if claimed else Tuning()
+    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=13, tuning=tuning)
     L, batch = 16, 6
     gen, cache, layer, _ = setup(prob, L, "fp32", torch.bfloat16)
     idx = torch.tensor([0, 2, 3, 5, 7, 8], dtype=torch.int32, device=DEV)
     # valid staggered rings: run eager steps first so every row holds real records
     for r in range(batch):
         for _ in range((3 * r) % L):
-            prob.ops.replay_decode(layer, **prob.args(prob.draw(1, gen, torch.bfloat16)),
-                                   state_batch_indices=idx[r:r + 1], mode="replay")
+            prob.decode(layer, prob.draw(1, gen, torch.bfloat16), idx[r:r + 1])
     twin = prob.new_cache(cache.slots, L, "fp32", torch.bfloat16).layer(0)
     static = [prob.draw(batch, gen, torch.bfloat16) for _ in range(L)]
     outs = [torch.empty_like(s["v"]) for s in static]
-    prob.ops.replay_decode(twin, **prob.args(static[0]), state_batch_indices=idx, mode="replay")  # warm-up (load)
+    prob.decode(twin, static[0], idx)  # warm-up (load)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for s, o in zip(static, outs):
-            prob.ops.replay_decode(twin, **prob.args(s), state_batch_indices=idx, out=o, mode="replay")
+            prob.decode(twin, s, idx, out=o)
     for name, t in layer.tensors().items():
         getattr(twin, name).copy_(t)
     for _cycle in range(2):
@@ -358,7 +363,7 @@ def test_cuda_graph_l_cycle_matches_eager(family, claimed, monkeypatch):
                 s[key].copy_(f[key])
         graph.replay()
         for f, o in zip(fresh, outs):
-            y = prob.ops.replay_decode(layer, **prob.args(f), state_batch_indices=idx, mode="replay")
+            y = prob.decode(layer, f, idx)
             torch.testing.assert_close(o, y, rtol=0, atol=0)
         for name, t in layer.tensors().items():
             torch.testing.assert_close(getattr(twin, name), t, rtol=0, atol=0, equal_nan=True)
@@ -379,12 +384,11 @@ def test_back_to_back_steps_match_float64(family):
     for r, s in enumerate(real):  # staggered cursors
         for _ in range((3 * r) % L):
             one = prob.draw(1, gen, torch.float32)
-            prob.ops.replay_decode(layer, **prob.args(one), state_batch_indices=idx[slot_ids.index(s):][:1],
-                                   mode="replay")
+            prob.decode(layer, one, idx[slot_ids.index(s):][:1])
             truth.step([s], one)
     xs = [prob.draw(len(slot_ids), gen, torch.float32) for _ in range(steps)]
     check_back_to_back(
-        lambda x, out: prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, out=out, mode="replay"),
+        lambda x, out: prob.decode(layer, x, idx, out=out),
         lambda x: truth.step(slot_ids, x), lambda: truth.states, xs,
         [torch.full_like(x["v"], float("nan")) for x in xs], slot_ids, layer.state, layer.cursor)
 
@@ -397,13 +401,13 @@ def test_drift_10000_steps_bounded(family):
     idx = torch.tensor([0, 2], dtype=torch.int32, device=DEV)
     for _ in range(7):  # stagger slot 2 by 7 steps
         x = prob.draw(1, gen, torch.float32)
-        prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx[1:], mode="replay")
+        prob.decode(layer, x, idx[1:])
         truth.step([2], x)
     done = {0: 0, 2: 7}
     worst, compared = 0.0, 0
     for _ in range(10_000):
         x = prob.draw(2, gen, torch.float32)
-        prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, mode="replay")
+        prob.decode(layer, x, idx)
         truth.step([0, 2], x)
         for s in done:
             done[s] += 1
@@ -427,7 +431,7 @@ def test_kda_extreme_gates_stay_finite(lower_bound, gate_scale):
     worst = 0.0
     for _ in range(2 * L + 5):
         x = prob.draw(2, gen, torch.float32)
-        y = prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, mode="replay")
+        y = prob.decode(layer, x, idx)
         expected = truth.step(slot_ids, x)
         assert torch.isfinite(y).all()
         worst = max(worst, rel_err(y, expected))
@@ -440,17 +444,25 @@ def test_kda_extreme_gates_stay_finite(lower_bound, gate_scale):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("fraction", [None, 1.0])
-def test_sanitizer_smoke(family, fraction, monkeypatch):
+def test_sanitizer_smoke(family, fraction):
     """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by the GPU check script; one CTA
-    per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
-    monkeypatch.setattr(gdn_ops, "TAIL_FRACTION", fraction)
-    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
-    monkeypatch.setattr(gdn_ops, "ROWS_PER_CTA_OVERRIDE", 8)
-    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=23)
-    gen, cache, layer, _ = setup(prob, 4, "fp32", torch.bfloat16, slots=4)
-    idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
+    per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time. Outputs and
+    checkpoints of replay and baseline against float64."""
+    tuning = Tuning(tail_fraction=fraction, ctas_per_sm=1, stages=2, rows_per_cta=8)
+    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=23, tuning=tuning)
+    gen, cache, layer, truth = setup(prob, 4, "fp32", torch.float32, slots=4)
+    pool = layer.state.clone()
+    base_truth = Truth(prob, pool)
+    slot_ids = [3, -1, 0]
+    idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
     for _ in range(5):
-        x = prob.draw(3, gen, torch.bfloat16)
-        prob.ops.replay_decode(layer, **prob.args(x), state_batch_indices=idx, mode="replay")
-        prob.ops.state_update(layer.state, **prob.args(x), state_batch_indices=idx)
+        x = prob.draw(3, gen, torch.float32)
+        out, out_base = (torch.full_like(x["v"], float("nan")) for _ in range(2))
+        prob.decode(layer, x, idx, out=out)
+        prob.update(pool, x, idx, out_base)
+        assert_rows_written(out, slot_ids)
+        assert_rows_written(out_base, slot_ids)
+        assert rel_err(out[[0, 2]], truth.step(slot_ids, x)[[0, 2]]) <= 1e-5
+        assert rel_err(out_base[[0, 2]], base_truth.step(slot_ids, x)[[0, 2]]) <= 1e-5
     torch.cuda.synchronize()
+    assert rel_err(pool[[3, 0]], base_truth.states[[3, 0]]) <= 1e-5

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
-from trtllm_replayssm.core.jit.compiler import resource_usage
-from trtllm_replayssm.core.jit.compiler import compile_config
-from trtllm_replayssm.core.jit.configs import gdn_config, kda_config
+from trtllm_replayssm.core.jit.compiler import compile_config, resource_usage
+from trtllm_replayssm.core.ops import delta
 from trtllm_replayssm.core.ops import gdn as gdn_ops
 from trtllm_replayssm.core.ops import kda as kda_ops
 from trtllm_replayssm.core.reference import gdn as gdn_ref
@@ -145,8 +144,7 @@ def test_delta_rule_configs_compile_without_spills(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("TRTLLM_REPLAYSSM_CACHE", str(tmp_path))
     cases = COMPILE_CASES if arch == "sm_90a" else [c for c in COMPILE_CASES if c[1] == 128]
     for kda, key_dim, tile, state_dtype in cases:
-        make = kda_config if kda else gdn_config
-        config = make(key_dim, 128, state_dtype, torch.bfloat16, tile)
+        config = delta.kernel_config(kda, key_dim, 128, state_dtype, torch.bfloat16, tile)
         log = compile_config(config, arch).log
         usage = resource_usage(log)
         assert {u.kernel for u in usage} == set(config.kernels), log

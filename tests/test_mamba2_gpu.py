@@ -8,8 +8,8 @@ import torch
 from kernel_checks import assert_rows_written, check_back_to_back, rel_err
 from mamba2_helpers import Float64Sequential, make_params, make_step
 from trtllm_replayssm.core.cache import ReplayStateCache
-from trtllm_replayssm.core.ops import launch as _launch
 from trtllm_replayssm.core.ops import mamba2 as ops
+from trtllm_replayssm.core.plans import Tuning
 
 pytestmark = pytest.mark.kernels
 # The CUDA kernels on a GPU; without one, the same contract checks run the CPU reference ops (the CPU fallback).
@@ -19,6 +19,18 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def _args(step, params):
     return dict(x=step["x"], dt=step["dt"], A=params.A, B=step["B"], C=step["C"], D=params.D, z=step["z"],
                 dt_bias=params.dt_bias, dt_softplus=True)
+
+
+def decode(layer, step, params, idx, mode="replay", out=None, tuning=Tuning()):
+    """One replay_decode step with the plan ``tuning`` gives."""
+    plan = ops.replay_plan(layer, idx.shape[0], mode, tuning)
+    return ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, out=out, plan=plan)
+
+
+def update(state, step, params, idx, out=None, tuning=Tuning()):
+    """One baseline state_update step with the plan ``tuning`` gives."""
+    plan = ops.state_update_plan(state, idx.shape[0], step["x"].dtype, tuning)
+    return ops.state_update(state, **_args(step, params), state_batch_indices=idx, out=out, plan=plan)
 
 
 def _setup(nheads, head_dim, d_state, ngroups, L, state_dtype, act_dtype, slots=9, seed=0):
@@ -36,14 +48,13 @@ SHAPES = [(16, 80, 128, 8, 16), (16, 64, 128, 8, 8), (8, 128, 256, 1, 32), (8, 6
 
 
 @pytest.mark.parametrize("nheads,head_dim,d_state,ngroups,L", SHAPES)
-@pytest.mark.parametrize("mode,persist,fraction", [("replay", None, 0.1), ("replay", (1, 2), None),
-                                                   ("replay", (1, 2), 1.0), ("auto", None, 0.1)])
-def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, persist, fraction, monkeypatch):
-    """persist=(1, 2): one CTA per SM with two tile stages, so every CTA streams many tiles and reuses each stage
-    (barrier phases wrap), its tiles assigned round-robin (fraction None) or, after the first wave, claimed at run
-    time (1.0); None: the launch plan."""
-    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", persist)
-    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
+@pytest.mark.parametrize("mode,tuning", [
+    ("replay", Tuning()), ("replay", Tuning(ctas_per_sm=1, stages=2, tail_fraction=None)),
+    ("replay", Tuning(ctas_per_sm=1, stages=2, tail_fraction=1.0)), ("auto", Tuning())])
+def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, tuning):
+    """ctas_per_sm=1, stages=2: every CTA streams many tiles and reuses each stage (barrier phases wrap), its tiles
+    assigned round-robin (tail_fraction None) or, after the first wave, claimed at run time (1.0); Tuning(): the
+    shipped plan."""
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -51,8 +62,7 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
     for r, s in enumerate(real):                 # staggered cursors
         for _ in range((r * 5) % max(L, 1)):
             one = make_step(1, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
-            ops.replay_decode(layer, **_args(one, params), state_batch_indices=idx[slot_ids.index(s):][:1],
-                              mode="replay")
+            decode(layer, one, params, idx[slot_ids.index(s):][:1], tuning=tuning)
             truth.step([s], one, params)
     untouched_slots = [1, 2, 4, 6]
     frozen = {k: v[untouched_slots].clone() for k, v in layer.slot_tensors().items()}
@@ -62,7 +72,7 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
         step = make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
         out = torch.full_like(step["x"], float("nan"))
         before = layer.cursor.clone()
-        ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, out=out, mode=mode)
+        decode(layer, step, params, idx, mode, out, tuning)
         expected = truth.step(slot_ids, step, params)
         assert_rows_written(out, slot_ids)
         rows = [r for r, s in enumerate(slot_ids) if s >= 0]
@@ -93,8 +103,8 @@ def test_low_precision_bounds(state_dtype, act_dtype, bound):
     worst_replay = worst_base = 0.0
     for _ in range(4 * L):
         step = make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, act_dtype, DEV, gen)
-        y = ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, mode="replay")
-        yb = ops.state_update(base_pool, **_args(step, params), state_batch_indices=idx)
+        y = decode(layer, step, params, idx)
+        yb = update(base_pool, step, params, idx)
         worst_replay = max(worst_replay, rel_err(y, truth.step(slot_ids, step, params)))
         worst_base = max(worst_base, rel_err(yb, base_truth.step(slot_ids, step, params)))
     print(f"{state_dtype}/{act_dtype}: replay {worst_replay:.2e} baseline {worst_base:.2e}")
@@ -109,7 +119,7 @@ def test_baseline_kernel_matches_float64(nheads, head_dim, d_state, ngroups):
     for _ in range(20):
         step = make_step(4, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
         out = torch.full_like(step["x"], float("nan"))
-        ops.state_update(layer.state, **_args(step, params), state_batch_indices=idx, out=out)
+        update(layer.state, step, params, idx, out)
         expected = truth.step(slot_ids, step, params)
         assert torch.isnan(out[1]).all()
         assert rel_err(out[[0, 2, 3]], expected[[0, 2, 3]]) <= 1e-5
@@ -122,8 +132,8 @@ def test_flush_mode_equals_baseline():
     idx = torch.tensor([1, 4, 6], dtype=torch.int32, device=DEV)
     for _ in range(10):
         step = make_step(3, 16, 80, 128, 8, torch.bfloat16, DEV, gen)
-        y = ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, mode="flush")
-        yb = ops.state_update(pool, **_args(step, params), state_batch_indices=idx)
+        y = decode(layer, step, params, idx, "flush")
+        yb = update(pool, step, params, idx)
         torch.testing.assert_close(layer.state, pool, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y, yb, rtol=1e-2, atol=1e-2)
     assert int(layer.cursor.abs().sum()) == 0
@@ -144,21 +154,18 @@ def test_paged_slot_stride():
     idx = torch.tensor([3, 0], dtype=torch.int32, device=DEV)
     for _ in range(2 * L + 1):
         step = make_step(2, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
-        y1 = ops.replay_decode(dense.layer(0), **_args(step, params), state_batch_indices=idx, mode="replay")
-        y2 = ops.replay_decode(paged.layer(0), **_args(step, params), state_batch_indices=idx, mode="replay")
+        y1 = decode(dense.layer(0), step, params, idx)
+        y2 = decode(paged.layer(0), step, params, idx)
         torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     torch.testing.assert_close(dense.layer(0).state, page[:, 1:nheads + 1], rtol=0, atol=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("claimed", [False, True])
-def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
+def test_cuda_graph_l_cycle_matches_eager(claimed):
     """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
     first wave claimed at run time."""
-    if claimed:
-        monkeypatch.setattr(ops, "TAIL_FRACTION", 1.0)
-        monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
-        monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
+    tuning = Tuning(tail_fraction=1.0, ctas_per_sm=1, stages=2, rows_per_cta=8) if claimed else Tuning()
     nheads, head_dim, d_state, ngroups, L = 16, 80, 128, 8, 16
     gen, cache, layer, _, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.bfloat16)
     twin = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
@@ -171,12 +178,12 @@ def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
     static = [make_step(batch, nheads, head_dim, d_state, ngroups, torch.bfloat16, DEV, gen) for _ in range(L)]
     outs = [torch.empty_like(s["x"]) for s in static]
     scratch = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
-    ops.replay_decode(scratch.layer(0), **_args(static[0], params), state_batch_indices=idx, mode="replay")  # warm-up
+    decode(scratch.layer(0), static[0], params, idx, tuning=tuning)  # warm-up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for s, o in zip(static, outs):
-            ops.replay_decode(twin.layer(0), **_args(s, params), state_batch_indices=idx, out=o, mode="replay")
+            decode(twin.layer(0), s, params, idx, out=o, tuning=tuning)
     for k, v in layer.tensors().items():  # capture does not run kernels; reset the twin anyway
         getattr(twin.layer(0), k).copy_(v)
     for _cycle in range(2):
@@ -187,7 +194,7 @@ def test_cuda_graph_l_cycle_matches_eager(claimed, monkeypatch):
                     s[key].copy_(f[key])
         graph.replay()
         for f, o in zip(fresh, outs):
-            y = ops.replay_decode(layer, **_args(f, params), state_batch_indices=idx, mode="replay")
+            y = decode(layer, f, params, idx, tuning=tuning)
             torch.testing.assert_close(o, y, rtol=0, atol=0)
         for k, v in layer.tensors().items():
             torch.testing.assert_close(getattr(twin.layer(0), k), v, rtol=0, atol=0)
@@ -206,13 +213,12 @@ def test_back_to_back_steps_match_float64():
     for r, s in enumerate(real):  # staggered cursors
         for _ in range((3 * r) % L):
             one = make_step(1, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
-            ops.replay_decode(layer, **_args(one, params), state_batch_indices=idx[slot_ids.index(s):][:1],
-                              mode="replay")
+            decode(layer, one, params, idx[slot_ids.index(s):][:1])
             truth.step([s], one, params)
     steps = 3 * L + 5
     xs = [make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen) for _ in range(steps)]
     check_back_to_back(
-        lambda x, out: ops.replay_decode(layer, **_args(x, params), state_batch_indices=idx, out=out, mode="replay"),
+        lambda x, out: decode(layer, x, params, idx, out=out),
         lambda x: truth.step(slot_ids, x, params), lambda: truth.states, xs,
         [torch.full_like(x["x"], float("nan")) for x in xs], slot_ids, layer.state, layer.cursor)
 
@@ -225,7 +231,7 @@ def test_drift_10000_steps_bounded():
     worst = 0.0
     for t in range(10_000):
         step = make_step(2, nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
-        ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, mode="replay")
+        decode(layer, step, params, idx)
         truth.step([0, 2], step, params)
         if t % 500 == 499:
             for s in (0, 2):
@@ -237,17 +243,29 @@ def test_drift_10000_steps_bounded():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fraction", [None, 1.0])
-def test_sanitizer_smoke(fraction, monkeypatch):
+def test_sanitizer_smoke(fraction):
     """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by build_scripts/gpu_check.sh; one
-    CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time."""
-    monkeypatch.setattr(ops, "TAIL_FRACTION", fraction)
-    monkeypatch.setattr(_launch, "PERSISTENT_OVERRIDE", (1, 2))
-    monkeypatch.setattr(ops, "ROWS_PER_CTA_OVERRIDE", 8)
-    gen, cache, layer, truth, params = _setup(8, 80, 128, 2, 4, "fp32", torch.bfloat16, slots=4)
-    idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
-    layer.cursor[3] = 3
+    CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time. Outputs and
+    checkpoints of replay and baseline against float64."""
+    tuning = Tuning(tail_fraction=fraction, ctas_per_sm=1, stages=2, rows_per_cta=8)
+    gen, cache, layer, truth, params = _setup(8, 80, 128, 2, 4, "fp32", torch.float32, slots=4)
+    pool = layer.state.clone()
+    base_truth = Float64Sequential(pool.float())
+    slot_ids = [3, -1, 0]
+    idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
+    for s in (3, 3, 3):  # slot 3 three steps ahead: its flush falls inside the checked steps
+        one = make_step(1, 8, 80, 128, 2, torch.float32, DEV, gen)
+        decode(layer, one, params, idx[:1], tuning=tuning)
+        truth.step([s], one, params)
     for _ in range(5):
-        step = make_step(3, 8, 80, 128, 2, torch.bfloat16, DEV, gen)
-        ops.replay_decode(layer, **_args(step, params), state_batch_indices=idx, mode="replay")
-        ops.state_update(layer.state, **_args(step, params), state_batch_indices=idx)
+        step = make_step(3, 8, 80, 128, 2, torch.float32, DEV, gen)
+        out, out_base = (torch.full_like(step["x"], float("nan")) for _ in range(2))
+        decode(layer, step, params, idx, out=out, tuning=tuning)
+        update(pool, step, params, idx, out_base, tuning)
+        assert_rows_written(out, slot_ids)
+        assert_rows_written(out_base, slot_ids)
+        assert rel_err(out[[0, 2]], truth.step(slot_ids, step, params)[[0, 2]]) <= 1e-5
+        assert rel_err(out_base[[0, 2]], base_truth.step(slot_ids, step, params)[[0, 2]]) <= 1e-5
     torch.cuda.synchronize()
+    assert layer.cursor[3].item() == (3 + 5) % 4 and layer.cursor[0].item() == 5 % 4
+    assert rel_err(pool[[3, 0]], base_truth.states[[3, 0]]) <= 1e-5

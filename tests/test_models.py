@@ -77,7 +77,7 @@ def reference_logits(model: HybridLM, tokens: torch.Tensor) -> torch.Tensor:
                 w_in = P[M + ("in_proj.weight" if kind == "mamba2" else "in_proj_qkv.weight")]
                 proj = x @ w_in.T
                 if kind == "mamba2":
-                    di, cd = cfg.d_inner, cfg.mamba_conv_dim
+                    di, cd = cfg.d_inner, cfg.ssm_dims.conv_dim
                     z, xbc, dt = proj[:, :di], proj[:, di:di + cd], proj[:, di + cd:]
                 else:
                     xbc = proj

@@ -137,7 +137,8 @@ def test_persistent_stage_plan_fits_every_preset():
     """The persistent replay kernel's launch plan: some row tile of every Mamba-2 preset leaves >= 2 shared-memory
     stages per CTA at the planned CTAs per SM, for fp32/bf16 states and L up to 32."""
     from trtllm_replayssm.core.jit.configs import tile_choices
-    from trtllm_replayssm.core.ops import launch as _launch
+    from trtllm_replayssm.core.layouts import mamba2_stage_bytes
+    from trtllm_replayssm.core.plans import Tuning, stages_for
     from trtllm_replayssm.serving.presets import PRESETS
 
     shapes = {(s.ssm_dims.head_dim, s.ssm_dims.d_state) for s in PRESETS.values() if s.family == "mamba2"}
@@ -146,7 +147,7 @@ def test_persistent_stage_plan_fits_every_preset():
         for state_elem in (4, 2):
             for L in (1, 16, 32):
                 fits = [t for t in tile_choices(head_dim, d_state)
-                        if _launch.stages_for(ops.stage_bytes(L, t, d_state, state_elem, 2)) >= 2]
+                        if stages_for(mamba2_stage_bytes(L, t, d_state, state_elem, 2), Tuning().ctas_per_sm) >= 2]
                 assert fits, (head_dim, d_state, state_elem, L)
     # one layout by hand: Super-120B fp32, 64-row tile, L = 16 (tile 32768 + 16 + 80 + 128 + 128 + 256 + 2048 bytes)
-    assert ops.stage_bytes(16, 64, 128, 4, 2) == 35456
+    assert mamba2_stage_bytes(16, 64, 128, 4, 2) == 35456

@@ -7,7 +7,7 @@ Layout per layer (TP-local; docs/design.md):
 * GDN:     ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]`` (act), ``k_ring [slots, H, L, K]`` (act),
   ``g_ring [slots, HV, L]`` (fp32, inclusive cumulative log-gate since the checkpoint).
 * KDA:     as GDN with ``g_ring [slots, HV, L, K]`` (fp32, per channel) and ``k_ring [slots, HV, L, K]``: one key per
-  value head, pre-decayed (``e^{-G_j} k_j``) while the cumulative gate allows (reference/gdn.py PREDECAY_FLOOR);
+  value head, pre-decayed (``e^{-G_j} k_j``) while the cumulative gate allows (core/reference/gdn.py PREDECAY_FLOOR);
   activation dtype, fp32 for fp16 activations.
 
 Every layer also has ``cursor [slots]`` (int32, ring fill of each slot) and ``arrive [slots]`` (int32, the in-launch
@@ -21,10 +21,9 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from trtllm_replayssm.core.formats import StateFormat, get_state_format
+from trtllm_replayssm.core.formats import get_state_format
 from trtllm_replayssm.core.limits import check_buffer_len
-from trtllm_replayssm.core.reference.gdn import key_ring_dtype
-
+from trtllm_replayssm.core.layouts import delta_record_len, key_ring_dtype
 
 
 @dataclass
@@ -100,12 +99,11 @@ class ReplayStateCache:
     """Checkpoint + ring buffers + cursors for ``num_layers`` SSM layers of one family; build with a factory."""
 
     def __init__(self, family: str, layers: list[_LayerCache], cursor: torch.Tensor, arrive: torch.Tensor,
-                 state_format: StateFormat, act_dtype: torch.dtype, buffer_len: int) -> None:
+                 act_dtype: torch.dtype, buffer_len: int) -> None:
         self.family = family
         self._layers = layers
         self.cursor = cursor
         self.arrive = arrive
-        self.state_format = state_format
         self.act_dtype = act_dtype
         self.buffer_len = buffer_len
 
@@ -131,7 +129,7 @@ class ReplayStateCache:
             B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls("mamba2", layers, cursor, arrive, fmt, act_dtype, L)
+        return cls("mamba2", layers, cursor, arrive, act_dtype, L)
 
     @classmethod
     def gdn(cls, num_layers: int, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
@@ -172,7 +170,7 @@ class ReplayStateCache:
             g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls(family, layers, cursor, arrive, fmt, act_dtype, L)
+        return cls(family, layers, cursor, arrive, act_dtype, L)
 
     # ------------------------------------------------------------------ access
     @property
@@ -232,14 +230,6 @@ class ReplayStateCache:
 def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(num_layers, slots, dtype=torch.int32, device=device),
             torch.zeros(num_layers, slots, dtype=torch.int32, device=device))
-
-
-def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
-    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), the log-decay
-    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta, and for KDA the ring's key
-    form (padded to 4) (mirrors plugins/delta_rule_decode.cu:rec_len)."""
-    r4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
-    return r4(2 * L) + r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
 
 
 def _check_positive(**values: int) -> None:

@@ -5,8 +5,9 @@ from typing import Sequence
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from trtllm_replayssm.core.formats import DTYPES
+
+FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
 
 
 def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],
@@ -33,14 +34,6 @@ def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequ
 def check_optional(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],
                    device: torch.device | None = None, inner_contiguous: int = 1) -> torch.Tensor | None:
     return None if t is None else check_tensor(name, t, shape, dtypes, device, inner_contiguous)
-
-
-def check_same_dtype(names: Sequence[str], tensors: Sequence[torch.Tensor | None]) -> None:
-    present = [(n, t) for n, t in zip(names, tensors) if t is not None]
-    first_name, first = present[0]
-    for name, t in present[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(f"{name}: expected dtype {first.dtype} (same as {first_name}), got {t.dtype}")
 
 
 def check_aligned(name: str, t: torch.Tensor, elems: int) -> None:
@@ -75,9 +68,3 @@ def slot_indices(name: str, idx: torch.Tensor | None, batch: int, slots: int, pa
             raise ValueError(f"{name}: values must be in [0, {slots}) or pad_slot_id={pad_slot_id}, "
                              f"got {idx[bad].tolist()}")
     return idx
-
-
-def check_mode(mode: str) -> str:
-    if mode not in ("auto", "replay", "flush"):
-        raise ValueError(f"mode: expected 'auto', 'replay' or 'flush', got {mode!r}")
-    return mode

@@ -1,8 +1,13 @@
-"""Limits shared by the kernels, the state cache, the memory plan and the CLI (no torch import)."""
+"""Limits shared by the kernels, the state cache, the planner, the memory plan and the CLI (no torch import).
+
+Each is also a constant of plugins/replayssm_common.cuh; compiling a kernel asserts that the two agree
+(core/layouts.py common_checks).
+"""
 from __future__ import annotations
 
-# Ring length L: one ring entry per lane in the kernels' warp scans (plugins/replayssm_common.cuh, kMaxL).
-MAX_BUFFER_LEN = 32
+MAX_BUFFER_LEN = 32  # ring length L: one ring entry per lane in the kernels' warp scans (kMaxL)
+NUM_WARPS = 4        # warps per CTA of every decode kernel; the persistent kernels add one producer warp (kNumWarps)
+MAX_STAGES = 8       # shared-memory stages of a persistent replay kernel (kMaxStages)
 
 
 def check_buffer_len(buffer_len: object) -> int:

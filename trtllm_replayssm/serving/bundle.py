@@ -23,8 +23,8 @@ SERVE_YAML = "trtllm-serve.yaml"
 MODULE_DIR = "trtllm_module"
 KERNEL_DIR = "kernels"
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# Families whose mixers the TensorRT-LLM module replaces today (KDA: kernels only, no TensorRT-LLM mixer hook yet).
-SERVED_FAMILIES = ("mamba2", "gdn")
+# Families whose mixers the TensorRT-LLM module replaces (KDA where the TensorRT-LLM release has Kimi-Linear).
+SERVED_FAMILIES = ("mamba2", "gdn", "kda")
 
 
 def toolkit_version() -> str:
@@ -147,14 +147,13 @@ See manifest.json for the plan.
 Progress = Callable[[int, int, str], None]
 
 
-def compile_kernels(spec: ModelSpec, arch: str, state_dtype: str, act_dtype: str, buffer_len: int, tp_size: int,
-                    dest: Path, progress: Progress | None = None) -> list[dict]:
+def compile_kernels(spec: ModelSpec, arch: str, state_dtype: str, act_dtype: str, tp_size: int, dest: Path,
+                    progress: Progress | None = None) -> list[dict]:
     """Compile the spec's kernel configs for ``arch`` and copy the cubins into ``dest``; return manifest entries."""
-    from trtllm_replayssm.core.jit import compiler, configs
+    from trtllm_replayssm.core.jit import compiler
+    from trtllm_replayssm.serving.catalog import spec_configs
 
-    cfgs = configs.configs_for_spec(spec, configs.dtype_from_name(state_dtype, "state_dtype"),
-                                    configs.dtype_from_name(act_dtype, "act_dtype"), buffer_len=buffer_len,
-                                    tp_size=tp_size)
+    cfgs = spec_configs(spec, state_dtype, act_dtype, tp_size)
     done = 0
 
     def advance(cfg) -> None:
@@ -243,7 +242,7 @@ def write_bundle(spec: ModelSpec, mp: MemoryPlan, arch: str, out_dir: Path, *, m
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
     try:
-        kernels = compile_kernels(spec, arch, mp.state_dtype, mp.act_dtype, mp.buffer_len, mp.tp_size,
+        kernels = compile_kernels(spec, arch, mp.state_dtype, mp.act_dtype, mp.tp_size,
                                   tmp / KERNEL_DIR, progress)
         (tmp / MODULE_DIR).mkdir()
         (tmp / MODULE_DIR / "__init__.py").write_text(MODULE_INIT)

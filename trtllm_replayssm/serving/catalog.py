@@ -5,7 +5,10 @@ from typing import Iterable
 
 import torch
 
-from trtllm_replayssm.core.jit.configs import KernelConfig, configs_for_spec, unique
+from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.formats import torch_dtype
+from trtllm_replayssm.core.jit.configs import KernelConfig, unique
+from trtllm_replayssm.serving.presets import ModelSpec, get_preset, list_presets
 
 # (state dtype, activation dtype) pairs compiled ahead of time.
 DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
@@ -14,15 +17,20 @@ DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
 )
 
 
+def spec_configs(spec: ModelSpec, state_dtype: str | torch.dtype, act_dtype: str | torch.dtype,
+                 tp_size: int = 1) -> list[KernelConfig]:
+    """Every kernel module a model can launch at any batch size on one TP rank (all row tiles)."""
+    dims = spec.ssm_dims.local(tp_size)
+    return family_of(dims).kernel_configs(dims, torch_dtype(state_dtype, "state_dtype"),
+                                          torch_dtype(act_dtype, "act_dtype"))
+
+
 def catalog_configs(presets: Iterable[str] | None = None,
                     dtype_pairs: Iterable[tuple[torch.dtype, torch.dtype]] = DTYPE_PAIRS) -> list[KernelConfig]:
     """Configs of the named presets (default: all) for each (state, activation) dtype pair."""
-    from trtllm_replayssm.serving.presets import get_preset, list_presets
-
     names = list(presets) if presets is not None else list_presets()
     unknown = [n for n in names if n.strip().lower() not in list_presets()]
     if unknown:
         raise ValueError(f"presets: unknown preset {unknown}; expected names from {list_presets()}")
     pairs = list(dtype_pairs)
-    return unique(cfg for name in names for state, act in pairs
-                  for cfg in configs_for_spec(get_preset(name), state, act))
+    return unique(cfg for name in names for state, act in pairs for cfg in spec_configs(get_preset(name), state, act))

@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from trtllm_replayssm.serving.presets import (AttentionDims, GDNDims, KDADims, Mamba2Dims, ModelSpec, interleaved_layers,
-                                      nemotron_layers)
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
+from trtllm_replayssm.core.formats import dtype_name
+from trtllm_replayssm.serving.presets import AttentionDims, ModelSpec, interleaved_layers, nemotron_layers
 
-_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16",
-                "bf16": "bf16"}
 
 
 class ConfigError(ValueError):
@@ -46,8 +45,11 @@ class _Fields:
 def _state_dtype(f: _Fields, *keys: str) -> str:
     for key in keys:
         value = f.opt(key)
-        if isinstance(value, str) and value in _DTYPE_NAMES:
-            return _DTYPE_NAMES[value]
+        if isinstance(value, str):
+            try:
+                return dtype_name(value)
+            except ValueError:
+                continue
     return "fp32"
 
 

@@ -1,33 +1,23 @@
-"""Memory plan and byte model of ReplaySSM decode for a ModelSpec on one GPU target.
+"""Memory plan of ReplaySSM decode for a ModelSpec on one GPU target, and its predicted step bytes.
 
-Per SSM layer and sequence (TP-local): checkpoint in the state dtype, rings of L records (values and keys in the
-activation dtype, gates fp32), and the per-slot int32 cursor and arrival counter. The byte model per decode step
-(algorithm.md 4.6/5.4, peers.md 1.1): baseline reads and writes the state, ``2|S| + io``; replay reads the checkpoint
-every step, writes it once per L steps, reads on average (L-1)/2 ring records and appends (L-1)/L records:
-``|S|(1 + 1/L) + ring_read + append + io``. With L = 1 both are equal.
+Per SSM layer and sequence (TP-local): the checkpoint in the state dtype, rings of L records, the per-slot int32
+cursor and arrival counter, and upstream's conv state; bytes per decode step from core/byte_model.py.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trtllm_replayssm.core.jit.configs import dtype_from_name
+from trtllm_replayssm.core import byte_model
+from trtllm_replayssm.core.dims import SSMDims
+from trtllm_replayssm.core.formats import DTYPE_NAMES, get_dtype, get_state_format
 from trtllm_replayssm.core.limits import check_buffer_len
-from trtllm_replayssm.serving.presets import GDNDims, KDADims, Mamba2Dims, ModelSpec
-from trtllm_replayssm.core.reference.gdn import key_ring_dtype
 from trtllm_replayssm.core.targets import GPU_MEMORY_GIB, resolve_gpu
+from trtllm_replayssm.serving.presets import ModelSpec
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 GIB = 1 << 30
 CURSOR_BYTES_PER_SLOT = 8  # int32 cursor + int32 arrival counter
 UPSTREAM_FREE_FRACTION = 0.9  # TensorRT-LLM's default kv_cache_config.free_gpu_memory_fraction
 MIN_FREE_SHARE = 0.5  # assumed share of GPU memory still free when TensorRT-LLM sizes its caches
-
-
-def dtype_bytes(name: str, arg: str) -> int:
-    try:
-        return DTYPE_BYTES[name]
-    except KeyError:
-        raise ValueError(f"{arg}: expected one of {sorted(DTYPE_BYTES)}, got {name!r}") from None
 
 
 def check_tp(spec: ModelSpec, tp_size: int) -> None:
@@ -44,7 +34,7 @@ def check_tp(spec: ModelSpec, tp_size: int) -> None:
 
 @dataclass(frozen=True)
 class LayerBytes:
-    """Bytes of one SSM layer for one sequence slot on one rank, and the local head counts they come from."""
+    """Memory of one SSM layer for one sequence slot on one rank (core/byte_model.py), and the local head counts."""
 
     local_heads: dict[str, int]
     checkpoint: int
@@ -52,7 +42,6 @@ class LayerBytes:
     record: int
     cursors: int
     conv: int
-    io_per_step: int
 
     @property
     def replay_total(self) -> int:
@@ -66,57 +55,18 @@ class LayerBytes:
 def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state_dtype: str, act_dtype: str = "bf16"
                 ) -> LayerBytes:
     """Per-slot bytes of one SSM layer of ``spec`` on one TP rank."""
+    dims = local_dims(spec, tp_size)
+    L = check_buffer_len(buffer_len)
+    record = byte_model.record_bytes(dims, act_dtype)
+    conv = (dims.conv_kernel - 1) * dims.conv_dim * get_dtype(act_dtype, "act_dtype").bytes
+    return LayerBytes({name: getattr(dims, name) for name in dims.head_fields},
+                      int(byte_model.state_bytes(dims, state_dtype)), record * L, record, CURSOR_BYTES_PER_SLOT, conv)
+
+
+def local_dims(spec: ModelSpec, tp_size: int) -> SSMDims:
+    """One TP rank's SSM dims of ``spec`` (check_tp first)."""
     check_tp(spec, tp_size)
-    check_buffer_len(buffer_len)
-    sb, ab, L = dtype_bytes(state_dtype, "state_dtype"), dtype_bytes(act_dtype, "act_dtype"), buffer_len
-    d = spec.ssm_dims
-    if isinstance(d, Mamba2Dims):
-        h, g = d.nheads // tp_size, d.n_groups // tp_size
-        heads = {"nheads": h, "n_groups": g}
-        ckpt = h * d.head_dim * d.d_state * sb
-        record = h * d.head_dim * ab + g * d.d_state * ab + h * 4
-        # x, z, out [H,P]; B, C [G,N]; dt [H]
-        io = 3 * h * d.head_dim * ab + 2 * g * d.d_state * ab + h * ab
-    elif isinstance(d, GDNDims):
-        hk, hv = d.num_k_heads // tp_size, d.num_v_heads // tp_size
-        heads = {"num_k_heads": hk, "num_v_heads": hv}
-        ckpt = hv * d.head_v_dim * d.head_k_dim * sb
-        record = hv * d.head_v_dim * ab + hk * d.head_k_dim * ab + hv * 4
-        # q, k [H,K]; v, out [HV,V]; a, b [HV]
-        io = 2 * hk * d.head_k_dim * ab + 2 * hv * d.head_v_dim * ab + 2 * hv * ab
-    elif isinstance(d, KDADims):
-        h = d.num_heads // tp_size
-        heads = {"num_heads": h}
-        ckpt = h * d.head_dim * d.head_dim * sb
-        kb = key_ring_dtype(dtype_from_name(act_dtype, "act_dtype"), predecayed_keys=True).itemsize
-        record = h * d.head_dim * ab + h * d.head_dim * kb + h * d.head_dim * 4
-        # q, k, v, out, per-channel gate [H,K]; beta [H]
-        io = 5 * h * d.head_dim * ab + h * ab
-    else:  # pragma: no cover - ModelSpec guarantees one of the three
-        raise TypeError(f"spec.ssm_dims: unexpected {type(d).__name__}")
-    conv = (d.conv_kernel - 1) * (d.conv_dim // tp_size) * ab
-    return LayerBytes(heads, ckpt, record * L, record, CURSOR_BYTES_PER_SLOT, conv, io)
-
-
-@dataclass(frozen=True)
-class BytePrediction:
-    """Amortized HBM bytes per decode step of one SSM layer and one sequence."""
-
-    baseline: float
-    replay: float
-
-    @property
-    def speedup(self) -> float:
-        return self.baseline / self.replay
-
-
-def predict_step_bytes(lb: LayerBytes, buffer_len: int) -> BytePrediction:
-    """Byte model: baseline ``2|S| + io``; replay ``|S|(1+1/L) + (L-1)/2 records read + (L-1)/L appended + io``."""
-    check_buffer_len(buffer_len)
-    L, s = buffer_len, lb.checkpoint
-    ring_read = (L - 1) / 2 * lb.record
-    append = (L - 1) / L * lb.record
-    return BytePrediction(baseline=2 * s + lb.io_per_step, replay=s * (1 + 1 / L) + ring_read + append + lb.io_per_step)
+    return spec.ssm_dims.local(tp_size)
 
 
 @dataclass(frozen=True)
@@ -139,7 +89,7 @@ class MemoryPlan:
     max_seqs_replay: int
     max_seqs_upstream: int
     free_gpu_memory_fraction: float
-    step: BytePrediction
+    step: byte_model.StepBytes
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -163,7 +113,11 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16, s
     mem_gib = GPU_MEMORY_GIB[key] if gpu_memory_gib is None else gpu_memory_gib
     if isinstance(mem_gib, bool) or not isinstance(mem_gib, (int, float)) or not mem_gib > 0:
         raise ValueError(f"gpu_memory_gib: expected a positive number, got {gpu_memory_gib!r}")
-    state_dtype = state_dtype or spec.ssm_state_dtype
+    fmt = get_state_format(state_dtype or spec.ssm_state_dtype)
+    if not fmt.implemented:
+        raise ValueError(f"state_dtype: {fmt.name} state is planned, not implemented; expected one of "
+                         f"{', '.join(DTYPE_NAMES)}")
+    state_dtype, act_dtype = fmt.name, get_dtype(act_dtype, "act_dtype").name
     lb = layer_bytes(spec, tp_size, buffer_len, state_dtype, act_dtype)
     n = len(spec.ssm_layers)
     per_replay, per_up = n * lb.replay_total, n * lb.upstream_total
@@ -178,5 +132,6 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16, s
         act_dtype=act_dtype, num_ssm_layers=n, layer=lb, per_seq_replay=per_replay, per_seq_upstream=per_up,
         max_batch_size=max_batch_size, ring_bytes_per_gpu=ring_gpu, gpu_memory_bytes=mem,
         max_seqs_replay=mem // per_replay, max_seqs_upstream=mem // per_up,
-        free_gpu_memory_fraction=round(fraction, 3), step=predict_step_bytes(lb, buffer_len),
+        free_gpu_memory_fraction=round(fraction, 3),
+        step=byte_model.step_bytes(local_dims(spec, tp_size), state_dtype, act_dtype, buffer_len),
     )

@@ -7,85 +7,16 @@ API used by the benchmark, ``compare`` and ``build``:
   ``spec.mamba2`` / ``spec.gdn`` / ``spec.kda`` (the dims of the model's family; the other two are None),
   ``spec.ssm_dims`` (whichever of the three is set), ``spec.attention``, ``spec.layers`` (one ``LayerPlan`` each).
 
-Shapes are the published ones (see shared/docs/models_and_data.md for provenance); ``ModelSpec.source`` names it.
+Shapes are the published ones; ``ModelSpec.source`` names where each comes from.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
+
 FAMILIES: tuple[str, ...] = ("mamba2", "gdn", "kda")
-LAYER_KINDS: tuple[str, ...] = ("mamba2", "gdn", "kda", "attention", "mlp", "moe")
-
-
-@dataclass(frozen=True)
-class Mamba2Dims:
-    """Mamba-2 mixer geometry (full model, before TP). State per slot: ``[nheads, head_dim, d_state]``."""
-
-    nheads: int
-    head_dim: int
-    d_state: int
-    n_groups: int
-    conv_kernel: int = 4
-    chunk_size: int = 128
-
-    @property
-    def d_inner(self) -> int:
-        return self.nheads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
-
-    @property
-    def state_elems(self) -> int:
-        return self.nheads * self.head_dim * self.d_state
-
-    def tp_divisors(self) -> dict[str, int]:
-        """Counts that a tensor-parallel size must divide."""
-        return {"mamba_num_heads": self.nheads, "n_groups": self.n_groups}
-
-
-@dataclass(frozen=True)
-class GDNDims:
-    """Gated DeltaNet geometry. State per slot: ``[num_v_heads, head_v_dim, head_k_dim]``."""
-
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_kernel: int = 4
-
-    @property
-    def state_elems(self) -> int:
-        return self.num_v_heads * self.head_v_dim * self.head_k_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
-
-    def tp_divisors(self) -> dict[str, int]:
-        return {"linear_num_key_heads": self.num_k_heads, "linear_num_value_heads": self.num_v_heads}
-
-
-@dataclass(frozen=True)
-class KDADims:
-    """Kimi Delta Attention geometry (per-channel gate). State per slot: ``[num_heads, head_dim, head_dim]``."""
-
-    num_heads: int
-    head_dim: int
-    conv_kernel: int = 4
-    gate_lower_bound: float | None = None
-
-    @property
-    def state_elems(self) -> int:
-        return self.num_heads * self.head_dim * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 3 * self.num_heads * self.head_dim
-
-    def tp_divisors(self) -> dict[str, int]:
-        return {"linear_attn_config.num_heads": self.num_heads}
+LAYER_KINDS: tuple[str, ...] = (*FAMILIES, "attention", "mlp", "moe")
 
 
 @dataclass(frozen=True)
@@ -155,7 +86,7 @@ class ModelSpec:
             raise ValueError(f"ModelSpec {self.name!r}: layers {wrong} are not of family {self.family!r}")
 
     @property
-    def ssm_dims(self) -> Mamba2Dims | GDNDims | KDADims:
+    def ssm_dims(self) -> SSMDims:
         return getattr(self, self.family)
 
     @property

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_replayssm.core.jit.configs import KernelConfig
+from trtllm_replayssm.core.layouts import common_checks
 
 PLUGIN_DIR = Path(__file__).resolve().parents[3] / "plugins"
 _PACKAGED_PLUGIN_DIR = Path(__file__).resolve().parents[2] / "_plugins"  # wheel installs copy plugins/ here
@@ -114,10 +115,18 @@ def cache_key(config: KernelConfig, arch: str) -> str:
     for path in _source_closure(source):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+    digest.update(program_source(config))
     digest.update(arch.encode())
     digest.update("\0".join(compile_options(config, arch)).encode())
     digest.update(repr(nvrtc_version()).encode())
     return digest.hexdigest()[:24]
+
+
+def program_source(config: KernelConfig) -> bytes:
+    """The text NVRTC compiles: the plugin source, then the config's checks and the shared limits' checks (after the
+    source, so line numbers of the kernel code stay those of the file)."""
+    checks = "\n".join(c for c in (common_checks(), config.appended_source()) if c)
+    return (plugin_dir() / config.source).read_bytes() + f"\n// checks from trtllm_replayssm/core/layouts.py\n{checks}\n".encode()
 
 
 def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> CompiledKernel:
@@ -131,7 +140,7 @@ def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> C
 
     nvrtc = _nvrtc()
     source = plugin_dir() / config.source
-    err, prog = nvrtc.nvrtcCreateProgram(source.read_bytes(), str(source).encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(program_source(config), str(source).encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
         opts = compile_options(config, arch) + [f"-I{plugin_dir()}", f"-I{_cuda_include_dir()}"]

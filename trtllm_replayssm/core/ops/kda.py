@@ -1,11 +1,11 @@
 """Kimi Delta Attention decode ops: ``torch.ops.replayssm.kda_replay_decode`` and ``torch.ops.replayssm.kda_state_update``.
 
-Same structure as ``ops/gdn.py`` (whose launch helpers this module uses): CUDA tensors run
-``plugins/delta_rule_decode.cu`` with KDA=1 (one log-gate per key channel), CPU tensors run the float32 reference
-(``reference/kda.py``). The log-gate comes from the raw gate input in the kernel, as the reference computes it:
-plain ``-exp(A_log) softplus(g + dt_bias)`` or, with ``lower_bound``, ``lower_bound * sigmoid(exp(A_log)(g + dt_bias))``,
-clamped to -128. The gate ring holds cumulative log-gates (not pre-decayed keys), so every decay factor has a
-non-positive exponent and no gate value, however small, can overflow.
+Same structure as ``gdn.py`` (both build on ``delta.py``): CUDA tensors run ``plugins/delta_rule_decode.cu`` with KDA=1
+(one log-gate per key channel), CPU tensors run the float32 reference (``core/reference/kda.py``). The log-gate comes
+from the raw gate input in the kernel, as the reference computes it: plain ``-exp(A_log) softplus(g + dt_bias)`` or,
+with ``lower_bound``, ``lower_bound * sigmoid(exp(A_log)(g + dt_bias))``, clamped to -128. The gate ring holds
+cumulative log-gates and the key ring one key per value head, pre-decayed (``e^{-G_j} k_j``) while the cumulative gate
+allows (core/reference/gdn.py PREDECAY_FLOOR), so every decay factor has a non-positive exponent.
 """
 from __future__ import annotations
 
@@ -13,70 +13,76 @@ from typing import Optional
 
 import torch
 
-from trtllm_replayssm.core.cache import KDALayerCache
 from trtllm_replayssm.core import checks as chk
-from trtllm_replayssm.core.ops.launch import force_flush_for
-from trtllm_replayssm.core.ops.gdn import (fill_params, launch_delta, replay_kernels, resolve_scale, validate_common,
-                                      validate_rings)
+from trtllm_replayssm.core.cache import KDALayerCache
+from trtllm_replayssm.core.dims import KDADims
+from trtllm_replayssm.core.jit.configs import KernelConfig
+from trtllm_replayssm.core.ops import delta
+from trtllm_replayssm.core.ops.launch import define_op
+from trtllm_replayssm.core.plans import Device, Launch, LaunchPlan, Tuning, checked_plan
 from trtllm_replayssm.core.reference import kda as ref
 
 
+def replay_plan(layer: KDALayerCache, batch: int, mode: str = "auto", tuning: Tuning = delta.DEFAULT_TUNING,
+                device: Device | None = None) -> LaunchPlan:
+    """The launch plan of :func:`replay_decode` for ``batch`` rows of ``layer`` (``device``: the layer's GPU)."""
+    return delta.replay_plan(layer, batch, True, mode, tuning, device)
+
+
+def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, tuning: Tuning = delta.DEFAULT_TUNING,
+                      device: Device | None = None) -> LaunchPlan:
+    """The launch plan of :func:`state_update` for ``batch`` rows of the pool ``state`` [slots, HV, V, K]."""
+    return delta.state_update_plan(state, batch, act_dtype, True, tuning, device)
+
+
+def kernel_configs(dims: KDADims, state_dtype: torch.dtype, act_dtype: torch.dtype) -> list[KernelConfig]:
+    """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
+    return delta.kernel_configs(True, dims.head_dim, dims.head_dim, state_dtype, act_dtype)
+
+
 # ---------------------------------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("replayssm::kda_replay_decode",
-                         mutates_args=("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step",
-                                       "out"))
-def _replay_decode_op(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-                      cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor,
-                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                      lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor,
-                      pad_slot_id: int, force_flush: bool, out: torch.Tensor) -> None:
+def _replay_cpu(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+                cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                dt_bias: torch.Tensor, lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor,
+                pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
     ref.replay_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
-                     state_batch_indices, pad_slot_id, force_flush, out)
+                     state_batch_indices, pad_slot_id, Launch.from_words(plan).mode == "flush", out)
 
 
-@_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
-                        lower_bound, scale, state_batch_indices, pad_slot_id, force_flush, out) -> None:
-    if q.shape[0] == 0:
-        return
-    params = fill_params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
-                         scale, lower_bound, state_batch_indices, pad_slot_id, force_flush, out)
-    launch_delta("kda", replay_kernels(force_flush, q.device), params, state, q, v)
+def _replay_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log,  # noqa: N803
+                 dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id, plan, out) -> None:
+    delta.run(True, plan, state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
+              scale, lower_bound, state_batch_indices, pad_slot_id, out)
 
 
-@_replay_decode_op.register_fake
-def _replay_decode_fake(*args, **kwargs) -> None:
-    return None
+_replay_op = define_op("kda_replay_decode",
+                       ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step", "out"),
+                       _replay_cpu, _replay_cuda)
 
 
-@torch.library.custom_op("replayssm::kda_state_update", mutates_args=("state", "out"))
-def _state_update_op(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                     beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: Optional[float],
-                     scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
+def _state_update_cpu(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                      lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+                      plan: list[int], out: torch.Tensor) -> None:
     ref.state_update_(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id,
                       out)
 
 
-@_state_update_op.register_kernel("cuda")
-def _state_update_cuda(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id,
-                       out) -> None:
-    if q.shape[0] == 0:
-        return
-    params = fill_params(state, None, None, None, None, None, None, None, q, k, v, g, beta, A_log, dt_bias, scale,
-                         lower_bound, state_batch_indices, pad_slot_id, False, out)
-    launch_delta("kda", ("delta_state_update_kernel",), params, state, q, v)
+def _state_update_cuda(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, state_batch_indices,  # noqa: N803
+                       pad_slot_id, plan, out) -> None:
+    delta.run(True, plan, state, None, None, None, None, None, None, None, q, k, v, g, beta, A_log, dt_bias, scale,
+              lower_bound, state_batch_indices, pad_slot_id, out)
 
 
-@_state_update_op.register_fake
-def _state_update_fake(*args, **kwargs) -> None:
-    return None
+_state_update_op = define_op("kda_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
-def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices, pad_slot_id):
+def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,  # noqa: N803
+                   pad_slot_id):
     ref.check_lower_bound(lower_bound)
-    idx, out, dims = validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
+    idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
     _, _, HV, _, K = dims
     dev, batch = state.device, q.shape[0]
     chk.check_tensor("g", g, (batch, HV, K), (q.dtype, torch.float32), dev)
@@ -94,25 +100,27 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
                   beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                   lower_bound: float | None = None, scale: float | None = None,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None, mode: str = "auto") -> torch.Tensor:
+                  out: torch.Tensor | None = None, mode: str = "auto",
+                  plan: LaunchPlan | None = None) -> torch.Tensor:
     """One ReplaySSM KDA decode step for a batch of rows at their own cursors; returns ``out`` [b, HV, V].
 
     ``layer``: a :class:`~trtllm_replayssm.core.cache.KDALayerCache`. ``q, k`` [b,H,K], ``v`` [b,HV,V] (activation
     dtype), raw gate ``g`` [b,HV,K] and beta logits ``beta`` [b,HV] (activation dtype or fp32), ``A_log`` [HV] fp32,
     ``dt_bias`` [HV,K] (or [HV*K]) fp32, ``lower_bound`` (None: plain gate; else a negative log-gate bound).
-    ``mode``: ``auto``, ``replay`` or ``flush`` (as ``ops.gdn.replay_decode``).
+    ``mode`` and ``plan`` as ``gdn.replay_decode``.
     """
     if not isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
-    chk.check_mode(mode)
     idx, out, dims = _validate_step(layer.state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
-    validate_rings(layer, dims, q.dtype, per_channel_gate=True, batch=q.shape[0])
-    force = force_flush_for("kda", mode, q.shape[0], dims[2], layer.state.dtype, layer.state.device)
-    torch.ops.replayssm.kda_replay_decode(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                                          layer.arrive, layer.coef, layer.step, q, k, v, g, beta, A_log, dt_bias,
-                                          None if lower_bound is None else float(lower_bound),
-                                          resolve_scale(scale, dims[4]), idx, pad_slot_id, force, out)
+    delta.validate_rings(layer, dims, q.dtype, per_channel_gate=True, batch=q.shape[0])
+    if plan is None:
+        plan = replay_plan(layer, q.shape[0], mode=mode)
+    else:
+        checked_plan(plan, delta.replay_plan_key(layer, q.shape[0], True), mode)
+    _replay_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, layer.coef,
+               layer.step, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
+               delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
     return out
 
 
@@ -120,11 +128,14 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                  beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                  lower_bound: float | None = None, scale: float | None = None,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None) -> torch.Tensor:
     """Baseline KDA step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``."""
     idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,
                                     pad_slot_id)
-    torch.ops.replayssm.kda_state_update(state, q, k, v, g, beta, A_log, dt_bias,
-                                         None if lower_bound is None else float(lower_bound),
-                                         resolve_scale(scale, dims[4]), idx, pad_slot_id, out)
+    if plan is None:
+        plan = state_update_plan(state, q.shape[0], q.dtype)
+    else:
+        checked_plan(plan, delta.state_update_plan_key(state, q.shape[0], q.dtype, True))
+    _state_update_op(state, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
+                     delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
     return out

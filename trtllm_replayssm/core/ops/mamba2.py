@@ -2,185 +2,200 @@
 
 The custom ops mutate their cache/output arguments in place and return nothing (CUDA-graph capturable, with fake
 impls for torch.compile). CUDA tensors run the NVRTC-compiled kernels of ``plugins/mamba2_decode.cu`` on the current
-stream; CPU tensors run the float32 reference (``reference/mamba2.py``), which is also the CPU fallback.
-Callers use :func:`replay_decode` and :func:`state_update`, which validate arguments before any launch.
+stream with the launch plan they are given; CPU tensors run the float32 reference (``core/reference/mamba2.py``),
+which is also the CPU fallback. Callers use :func:`replay_decode` and :func:`state_update`, which validate arguments
+before any launch and plan with :func:`replay_plan` / :func:`state_update_plan` unless given a plan.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from typing import Optional
 
 import torch
 
-from trtllm_replayssm.core.cache import Mamba2LayerCache
-from trtllm_replayssm.core.jit.configs import NUM_WARPS, mamba2_config, tile_choices
-from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core import checks as chk
-from trtllm_replayssm.core.ops.launch import (fitting_tiles, force_flush_for, launch_persistent, launch_prep, make_struct,
-                                          persistent_ctas_per_sm, ptr, require_persistent_arch, rows_per_cta,
-                                          sm_count, step_rows, stride)
+from trtllm_replayssm.core.cache import Mamba2LayerCache
+from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.formats import get_dtype
+from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
+from trtllm_replayssm.core.layouts import MAMBA2_PARAMS, mamba2_fold_bytes, mamba2_size_checks, mamba2_stage_bytes
+from trtllm_replayssm.core.limits import NUM_WARPS
+from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stride
+from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
+                                         persistent_plan, programmatic_prep, resolve_mode, resolved_tail_fraction,
+                                         state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
-_P = ctypes.c_void_p
-_I64 = ctypes.c_longlong
-_I32 = ctypes.c_int
-# Mirrors `struct Mamba2Params` in plugins/mamba2_decode.cu (same order; natural alignment).
-_Mamba2Params = make_struct("Mamba2Params", [
-    ("state", _P), ("x_ring", _P), ("dt_ring", _P), ("B_ring", _P), ("cursor", _P), ("arrive", _P),
-    ("coef", _P), ("step", _P), ("x", _P), ("dt", _P), ("A", _P), ("B", _P), ("C", _P), ("D", _P), ("z", _P),
-    ("dt_bias", _P),
-    ("slot_idx", _P), ("out", _P),
-    ("s_state_slot", _I64), ("s_state_head", _I64), ("s_xr_slot", _I64), ("s_xr_head", _I64),
-    ("s_dtr_slot", _I64), ("s_dtr_head", _I64), ("s_Br_slot", _I64), ("s_Br_group", _I64), ("s_coef_row", _I64),
-    ("s_x_b", _I64), ("s_x_h", _I64), ("s_dt_b", _I64), ("s_dt_h", _I64), ("s_B_b", _I64), ("s_B_g", _I64),
-    ("s_C_b", _I64), ("s_C_g", _I64), ("s_z_b", _I64), ("s_z_h", _I64), ("s_out_b", _I64), ("s_out_h", _I64),
-    ("nheads", _I32), ("ngroups", _I32), ("L", _I32), ("pad_slot_id", _I32),
-    ("dt_softplus", _I32), ("dt_is_f32", _I32), ("force_flush", _I32), ("batch", _I32),
-    ("stages", _I32), ("stage_bytes", _I32), ("fold_bytes", _I32), ("tail_start", _I32),
-])
-
-# Optional per-process override of the row tile (benchmark sweeps); None = heuristic.
-ROWS_PER_CTA_OVERRIDE: Optional[int] = None
-# Share of the replay main kernel's tiles claimed at run time (ops._launch.tail_start; None: all round-robin). H200,
-# batch 256, against None: Nemotron-3-Nano-4B fp32 290.3 / 290.7 -> 0.05: 284.0 / 284.3 / 285.1 / 284.5 us, 0.1:
-# 294.9 / 289.4 / 282.2 / 281.3; Nemotron-3-Super-120B fp32 306.4 / 306.6 -> 0.05: 305.8 / 305.5, 0.1: 301.2 / 300.1 /
-# 301.3 / 300.5; Nano bf16 245.0 -> 0.05: 234.7, 0.1: 227.6 (benchmarks/results/dev/sweep-s11-5-*.log, sweep-s12-*.log).
-TAIL_FRACTION: float | None = 0.1
+KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
+           "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel"}
+# mode='auto' replays from this many work items (batch x heads) per SM: H200, fp32 state, replay over baseline at
+# batch 8 / 64 (Nemotron-3-Nano-4B, 96 heads): 0.86x / 1.61x (docs/decisions.md, adaptive mode).
+REPLAY_MIN_WORK_PER_SM = 8
+REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
+# Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).
+TAIL_FRACTION = 0.1
+DEFAULT_TUNING = Tuning()
 
 
-def _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
-                 dt_softplus, idx, pad_slot_id, force_flush, out) -> ctypes.Structure:
-    L = x_ring.shape[2] if x_ring is not None else 1
-    return _Mamba2Params(
-        ptr(state), ptr(x_ring), ptr(dt_ring), ptr(B_ring), ptr(cursor), ptr(arrive), ptr(coef), step_rows(step),
-        ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(D), ptr(z), ptr(dt_bias), ptr(idx), ptr(out),
-        state.stride(0), state.stride(1), stride(x_ring, 0), stride(x_ring, 1), stride(dt_ring, 0), stride(dt_ring, 1),
-        stride(B_ring, 0), stride(B_ring, 1), stride(coef, 0),
-        x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        stride(z, 0), stride(z, 1), out.stride(0), out.stride(1),
-        x.shape[1], B.shape[1], L, pad_slot_id, int(dt_softplus), int(dt.dtype == torch.float32), int(force_flush),
-        x.shape[0], 0, 0, 0, 0)
+# ---------------------------------------------------------------------------------------------------- kernels
+def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
+                  rows_per_cta: int) -> KernelConfig:
+    """The Mamba-2 decode module (baseline, flush and replay kernels) for one shape, dtype pair and row tile."""
+    return KernelConfig(
+        family="mamba2", source="mamba2_decode.cu", kernels=tuple(KERNELS.values()),
+        params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta),
+                ("state_t", get_dtype(state_dtype).cuda), ("act_t", get_dtype(act_dtype).cuda)),
+        checks=functools.partial(_checks, get_dtype(state_dtype).bytes, get_dtype(act_dtype).bytes))
 
 
-def stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
-    """Bytes of one shared-memory stage of the persistent replay kernel: the (rows x d_state) checkpoint tile,
-    slot/step/D, coef[0..L], x and z of the rows, C, and L ring rows (mirrors plugins/mamba2_decode.cu:stage_layout)."""
-    r16 = lambda v: (v + 15) // 16 * 16  # noqa: E731
-    total = (rows * d_state * state_elem + 16 + r16((L + 1) * 4) + 2 * r16(rows * act_elem) + r16(d_state * act_elem)
-             + r16(L * rows * act_elem))
-    return (total + 127) // 128 * 128
+def _checks(state_elem: int, act_elem: int, config: KernelConfig) -> str:
+    return "\n".join((MAMBA2_PARAMS.cpp_checks(),
+                      mamba2_size_checks(config.param("pt"), config.param("n"), state_elem, act_elem)))
 
 
-def fold_bytes(L: int, d_state: int, act_elem: int) -> int:
-    """Bytes of the persistent replay kernel's fold buffer: a flush tile's B rows, [L][d_state]."""
-    return (L * d_state * act_elem + 15) // 16 * 16
+def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype, act_dtype: torch.dtype) -> list[KernelConfig]:
+    """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
+    return unique(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t)
+                  for t in tile_choices(dims.head_dim, dims.d_state))
 
 
-def _replay_tile(head_dim: int, d_state: int, L: int, state: torch.Tensor, x: torch.Tensor, work: int) -> int:
-    """Row tile of the replay: the largest tile up to the launch heuristic's whose stage fits twice per CTA."""
-    tile = rows_per_cta(head_dim, d_state, work, x.device, ROWS_PER_CTA_OVERRIDE)
-    if ROWS_PER_CTA_OVERRIDE is not None:
-        return tile
-    return _fitting_tile(head_dim, d_state, L, state.element_size(), x.element_size(), tile, persistent_ctas_per_sm())
+# ---------------------------------------------------------------------------------------------------- planning
+def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning: Tuning = DEFAULT_TUNING,
+                device: Device | None = None) -> LaunchPlan:
+    """The launch plan of :func:`replay_decode` for ``batch`` rows of ``layer`` (``device``: the layer's GPU)."""
+    slots, H, P, N = layer.state.shape
+    G, L = layer.B_ring.shape[1], layer.buffer_len
+    dev = device or device_of(layer.state.device)
+    key = replay_plan_key(layer, batch)
+    resolved = resolve_mode(mode, batch * H, layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev,
+                            tuning)
+    if not dev.is_cuda:
+        return LaunchPlan(resolved, key, 0, (0, 0, 0))
+    if resolved == "flush":
+        return _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning)
+    if not dev.replay_capable:
+        raise RuntimeError("mamba2_replay_decode: mode='replay' needs an sm_90+ GPU (bulk async copies); use "
+                           "mode='auto' or 'flush'")
+    state_elem, act_elem = layer.state.element_size(), layer.x_ring.element_size()
+    tile = state_tile(P, N, batch * H, dev, tuning)
+    if tuning.rows_per_cta is None:
+        tile = _fitting_tile(P, N, L, state_elem, act_elem, tile, tuning.ctas_per_sm)
+    num_tiles = batch * H * (P // tile)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
+    main = persistent_plan(mamba2_stage_bytes(L, tile, N, state_elem, act_elem), num_tiles,
+                           mamba2_fold_bytes(L, N, act_elem), False, fraction, dev, tuning)
+    return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
+                      main.tail_start, prep_grid=(batch, G, 1), prep_threads=32 * _prep_warps(batch * G, H // G, dev),
+                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
+
+
+def replay_plan_key(layer: Mamba2LayerCache, batch: int) -> tuple:
+    """What a replay plan depends on: batch, shapes, ring length and dtypes."""
+    return ("mamba2 replay", batch, *layer.state.shape[1:], layer.B_ring.shape[1], layer.buffer_len,
+            layer.state.dtype, layer.x_ring.dtype)
+
+
+def state_update_plan_key(state: torch.Tensor, batch: int, act_dtype: torch.dtype) -> tuple:
+    return ("mamba2 state update", batch, *state.shape[1:], state.dtype, act_dtype)
+
+
+def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, tuning: Tuning = DEFAULT_TUNING,
+                      device: Device | None = None) -> LaunchPlan:
+    """The launch plan of :func:`state_update` for ``batch`` rows of the pool ``state`` [slots, H, P, N]."""
+    _, H, P, N = state.shape
+    dev = device or device_of(state.device)
+    key = state_update_plan_key(state, batch, act_dtype)
+    if not dev.is_cuda:
+        return LaunchPlan("baseline", key, 0, (0, 0, 0))
+    return _state_kernel_plan("baseline", key, P, N, H, batch, dev, tuning)
+
+
+def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int, dev: Device,
+                       tuning: Tuning) -> LaunchPlan:
+    tile = state_tile(P, N, batch * H, dev, tuning)
+    return LaunchPlan(mode, key, tile, (P // tile, H, batch))
 
 
 @functools.lru_cache(maxsize=None)
 def _fitting_tile(head_dim: int, d_state: int, L: int, state_elem: int, act_elem: int, tile: int,
                   ctas_per_sm: int) -> int:
-    stage = {t: stage_bytes(L, t, d_state, state_elem, act_elem) for t in tile_choices(head_dim, d_state)}
+    """The largest row tile up to the heuristic's whose stage fits twice per CTA of the persistent kernel."""
+    stage = {t: mamba2_stage_bytes(L, t, d_state, state_elem, act_elem) for t in tile_choices(head_dim, d_state)}
     fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     return max(fits) if fits else tile
 
 
-def _launch(kernel_names: tuple[str, ...], params: ctypes.Structure, state: torch.Tensor, x: torch.Tensor,
-            ngroups: int) -> None:
-    """Launch the named kernels of one module in order: ``*_prep_kernel`` on (batch, ngroups), the state kernels on
-    (P / tile, H, batch); ``*_main_kernel`` persistent (a few CTAs per SM streaming (tile x N) state tiles and their
-    inputs through shared memory) as a programmatic dependent launch of the prep kernel."""
-    batch, nheads, head_dim = x.shape
-    d_state = state.shape[-1]
-    replay = any(name.endswith("_main_kernel") for name in kernel_names)
-    tile = (_replay_tile(head_dim, d_state, params.L, state, x, batch * nheads) if replay
-            else rows_per_cta(head_dim, d_state, batch * nheads, x.device, ROWS_PER_CTA_OVERRIDE))
-    config = mamba2_config(head_dim, d_state, state.dtype, x.dtype, tile)
-    for name in kernel_names:
-        function = get_kernel(config, name, x.device)
-        if name.endswith("_prep_kernel"):
-            launch_prep(function, (batch, ngroups, 1),
-                        (32 * _prep_warps(batch * ngroups, nheads // ngroups, x.device), 1, 1), params)
-        elif name.endswith("_main_kernel"):
-            params.stage_bytes = stage_bytes(params.L, tile, d_state, state.element_size(), x.element_size())
-            launch_persistent(function, params, batch * nheads * (head_dim // tile), x.device,
-                              fold_bytes(params.L, d_state, x.element_size()), TAIL_FRACTION)
-        else:
-            launch(function, (head_dim // tile, nheads, batch), (32 * NUM_WARPS, 1, 1), params)
-
-
-def _prep_warps(ctas: int, heads_per_group: int, device: torch.device) -> int:
+def _prep_warps(ctas: int, heads_per_group: int, dev: Device) -> int:
     """A warp per head (up to 16) when the prep grid is small; 4 warps looping over heads when it fills the GPU
-    (measured on the H200: 16 warps win at batch 8, lose ~2% at batch 256)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if ctas <= 2 * sm_count(index):
+    (H200: 16 warps win at batch 8, lose ~2% at batch 256)."""
+    if ctas <= 2 * dev.sm_count:
         return min(16, max(NUM_WARPS, heads_per_group))
     return NUM_WARPS
 
 
 # ---------------------------------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("replayssm::mamba2_replay_decode",
-                         mutates_args=("state", "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step",
-                                       "out"))
-def _replay_decode_op(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
-                      cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor,
-                      x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                      B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
-                      dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
-                      pad_slot_id: int, force_flush: bool, out: torch.Tensor) -> None:
-    # CPU: the float32 reference (coef/step are GPU-only scratch).
+def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+            idx, pad_slot_id, out):
+    return MAMBA2_PARAMS.pack(
+        state=ptr(state), x_ring=ptr(x_ring), dt_ring=ptr(dt_ring), B_ring=ptr(B_ring), cursor=ptr(cursor),
+        arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), x=ptr(x), dt=ptr(dt), A=ptr(A), B=ptr(B),
+        C=ptr(C), D=ptr(D), z=ptr(z), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
+        s_state_slot=state.stride(0), s_state_head=state.stride(1), s_xr_slot=stride(x_ring, 0),
+        s_xr_head=stride(x_ring, 1), s_dtr_slot=stride(dt_ring, 0), s_dtr_head=stride(dt_ring, 1),
+        s_Br_slot=stride(B_ring, 0), s_Br_group=stride(B_ring, 1), s_coef_row=stride(coef, 0),
+        s_x_b=x.stride(0), s_x_h=x.stride(1), s_dt_b=dt.stride(0), s_dt_h=dt.stride(1), s_B_b=B.stride(0),
+        s_B_g=B.stride(1), s_C_b=C.stride(0), s_C_g=C.stride(1), s_z_b=stride(z, 0), s_z_h=stride(z, 1),
+        s_out_b=out.stride(0), s_out_h=out.stride(1),
+        nheads=x.shape[1], ngroups=B.shape[1], L=x_ring.shape[2] if x_ring is not None else 1,
+        pad_slot_id=pad_slot_id, dt_softplus=int(dt_softplus), dt_is_f32=int(dt.dtype == torch.float32),
+        force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
+
+
+def _replay_cpu(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+                cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, x: torch.Tensor,
+                dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
+                z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
+                state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
+    # The float32 reference (coef/step are GPU-only scratch).
     ref.replay_step_(state, x_ring, dt_ring, B_ring, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                     state_batch_indices, pad_slot_id, force_flush, out)
+                     state_batch_indices, pad_slot_id, Launch.from_words(plan).mode == "flush", out)
 
 
-@_replay_decode_op.register_kernel("cuda")
-def _replay_decode_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z,
-                        dt_bias, dt_softplus, state_batch_indices, pad_slot_id, force_flush, out) -> None:
+def _replay_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                 dt_softplus, state_batch_indices, pad_slot_id, plan, out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z,
-                          dt_bias, dt_softplus, state_batch_indices, pad_slot_id, False, out)
-    if not force_flush:
-        require_persistent_arch(x.device, "mamba2_replay_decode")
-    kernels = ("mamba2_flush_decode_kernel",) if force_flush else ("mamba2_replay_prep_kernel",
-                                                                    "mamba2_replay_main_kernel")
-    _launch(kernels, params, state, x, B.shape[1])
+    launch = Launch.from_words(plan)
+    params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                     dt_softplus, state_batch_indices, pad_slot_id, out)
+    config = kernel_config(x.shape[2], state.shape[-1], state.dtype, x.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
 
 
-@_replay_decode_op.register_fake
-def _replay_decode_fake(*args, **kwargs) -> None:
-    return None
+_replay_op = define_op("mamba2_replay_decode",
+                       ("state", "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step", "out"),
+                       _replay_cpu, _replay_cuda)
 
 
-@torch.library.custom_op("replayssm::mamba2_state_update", mutates_args=("state", "out"))
-def _state_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                     C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
-                     dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
-                     pad_slot_id: int, out: torch.Tensor) -> None:
+def _state_update_cpu(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                      dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
+                      pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
     ref.state_update_(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
 
 
-@_state_update_op.register_kernel("cuda")
-def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, plan,
                        out) -> None:
     if x.shape[0] == 0:
         return
-    params = _fill_params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias,
-                          dt_softplus, state_batch_indices, pad_slot_id, False, out)
-    _launch(("mamba2_state_update_kernel",), params, state, x, B.shape[1])
+    launch = Launch.from_words(plan)
+    params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                     state_batch_indices, pad_slot_id, out)
+    config = kernel_config(x.shape[2], state.shape[-1], state.dtype, x.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
 
 
-@_state_update_op.register_fake
-def _state_update_fake(*args, **kwargs) -> None:
-    return None
+_state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -192,7 +207,7 @@ def _validate_step(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, stat
         raise ValueError(f"state: d_state (last dim) must be a multiple of 32, got {N}")
     if P % 4:
         raise ValueError(f"state: head_dim (dim 2) must be a multiple of 4, got {P}")
-    chk.check_tensor("x", x, (None, H, P), chk.ACT_DTYPES, dev)
+    chk.check_tensor("x", x, (None, H, P), chk.FLOAT_DTYPES, dev)
     batch = x.shape[0]
     chk.check_tensor("B", B, (batch, None, N), (x.dtype,), dev)
     G = B.shape[1]
@@ -220,16 +235,17 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
                   C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                   dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None, mode: str = "auto") -> torch.Tensor:
+                  out: torch.Tensor | None = None, mode: str = "auto",
+                  plan: LaunchPlan | None = None) -> torch.Tensor:
     """One ReplaySSM decode step for a batch of rows at their own cursors; returns ``out`` [b, H, P].
 
     ``layer``: a :class:`~trtllm_replayssm.core.cache.Mamba2LayerCache`. ``x`` [b,H,P], ``dt`` [b,H], ``A`` [H] fp32,
     ``B``/``C`` [b,G,N], ``D``/``dt_bias`` [H] fp32, ``z`` [b,H,P]. ``mode``: ``auto`` (flush every step when the
-    batch cannot fill the GPU), ``replay`` or ``flush``.
+    batch cannot fill the GPU), ``replay`` or ``flush``. ``plan``: what to launch (default ``replay_plan(layer,
+    batch, mode)``).
     """
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
-    chk.check_mode(mode)
     idx, out = _validate_step(layer.state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
     slots, H, P, N = layer.state.shape
     L = layer.buffer_len
@@ -247,10 +263,12 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
         for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
             if t is not None:
                 chk.check_aligned(name, t, 4 // t.element_size())
-    force = force_flush_for("mamba2", mode, x.shape[0], H, layer.state.dtype, dev)
-    torch.ops.replayssm.mamba2_replay_decode(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor,
-                                             layer.arrive, layer.coef, layer.step, x, dt, A, B, C, D, z,
-                                             dt_bias, dt_softplus, idx, pad_slot_id, force, out)
+    if plan is None:
+        plan = replay_plan(layer, x.shape[0], mode)
+    else:
+        checked_plan(plan, replay_plan_key(layer, x.shape[0]), mode)
+    _replay_op(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, layer.arrive, layer.coef,
+               layer.step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
     return out
 
 
@@ -258,8 +276,13 @@ def state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
                  C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                  dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """Baseline single-token state update (read state, update, write state) on a slot pool; returns ``out``."""
+                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None) -> torch.Tensor:
+    """Baseline single-token state update (read state, update, write state) on a slot pool; returns ``out``.
+    ``plan``: what to launch (default ``state_update_plan(state, batch, x.dtype)``)."""
     idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
-    torch.ops.replayssm.mamba2_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, out)
+    if plan is None:
+        plan = state_update_plan(state, x.shape[0], x.dtype)
+    else:
+        checked_plan(plan, state_update_plan_key(state, x.shape[0], x.dtype))
+    _state_update_op(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
     return out

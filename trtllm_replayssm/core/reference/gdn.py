@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_replayssm.core import checks
+from trtllm_replayssm.core.layouts import key_ring_dtype
 
 FLOAT_DTYPES = checks.FLOAT_DTYPES
 # Per-token log-gates are clamped to this floor in the float32 paths. e^-128 is 0 in float32 (the smallest subnormal
@@ -29,12 +30,6 @@ L2_EPS = 1e-6
 # e^-23. ``G_j`` falls with j, so a ring whose last entry is pre-decayed holds only pre-decayed entries and a step reads
 # no gate but ``G_{w-1}``; any gate, however small, stays exact (the raw form). Mirrors plugins/delta_rule_decode.cu.
 PREDECAY_FLOOR = 64.0
-
-
-def key_ring_dtype(act_dtype: torch.dtype, predecayed_keys: bool) -> torch.dtype:
-    """Key ring dtype: the activation dtype; float32 for pre-decayed (KDA) keys with float16 activations (float16
-    cannot hold ``e^80``)."""
-    return torch.float32 if predecayed_keys and act_dtype == torch.float16 else act_dtype
 
 
 # --------------------------------------------------------------------------------------------------- validation helpers
@@ -343,7 +338,7 @@ def check_rings(u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor
                 q: torch.Tensor, dims: tuple[int, int, int, int, int], per_channel_gate: bool) -> int:
     """GDN/KDA replay cache tensors against the step's dims (slots, H, HV, K, V); returns the ring length L.
     GDN: ``k_ring`` [slots, H, L, K], ``g_ring`` [slots, HV, L]. KDA (``per_channel_gate``): pre-decayed ``k_ring``
-    [slots, HV, L, K] (key_ring_dtype), ``g_ring`` [slots, HV, L, K]."""
+    [slots, HV, L, K] (core.layouts.key_ring_dtype), ``g_ring`` [slots, HV, L, K]."""
     slots, heads, v_heads, dim_k, dim_v = dims
     ring_len = check_rank("u_ring", u_ring, 4).shape[2]
     if ring_len < 1:

@@ -129,7 +129,7 @@ def replay_step_(
     """Float32 KDA ReplaySSM step in place on the cache (state, rings, cursor) and ``out``; the ops' CPU fallback.
 
     Cache: ``state [slots,HV,V,K]`` fp32/fp16/bf16, ``u_ring [slots,HV,L,V]`` in the activation dtype, ``k_ring
-    [slots,HV,L,K]`` (pre-decayed keys, ``gdn.key_ring_dtype``), ``g_ring [slots,HV,L,K]`` fp32 (inclusive cumulative
+    [slots,HV,L,K]`` (pre-decayed keys, ``core.layouts.key_ring_dtype``), ``g_ring [slots,HV,L,K]`` fp32 (inclusive cumulative
     per-channel log-gate since the checkpoint),
     ``cursor [slots]`` int32. Step: ``q, k [b,H,K]``, ``v [b,HV,V]``, ``g_raw [b,HV,K]``, ``beta_raw [b,HV]``,
     ``A_log [HV]``, ``dt_bias [HV,K]``, ``lower_bound`` (None: plain gate), ``scale`` (None: K^-0.5),

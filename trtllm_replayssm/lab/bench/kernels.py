@@ -15,8 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.formats import DTYPE_NAMES
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
+
+from trtllm_replayssm.core import byte_model as core_bytes
+
 from . import byte_model, ours, peers, timing
-from .inputs import DeltaStep, Mamba2Step, delta_step, mamba2_step
 from .peers import PeerCase, PeerUnavailable
 from .shapes import BenchShape, select_shapes
 
@@ -35,17 +41,18 @@ class KernelBenchConfig:
     state_dtypes: list[str] = field(default_factory=lambda: list(DEFAULT_STATE_DTYPES))
     buffer_len: int = 16
     peers: bool = True
+    peer_impls: tuple[str, ...] | None = None  # the peers to time (None: every peer of each family)
     replays: int = timing.MIN_REPLAYS
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
             raise ValueError(f"batches: expected positive ints, got {self.batches!r}")
-        bad = [sd for sd in self.state_dtypes if sd not in byte_model.DTYPE_BYTES]
+        bad = [sd for sd in self.state_dtypes if sd not in DTYPE_NAMES]
         if bad or not self.state_dtypes:
-            raise ValueError(f"state_dtypes: expected some of {sorted(byte_model.DTYPE_BYTES)}, got {bad or '[]'}")
-        if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= 16:
-            raise ValueError(f"buffer_len: expected an int in [1, 16], got {self.buffer_len!r}")
+            raise ValueError(f"state_dtypes: expected some of {list(DTYPE_NAMES)}, got {bad or '[]'}")
+        if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= MAX_BUFFER_LEN:
+            raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {self.buffer_len!r}")
         if self.replays < timing.MIN_REPLAYS:
             raise ValueError(f"replays: expected >= {timing.MIN_REPLAYS}, got {self.replays}")
         self.shapes: list[BenchShape] = select_shapes(self.families, self.models)
@@ -65,8 +72,9 @@ class Record:
     bytes_per_call: float
     model_gbps: float
     pct_of_copy: float
-    mode: str | None = None  # ours: requested mode; resolved_mode is what the op ran
+    mode: str | None = None  # ours: requested mode; resolved_mode is what the op ran (its plan's mode)
     resolved_mode: str | None = None
+    plan: dict | None = None  # ours: the launch plan the op ran
     variant: str = ""
     n_pools: int = 0
     calls_per_graph: int = 0
@@ -74,14 +82,11 @@ class Record:
     notes: str = ""
 
 
-def _modes(family: str, batch: int, heads: int, state_dtype: str, device: torch.device) -> list[str]:
+def _modes(shape: BenchShape, batch: int, state_dtype: str, buffer_len: int, device: torch.device) -> list[str]:
     """Modes recorded for our replay: all three at small batch or wherever ``auto`` would flush, else ``replay``."""
     if batch <= BOTH_MODES_MAX_BATCH:
         return ["replay", "flush", "auto"]
-    try:
-        auto_flushes = ours.resolved_mode(family, "auto", batch, heads, state_dtype, device) == "flush"
-    except PeerUnavailable:  # ops not importable: the replay case records the reason
-        auto_flushes = False
+    auto_flushes = ours.planned_mode(shape, batch, state_dtype, buffer_len, "auto", device) == "flush"
     return ["replay", "flush", "auto"] if auto_flushes else ["replay"]
 
 
@@ -96,12 +101,14 @@ def _finite(outputs: list[torch.Tensor]) -> bool | None:
     return all(bool(torch.isfinite(o.float()).all()) for o in outputs)
 
 
-def _time_case(case: PeerCase, steps: int, replays: int) -> tuple[float, str]:
+Timer = Callable[[list[Callable[[], None]], int], float]  # (calls, replays) -> median µs per call
+
+
+def _time_case(case: PeerCase, steps: int, replays: int, timer: Timer) -> tuple[float, str]:
     """Median µs per call; with alternatives (e.g. algorithms) the fastest one and its name."""
     if case.alternatives:
-        best = min(((timing.time_calls(_cycle(c, steps), replays), name) for name, c in case.alternatives.items()))
-        return best
-    return timing.time_calls(_cycle(case.calls, steps), replays), case.variant
+        return min((timer(_cycle(c, steps), replays), name) for name, c in case.alternatives.items())
+    return timer(_cycle(case.calls, steps), replays), case.variant
 
 
 def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = None,
@@ -145,21 +152,23 @@ def case_inputs(shape: BenchShape, sd: str, batch: int, l2: int, device: torch.d
     """What every implementation of one case shares: a generator seeded from ``seed_prefix`` and the case, the step's
     inputs, and the number of state pools that keeps L2 (``l2`` bytes) cold."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"{seed_prefix}{shape.model}/{sd}/{batch}".encode()))
-    step = (mamba2_step if shape.family == "mamba2" else delta_step)(shape, batch, gen, device)
-    return gen, step, timing.pools_for_cold_l2((batch + 1) * byte_model.state_bytes(shape, sd), l2)
+    step = family_of(shape.dims).random_step(shape.dims, batch, gen, device)
+    return gen, step, timing.pools_for_cold_l2(int((batch + 1) * core_bytes.state_bytes(shape.dims, sd)), l2)
 
 
 def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int, copy_gbps: float, l2: int,
-              skipped: list[dict], device: torch.device, log: Callable[[str], None]) -> list[Record]:
+              skipped: list[dict], device: torch.device, log: Callable[[str], None],
+              timer: Timer = timing.time_calls) -> list[Record]:
     L = config.buffer_len
     gen, step, n_pools = case_inputs(shape, sd, batch, l2, device, seed_prefix=f"{config.seed}/")
     builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
-    for mode in _modes(shape.family, batch, shape.heads, sd, device):
+    for mode in _modes(shape, batch, sd, L, device):
         builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, sd, step, n_pools, L, m, gen,
                                                                            device)))
     builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, sd, step, n_pools, gen, device)))
     if config.peers:
-        for impl in peers.PEERS_BY_FAMILY[shape.family]:
+        for impl in (i for i in peers.PEERS_BY_FAMILY[shape.family]
+                     if config.peer_impls is None or i in config.peer_impls):
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
                                                                           device)))
     out: list[Record] = []
@@ -167,7 +176,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
         where = dict(family=shape.family, model=shape.model, impl=impl, batch=batch, state_dtype=sd, mode=mode)
         try:
             case = build()
-            us, variant = _time_case(case, L, config.replays)
+            us, variant = _time_case(case, L, config.replays, timer)
         except PeerUnavailable as exc:
             skipped.append({**where, "reason": str(exc)})
             log(f"  skip {impl} {shape.model} {sd} b={batch}: {exc}")
@@ -177,11 +186,11 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
             log(f"  FAIL {impl} {shape.model} {sd} b={batch}: {type(exc).__name__}: {exc}")
             _release()
             continue
-        resolved = ours.resolved_mode(shape.family, mode, batch, shape.heads, sd, device) if impl == "replay" else None
+        resolved = case.plan["mode"] if impl == "replay" else None
         nbytes = batch * byte_model.step_bytes(impl, shape, sd, L, resolved)
         gbps = nbytes / (us * 1e-6) / 1e9
         rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,
-                     mode=mode, resolved_mode=resolved, variant=variant, n_pools=n_pools,
+                     mode=mode, resolved_mode=resolved, plan=case.plan, variant=variant, n_pools=n_pools,
                      calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes)
         out.append(rec)
         log(f"  {shape.model:22s} {sd} b={batch:<4d} {impl + ('/' + mode if mode else ''):34s} "

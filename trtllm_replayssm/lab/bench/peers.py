@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .inputs import DeltaStep, Mamba2Step, random_state, slot_indices
+from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, random_state, slot_indices
 from .shapes import BenchShape
 
 MAMBA_SSM_SRC_ENV = "REPLAYSSM_MAMBA_SSM_SRC"
@@ -40,6 +40,7 @@ class PeerCase:
     outputs: list[torch.Tensor] = field(default_factory=list)  # checked for finiteness after timing
     # alternative variants to time, the fastest is kept (e.g. FlashInfer SSU algorithms): name -> calls
     alternatives: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+    plan: dict | None = None  # ours: the launch plan the op ran (core/plans.py LaunchPlan.record)
 
 
 def _import(name: str) -> types.ModuleType:
@@ -84,7 +85,7 @@ class _TiedMamba2:
 
 
 def _tied(shape: BenchShape, step: Mamba2Step) -> _TiedMamba2:
-    b, H, P, N = step.x.shape[0], shape.heads, shape.head_dim, shape.key_dim
+    b, H, P, N = step.x.shape[0], shape.dims.heads, shape.dims.rows, shape.dims.cols
     return _TiedMamba2(
         dt=step.dt[:, :, None].expand(b, H, P),
         A=step.A[:, None, None].expand(H, P, N),
@@ -105,14 +106,14 @@ def flashinfer_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2
     """``flashinfer.mamba.selective_state_update`` (STP), each of auto/simple/vertical timed; the fastest is kept."""
     if shape.family != "mamba2":
         raise PeerUnavailable(f"flashinfer_ssu is a Mamba-2 kernel, not {shape.family}")
-    if shape.head_dim % 64 and _version("flashinfer-python") in ("0.7.0", "0.7.0.post1"):
+    if shape.dims.rows % 64 and _version("flashinfer-python") in ("0.7.0", "0.7.0.post1"):
         raise PeerUnavailable(f"selective_state_update (FlashInfer {_version('flashinfer-python')}) does not compile "
-                              f"for head_dim {shape.head_dim}: static_assert DIM_PER_CTA % ROWS_PER_PASS == 0 in its "
+                              f"for head_dim {shape.dims.rows}: static_assert DIM_PER_CTA % ROWS_PER_PASS == 0 in its "
                               f"MTP-simple kernel (later 0.7.x releases fix head dims that are not multiples of 64)")
     fim = _import("flashinfer.mamba")
     tied = _tied(shape, step)
     out = torch.empty_like(step.x)
-    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    states = [random_state(batch + 1, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]
     idx = _pools(n_pools, batch, gen, device)
 
     def make(algorithm: str) -> list[Callable[[], None]]:
@@ -166,7 +167,7 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
     ``flashinfer.autotune(True)``; the per-call tracker update (one small Triton kernel) is part of each step."""
     if shape.family != "mamba2":
         raise PeerUnavailable(f"flashinfer_checkpointing_ssu is a Mamba-2 kernel, not {shape.family}")
-    H, P, N, G = shape.heads, shape.head_dim, shape.key_dim, shape.key_heads
+    H, P, N, G = shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
     if P % 32:
         raise PeerUnavailable(f"checkpointing_ssu (FlashInfer 0.7.0.post1) does not compile for head_dim {P}: its "
                               f"split tactics need head_dim / 2 to be a multiple of 16 (peers.md §4.1)")
@@ -189,7 +190,7 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
         prev0 = torch.zeros(slots, dtype=torch.int32, device=device)
         prev0[idx[p].long()] = torch.arange(batch, dtype=torch.int32, device=device) % window  # staggered fill
         pools.append({
-            "state": random_state(slots, shape, state_dtype, gen, device),
+            "state": random_state(slots, shape.dims, state_dtype, gen, device),
             "x_cache": torch.empty(slots, H, R, P, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
             "B_cache": torch.empty(slots, G, R, N, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
             "dt_cache": torch.empty(slots, H, R, device=device).uniform_(1e-3, 1e-1, generator=dev_gen),
@@ -255,7 +256,7 @@ def mamba_ssm_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2S
         raise PeerUnavailable(f"mamba_ssm_ssu is a Mamba-2 kernel, not {shape.family}")
     ssu = _import_mamba_ssm_ssu()
     tied = _tied(shape, step)
-    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    states = [random_state(batch + 1, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]
     idx = _pools(n_pools, batch, gen, device)
     calls = [
         (lambda p=p: ssu(states[p], step.x, tied.dt, tied.A, step.B, step.C, D=tied.D, z=None, dt_bias=tied.dt_bias,
@@ -277,7 +278,7 @@ def fla_gdn(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
     fn = _import("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
     q, k, v = step.q[:, None], step.k[:, None], step.v[:, None]
     a, b = step.a[:, None], step.b[:, None]
-    states = [random_state(batch, shape, state_dtype, gen, device) for _ in range(n_pools)]  # [b, HV, V, K]
+    states = [random_state(batch, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]  # [b, HV, V, K]
     calls = [
         (lambda p=p: fn(q, k, v, g=a, beta=b, initial_state=states[p], output_final_state=True,
                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=step.A_log,
@@ -299,7 +300,7 @@ def fla_kda(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
     a, b = step.a[:, None].contiguous(), step.b[:, None].contiguous()
     dt_bias = step.dt_bias.reshape(-1).contiguous()  # [HV*K]
     out = torch.empty_like(v)
-    states = [random_state(batch + 1, shape, state_dtype, gen, device) for _ in range(n_pools)]
+    states = [random_state(batch + 1, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]
     idx = _pools(n_pools, batch, gen, device)
     calls = [
         (lambda p=p: fn(q, k, v, a, b, A_log=step.A_log, dt_bias=dt_bias, initial_state=states[p],

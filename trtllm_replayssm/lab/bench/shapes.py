@@ -1,41 +1,23 @@
-"""Benchmark geometries (TP-local, one layer) of the models the kernel benchmark covers."""
+"""Benchmark geometries (one layer, TP 1) of the models the kernel benchmark covers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAMILIES: tuple[str, ...] = ("mamba2", "gdn", "kda")
+from trtllm_replayssm.core.dims import SSMDims
+from trtllm_replayssm.core.families import FAMILIES
+from trtllm_replayssm.serving.presets import get_preset
 
 
 @dataclass(frozen=True)
 class BenchShape:
-    """One layer's recurrent geometry.
+    """One benchmarked layer: the model preset it comes from and its SSM dims."""
 
-    Mamba-2: ``heads`` = nheads H, ``head_dim`` = P, ``key_dim`` = d_state N, ``key_heads`` = ngroups G.
-    GDN / KDA: ``heads`` = value heads HV, ``head_dim`` = V, ``key_dim`` = K, ``key_heads`` = key heads H.
-    The state of one sequence is ``heads x head_dim x key_dim`` elements.
-    """
-
-    family: str
     model: str
-    heads: int
-    head_dim: int
-    key_dim: int
-    key_heads: int
-
-    def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"family: expected one of {FAMILIES}, got {self.family!r}")
-        for name in ("heads", "head_dim", "key_dim", "key_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if self.heads % self.key_heads:
-            raise ValueError(f"heads: expected a multiple of key_heads={self.key_heads}, got {self.heads}")
+    dims: SSMDims
 
     @property
-    def state_elems(self) -> int:
-        """Elements of one sequence's state (all heads)."""
-        return self.heads * self.head_dim * self.key_dim
+    def family(self) -> str:
+        return self.dims.family
 
 
 BENCH_MODELS: tuple[str, ...] = (
@@ -46,29 +28,15 @@ BENCH_MODELS: tuple[str, ...] = (
 
 
 def shape_from_preset(name: str) -> BenchShape:
-    """The recurrent-layer geometry of model preset `name` (``trtllm_replayssm.serving.presets``)."""
-    from trtllm_replayssm.serving.presets import get_preset
-
-    spec = get_preset(name)
-    if spec.family == "mamba2":
-        d = spec.mamba2
-        return BenchShape("mamba2", name, heads=d.nheads, head_dim=d.head_dim, key_dim=d.d_state, key_heads=d.n_groups)
-    if spec.family == "gdn":
-        d = spec.gdn
-        return BenchShape("gdn", name, heads=d.num_v_heads, head_dim=d.head_v_dim, key_dim=d.head_k_dim,
-                          key_heads=d.num_k_heads)
-    if spec.family == "kda":
-        d = spec.kda
-        return BenchShape("kda", name, heads=d.num_heads, head_dim=d.head_dim, key_dim=d.head_dim,
-                          key_heads=d.num_heads)
-    raise ValueError(f"name: preset {name!r} has family {spec.family!r}; expected one of {FAMILIES}")
+    """The recurrent-layer geometry of model preset ``name``."""
+    return BenchShape(name, get_preset(name).ssm_dims)
 
 
 def select_shapes(families: list[str], models: list[str] | None) -> list[BenchShape]:
-    """Shapes of the given families, restricted to `models` when given (names must exist and match a family)."""
+    """Shapes of the given families, restricted to ``models`` when given (names must exist and match a family)."""
     for fam in families:
         if fam not in FAMILIES:
-            raise ValueError(f"families: expected any of {FAMILIES}, got {fam!r}")
+            raise ValueError(f"families: expected any of {list(FAMILIES)}, got {fam!r}")
     if models:
         unknown = [m for m in models if m not in BENCH_MODELS]
         if unknown:
@@ -78,5 +46,4 @@ def select_shapes(families: list[str], models: list[str] | None) -> list[BenchSh
         if outside:
             raise ValueError(f"models: {outside} are not in the selected families {families}")
         return chosen
-    shapes = [shape_from_preset(m) for m in BENCH_MODELS]
-    return [s for s in shapes if s.family in families]
+    return [s for s in map(shape_from_preset, BENCH_MODELS) if s.family in families]

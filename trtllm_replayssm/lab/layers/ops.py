@@ -5,16 +5,40 @@ elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replays
 baseline and the replay decoders alike."""
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import torch
 
 from trtllm_replayssm.core import checks as chk
-from trtllm_replayssm.core.jit.configs import CUDA_TYPE, KernelConfig
+from trtllm_replayssm.core.formats import DTYPES, get_dtype
+from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
-from trtllm_replayssm.core.ops.launch import make_struct, ptr
+from trtllm_replayssm.core.layouts import ParamLayout, layout_fields
+from trtllm_replayssm.core.ops.launch import ptr
 from trtllm_replayssm.lab.layers import reference as ref
+
+
+# plugins/decoder_layers.cu parameter structs
+RMSNORM_PARAMS = ParamLayout("RmsNormParams", layout_fields(
+    "ptr: x residual weight out; i64: s_x_outer s_x_inner s_out_outer s_out_inner; i32: inner dim; f32: eps;"
+    "i32: unit_offset vec pad0"))
+GATED_NORM_PARAMS = ParamLayout("GatedNormParams", layout_fields(
+    "ptr: x z weight out; i64: s_x s_z s_out; i32: group_size groups weight_len; f32: eps;"
+    "i32: norm_before_gate vec warp_groups pad0"))
+CONV_PARAMS = ParamLayout("ConvParams", layout_fields(
+    "ptr: x conv_state weight bias out; i64: s_x s_out; i32: channels width silu vec"))
+ACT_PARAMS = ParamLayout("ActParams", layout_fields("ptr: a b out; i64: s_a s_b; i32: rows cols kind vec"))
+ATTN_PARAMS = ParamLayout("AttnParams", layout_fields(
+    "ptr: q k_new v_new gate k_cache v_cache pos out; i64: s_q_b s_q_h s_k_b s_k_h s_v_b s_v_h s_g_b s_g_h;"
+    "i32: heads kv_heads head_dim max_len; f32: scale; i32: pad0"))
+ROPE_PARAMS = ParamLayout("RopeParams", layout_fields(
+    "ptr: x pos out; i64: s_x_row s_x_head; i32: heads head_dim rotary_dim; f32: theta"))
+LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
+
+
+def _checks(config: KernelConfig) -> str:
+    return "\n".join(layout.cpp_checks() for layout in LAYOUTS)
+
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
     """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update, MLP
@@ -24,39 +48,15 @@ def layers_config(act_dtype: torch.dtype) -> KernelConfig:
         source="decoder_layers.cu",
         kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel",
                  "attention_decode_kernel"),
-        params=(("act_t", CUDA_TYPE[act_dtype]),),
+        params=(("act_t", get_dtype(act_dtype).cuda),),
+        checks=_checks,
     )
-
 
 
 def layers_configs() -> list[KernelConfig]:
     """The module for every activation dtype (compiled on first use; the CI kernel gate compiles them all)."""
-    return [layers_config(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    return [layers_config(d.torch) for d in DTYPES]
 
-
-_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
-# Mirror the parameter structs of plugins/decoder_layers.cu (same order; natural alignment).
-_RmsNormParams = make_struct("RmsNormParams", [
-    ("x", _P), ("residual", _P), ("weight", _P), ("out", _P), ("s_x_outer", _I64), ("s_x_inner", _I64),
-    ("s_out_outer", _I64), ("s_out_inner", _I64), ("inner", _I32), ("dim", _I32), ("eps", _F32),
-    ("unit_offset", _I32), ("vec", _I32), ("pad0", _I32)])
-_GatedNormParams = make_struct("GatedNormParams", [
-    ("x", _P), ("z", _P), ("weight", _P), ("out", _P), ("s_x", _I64), ("s_z", _I64), ("s_out", _I64),
-    ("group_size", _I32), ("groups", _I32), ("weight_len", _I32), ("eps", _F32), ("norm_before_gate", _I32),
-    ("vec", _I32), ("warp_groups", _I32), ("pad0", _I32)])
-_ConvParams = make_struct("ConvParams", [
-    ("x", _P), ("conv_state", _P), ("weight", _P), ("bias", _P), ("out", _P), ("s_x", _I64), ("s_out", _I64),
-    ("channels", _I32), ("width", _I32), ("silu", _I32), ("vec", _I32)])
-_ActParams = make_struct("ActParams", [("a", _P), ("b", _P), ("out", _P), ("s_a", _I64), ("s_b", _I64),
-                                       ("rows", _I32), ("cols", _I32), ("kind", _I32), ("vec", _I32)])
-_AttnParams = make_struct("AttnParams", [
-    ("q", _P), ("k_new", _P), ("v_new", _P), ("gate", _P), ("k_cache", _P), ("v_cache", _P), ("pos", _P), ("out", _P),
-    ("s_q_b", _I64), ("s_q_h", _I64), ("s_k_b", _I64), ("s_k_h", _I64), ("s_v_b", _I64), ("s_v_h", _I64),
-    ("s_g_b", _I64), ("s_g_h", _I64), ("heads", _I32), ("kv_heads", _I32), ("head_dim", _I32), ("max_len", _I32),
-    ("scale", _F32), ("pad0", _I32)])
-_RopeParams = make_struct("RopeParams", [
-    ("x", _P), ("pos", _P), ("out", _P), ("s_x_row", _I64), ("s_x_head", _I64), ("heads", _I32), ("head_dim", _I32),
-    ("rotary_dim", _I32), ("theta", _F32)])
 
 # plugins/decoder_layers.cu: kBlock, kMaxRowVecs, kMaxConvWidth, kVecConvWidth
 MAX_THREADS = 256
@@ -126,8 +126,10 @@ def _rms_norm_launch(x, residual, weight, eps, unit_offset, out) -> None:
     elems = vector_elems(x)
     strides = [x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), dim]
     threads, vec = _row_plan(dim, elems, _vectorizable(elems, [x3, residual, weight, o3], strides))
-    params = _RmsNormParams(ptr(x3), ptr(residual), ptr(weight), ptr(o3), x3.stride(0), x3.stride(1), o3.stride(0),
-                            o3.stride(1), x3.shape[1], dim, float(eps), int(unit_offset), int(vec), 0)
+    params = RMSNORM_PARAMS.pack(x=ptr(x3), residual=ptr(residual), weight=ptr(weight), out=ptr(o3),
+                                 s_x_outer=x3.stride(0), s_x_inner=x3.stride(1), s_out_outer=o3.stride(0),
+                                 s_out_inner=o3.stride(1), inner=x3.shape[1], dim=dim, eps=float(eps),
+                                 unit_offset=int(unit_offset), vec=int(vec), pad0=0)
     launch(_kernel("rmsnorm_kernel", x), (rows, 1, 1), (threads, 1, 1), params)
 
 
@@ -162,9 +164,10 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
         threads, grid_y = 32 * warp_groups, (groups + warp_groups - 1) // warp_groups
     else:
         grid_y = groups
-    params = _GatedNormParams(ptr(x2), ptr(z2), ptr(weight), ptr(o2), x2.stride(0), z2.stride(0), o2.stride(0),
-                              group_size, groups, weight.shape[0], float(eps), int(norm_before_gate), int(vec),
-                              warp_groups, 0)
+    params = GATED_NORM_PARAMS.pack(x=ptr(x2), z=ptr(z2), weight=ptr(weight), out=ptr(o2), s_x=x2.stride(0),
+                                    s_z=z2.stride(0), s_out=o2.stride(0), group_size=group_size, groups=groups,
+                                    weight_len=weight.shape[0], eps=float(eps), norm_before_gate=int(norm_before_gate),
+                                    vec=int(vec), warp_groups=warp_groups, pad0=0)
     launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], grid_y, 1), (threads, 1, 1), params)
 
 
@@ -183,8 +186,9 @@ def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
     vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
                                                     [x.stride(0), out.stride(0), channels])
     threads = channels // elems if vec else channels
-    params = _ConvParams(ptr(x), ptr(conv_state), ptr(weight), ptr(bias), ptr(out), x.stride(0), out.stride(0),
-                         channels, width, int(silu), int(vec))
+    params = CONV_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias), out=ptr(out),
+                              s_x=x.stride(0), s_out=out.stride(0), channels=channels, width=width, silu=int(silu),
+                              vec=int(vec))
     launch(_kernel("conv1d_update_kernel", x), ((threads + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
            (MAX_THREADS, 1, 1), params)
 
@@ -204,8 +208,8 @@ def _mlp_act_cuda(a, b, kind, out) -> None:
     s_a, s_b = a2.stride(0), 0 if b2 is None else b2.stride(0)
     vec = _vectorizable(elems, [a2, b2, out], [s_a, s_b, cols])
     step = elems if vec else 1
-    params = _ActParams(ptr(a2), ptr(b2), ptr(out), s_a // step, s_b // step, rows, cols // step,
-                        MLP_ACTS.index(kind), int(vec))
+    params = ACT_PARAMS.pack(a=ptr(a2), b=ptr(b2), out=ptr(out), s_a=s_a // step, s_b=s_b // step, rows=rows,
+                             cols=cols // step, kind=MLP_ACTS.index(kind), vec=int(vec))
     blocks = min((rows * cols // step + MAX_THREADS - 1) // MAX_THREADS, 16 * 1024)
     launch(_kernel("mlp_act_kernel", a), (blocks, 1, 1), (MAX_THREADS, 1, 1), params)
 
@@ -222,8 +226,9 @@ def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
     if rows == 0:
         return
     pos_rows = pos.expand(x.shape[:-2]).reshape(-1).contiguous()
-    params = _RopeParams(ptr(x3), ptr(pos_rows), ptr(out), x3.stride(0), x3.stride(1), heads, head_dim, rotary_dim,
-                         float(theta))
+    params = ROPE_PARAMS.pack(x=ptr(x3), pos=ptr(pos_rows), out=ptr(out), s_x_row=x3.stride(0),
+                              s_x_head=x3.stride(1), heads=heads, head_dim=head_dim, rotary_dim=rotary_dim,
+                              theta=float(theta))
     launch(_kernel("rope_kernel", x), (rows * heads, 1, 1), ((head_dim + 31) // 32 * 32, 1, 1), params)
 
 
@@ -250,9 +255,11 @@ def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> 
         out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))  # shapes the kernel does not take
         return
     g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
-    params = _AttnParams(ptr(q), ptr(k), ptr(v), ptr(gate), ptr(k_cache), ptr(v_cache), ptr(pos), ptr(out),
-                         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g_b, g_h,
-                         heads, kv_heads, head_dim, max_len, float(scale), 0)
+    params = ATTN_PARAMS.pack(q=ptr(q), k_new=ptr(k), v_new=ptr(v), gate=ptr(gate), k_cache=ptr(k_cache),
+                              v_cache=ptr(v_cache), pos=ptr(pos), out=ptr(out), s_q_b=q.stride(0), s_q_h=q.stride(1),
+                              s_k_b=k.stride(0), s_k_h=k.stride(1), s_v_b=v.stride(0), s_v_h=v.stride(1), s_g_b=g_b,
+                              s_g_h=g_h, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_len=max_len,
+                              scale=float(scale), pad0=0)
     launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
 
 
@@ -266,7 +273,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x [..., D]`` (last dim dense) scaled by ``weight [D]`` (``1 + weight`` with ``unit_offset``).
     With ``residual`` (``x``'s shape, contiguous): ``residual += x`` in place first and the sum is normalised."""
-    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.FLOAT_DTYPES)
     chk.check_tensor("weight", weight, (x.shape[-1],), (x.dtype,), x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if residual is None:
@@ -283,7 +290,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
     dense): ``norm(x * silu(z)) * w`` or, ``norm_before_gate``, ``norm(x) * w * silu(z)``. ``weight [W]`` repeats
     along the row (``W`` a multiple of ``group_size`` dividing ``D``: ``D`` for per-channel weights, ``group_size``
     for one weight shared by all groups)."""
-    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.ACT_DTYPES)
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.FLOAT_DTYPES)
     chk.check_tensor("z", z, tuple(x.shape), (x.dtype,), x.device)
     D = x.shape[-1]
     if group_size < 1 or D % group_size:
@@ -302,7 +309,7 @@ def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     """One decode step of a causal depthwise conv1d: ``x [b, C]`` (last dim dense), ``conv_state [b, C, W-1]``
     (contiguous, shifted in place), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous), ``bias [C]``; returns ``[b, C]``
     (the conv + bias rounded to ``x.dtype``, then SiLU if ``silu``)."""
-    chk.check_tensor("x", x, (None, None), chk.ACT_DTYPES)
+    chk.check_tensor("x", x, (None, None), chk.FLOAT_DTYPES)
     batch, channels = x.shape
     width = weight.shape[-1]
     if not 2 <= width <= MAX_CONV_WIDTH:
@@ -321,7 +328,7 @@ def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     (``silu(a) * b``, ``b`` of ``a``'s shape, e.g. the two halves of one packed gate/up projection)."""
     if kind not in MLP_ACTS:
         raise ValueError(f"kind: expected one of {MLP_ACTS}, got {kind!r}")
-    chk.check_tensor("a", a, (None,) * max(a.dim(), 1), chk.ACT_DTYPES)
+    chk.check_tensor("a", a, (None,) * max(a.dim(), 1), chk.FLOAT_DTYPES)
     if (kind == "swiglu") != (b is not None):
         raise ValueError(f"b: expected {'a tensor' if kind == 'swiglu' else 'None'} for kind={kind!r}")
     chk.check_optional("b", b, tuple(a.shape), (a.dtype,), a.device)
@@ -333,7 +340,7 @@ def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
 def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
     """Rotate-half RoPE on the first ``rotary_dim`` channels of ``x [..., heads, head_dim]`` (last dim dense) at
     positions ``pos`` (int64, broadcast to ``x.shape[:-2]``); the other channels are copied. Returns a new tensor."""
-    chk.check_tensor("x", x, (None,) * max(x.dim(), 2), chk.ACT_DTYPES)
+    chk.check_tensor("x", x, (None,) * max(x.dim(), 2), chk.FLOAT_DTYPES)
     head_dim = x.shape[-1]
     if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
         raise ValueError(f"rotary_dim: expected an even number in [0, {head_dim}], got {rotary_dim}")
@@ -359,7 +366,7 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (head_dim a
     multiple of 32 up to 256, a group's queries and scores within 48 KiB of shared memory); other shapes and the CPU
     run the PyTorch reference."""
-    chk.check_tensor("q", q, (None, None, None), chk.ACT_DTYPES)
+    chk.check_tensor("q", q, (None, None, None), chk.FLOAT_DTYPES)
     b, heads, hd = q.shape
     chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
     kv_heads = k_cache.shape[1]

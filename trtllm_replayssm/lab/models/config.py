@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trtllm_replayssm.core.dims import GDNDims, Mamba2Dims
+
 ARCHS: tuple[str, ...] = ("nemotron_h", "qwen3_5")
 # Nemotron-H: every layer is one block (mixer only); Qwen3.5: every layer is a mixer plus an FFN.
 NEMOTRON_KINDS: tuple[str, ...] = ("mamba2", "attention", "mlp", "moe")
@@ -92,16 +94,17 @@ class HybridConfig:
         return [i for i, k in enumerate(self.layer_kinds) if k == self.ssm_kind]
 
     @property
+    def ssm_dims(self) -> Mamba2Dims | GDNDims:
+        """The SSM layers' dims (core/dims.py)."""
+        if self.arch == "nemotron_h":
+            return Mamba2Dims(nheads=self.mamba_heads, head_dim=self.mamba_head_dim, d_state=self.d_state,
+                              n_groups=self.n_groups, conv_kernel=self.conv_kernel)
+        return GDNDims(num_k_heads=self.gdn_k_heads, num_v_heads=self.gdn_v_heads, head_k_dim=self.gdn_k_dim,
+                       head_v_dim=self.gdn_v_dim, conv_kernel=self.conv_kernel)
+
+    @property
     def d_inner(self) -> int:
         return self.mamba_heads * self.mamba_head_dim
-
-    @property
-    def mamba_conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
-
-    @property
-    def gdn_conv_dim(self) -> int:
-        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
 
     @property
     def has_moe(self) -> bool:

@@ -186,17 +186,10 @@ class HybridLM(nn.Module):
         if batch < 1 or max_len < 2:
             raise ValueError(f"batch/max_len: expected >= 1 and >= 2, got {batch} and {max_len}")
         cfg, dev, act = self.cfg, self.device, self.dtype
-        if cfg.arch == "nemotron_h":
-            dims = dict(nheads=cfg.mamba_heads, head_dim=cfg.mamba_head_dim, d_state=cfg.d_state,
-                        ngroups=cfg.n_groups)
-            family, conv_dim = "mamba2", cfg.mamba_conv_dim
-        else:
-            dims = dict(num_k_heads=cfg.gdn_k_heads, num_v_heads=cfg.gdn_v_heads, head_k_dim=cfg.gdn_k_dim,
-                        head_v_dim=cfg.gdn_v_dim)
-            family, conv_dim = "gdn", cfg.gdn_conv_dim
-        ssm = SSMStates(family, ssm_impl, len(cfg.ssm_layers), batch, dims, state_dtype, act, buffer_len, dev,
-                        replay_mode)
-        conv = [torch.zeros((batch, conv_dim, cfg.conv_kernel - 1), dtype=act, device=dev) for _ in cfg.ssm_layers]
+        dims = cfg.ssm_dims
+        ssm = SSMStates(ssm_impl, len(cfg.ssm_layers), batch, dims, state_dtype, act, buffer_len, dev, replay_mode)
+        conv = [torch.zeros((batch, dims.conv_dim, cfg.conv_kernel - 1), dtype=act, device=dev)
+                for _ in cfg.ssm_layers]
         kv = [KVCache.allocate(batch, max_len, cfg.kv_heads, cfg.attn_head_dim, act, dev)
               for _ in self.attn_index]
         return DecodeState(ssm, conv, kv, batch, max_len)
@@ -262,11 +255,10 @@ class HybridLM(nn.Module):
         gen = torch.Generator(device=self.device).manual_seed(seed)
         mixers = [self.trunk.layers[i].mixer for i in self.cfg.ssm_layers]
         inputs = [m.probe_inputs(state.batch, self.dtype, gen) for m in mixers]
-        step = state.ssm.mamba2_step if self.cfg.arch == "nemotron_h" else state.ssm.gdn_step
 
         def run() -> None:
-            for j, args in enumerate(inputs):
-                step(j, *args)
+            for j, (mixer, args) in enumerate(zip(mixers, inputs)):
+                mixer.ssm_step(state.ssm, j, *args)
 
         return run
 

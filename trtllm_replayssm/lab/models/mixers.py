@@ -66,7 +66,7 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.h, self.p, self.n, self.g = cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state, cfg.n_groups
-        self.d_inner, self.conv_dim = cfg.d_inner, cfg.mamba_conv_dim
+        self.d_inner, self.conv_dim = cfg.d_inner, cfg.ssm_dims.conv_dim
         self.in_proj = nn.Linear(cfg.hidden_size, self.d_inner + self.conv_dim + self.h, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, groups=self.conv_dim, bias=True)
         self.dt_bias = nn.Parameter(torch.zeros(self.h))
@@ -106,17 +106,23 @@ class Mamba2Mixer(nn.Module):
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         z, xbc, dt = self._split(self.in_proj(hs))
         x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
-        y = ssm.mamba2_step(idx, x, dt, self.A(), B, C, self.D, self.dt_bias)
+        y = self.ssm_step(ssm, idx, x, dt, B, C)
         return self.out_proj(self.norm(y.flatten(-2), z))
 
+    def ssm_step(self, ssm: SSMStates, idx: int, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,
+                 C: torch.Tensor) -> torch.Tensor:
+        """The SSM op of layer ``idx``: ``x [b,H,P]`` -> ``y [b,H,P]`` (no z gate: the gate is in the gated RMSNorm)."""
+        return ssm.step(idx, torch.empty_like(x), (x, dt, self.A(), B, C), D=self.D, z=None, dt_bias=self.dt_bias,
+                        dt_softplus=True)
+
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-        """Static random step inputs ``(x, dt, A, B, C, D, dt_bias)`` for timing the SSM op alone."""
+        """Static random inputs ``(x, dt, B, C)`` of :meth:`ssm_step` for timing the SSM op alone."""
         dev = self.D.device
         x = torch.randn((batch, self.h, self.p), generator=gen, device=dev).to(dtype)
         dt = torch.randn((batch, self.h), generator=gen, device=dev).to(dtype)
         B = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
         C = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
-        return x, dt, self.A(), B, C, self.D, self.dt_bias
+        return x, dt, B, C
 
 
 class GatedDeltaNetMixer(nn.Module):
@@ -125,7 +131,7 @@ class GatedDeltaNetMixer(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.hk, self.hv, self.dk, self.dv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
-        self.key_dim, self.value_dim, self.conv_dim = self.hk * self.dk, self.hv * self.dv, cfg.gdn_conv_dim
+        self.key_dim, self.value_dim, self.conv_dim = self.hk * self.dk, self.hv * self.dv, cfg.ssm_dims.conv_dim
         d = cfg.hidden_size
         self.in_proj_qkv = nn.Linear(d, self.conv_dim, bias=False)
         self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
@@ -165,15 +171,20 @@ class GatedDeltaNetMixer(nn.Module):
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         qkv, z, b, a = self.in_proj(hs)
         q, k, v = self._split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
-        o = ssm.gdn_step(idx, q, k, v, a, b, self.A_log, self.dt_bias)
-        return self._finish(o, z)
+        return self._finish(self.ssm_step(ssm, idx, q, k, v, a, b), z)
+
+    def ssm_step(self, ssm: SSMStates, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                 b: torch.Tensor) -> torch.Tensor:
+        """The SSM op of layer ``idx``: ``q,k [b,H,K]``, ``v [b,HV,V]``, ``a,b [b,HV]`` -> ``o [b,HV,V]`` (q/k l2norm,
+        gates and ``scale = K**-0.5`` inside the op)."""
+        return ssm.step(idx, torch.empty_like(v), (q, k, v, a, b, self.A_log, self.dt_bias), scale=None)
 
     def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-        """Static random step inputs ``(q, k, v, a, b, A_log, dt_bias)`` for timing the SSM op alone."""
+        """Static random inputs ``(q, k, v, a, b)`` of :meth:`ssm_step` for timing the SSM op alone."""
         dev = self.A_log.device
 
         def rnd(*shape: int) -> torch.Tensor:
             return torch.randn(shape, generator=gen, device=dev).to(dtype)
 
         return (rnd(batch, self.hk, self.dk), rnd(batch, self.hk, self.dk), rnd(batch, self.hv, self.dv),
-                rnd(batch, self.hv), rnd(batch, self.hv), self.A_log, self.dt_bias)
+                rnd(batch, self.hv), rnd(batch, self.hv))

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
+from trtllm_replayssm.core.families import get_family
+
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
 DISABLE_ENV = "TRTLLM_REPLAYSSM_DISABLE"
@@ -140,20 +142,10 @@ def bind_layer_cache(family: str, state: torch.Tensor, num_k_heads: int, buffer_
     prefill writes it, so the checkpoint is always the upstream tensor and only rings and cursors are ours.
     ``num_k_heads`` is the TP-local group count (Mamba-2 ``n_groups``, GDN key heads; ignored for KDA).
     """
-    from trtllm_replayssm.core.cache import ReplayStateCache
-
-    if state.dim() != 4:
-        raise ValueError(f"state: expected a 4-D [slots, heads, d1, d2] tensor, got shape {tuple(state.shape)}")
-    slots, heads, d1, d2 = state.shape
-    common = dict(buffer_len=buffer_len, state_dtype=state.dtype, act_dtype=act_dtype, device=state.device)
-    if family == "mamba2":
-        cache = ReplayStateCache.mamba2(1, slots, heads, d1, d2, num_k_heads, **common)
-    elif family == "gdn":
-        cache = ReplayStateCache.gdn(1, slots, num_k_heads, heads, d2, d1, **common)
-    elif family == "kda":
-        cache = ReplayStateCache.kda(1, slots, heads, d1, **common)
-    else:
-        raise ValueError(f"family: expected 'mamba2', 'gdn' or 'kda', got {family!r}")
+    fam = get_family(family)
+    dims = fam.dims.of_state(tuple(state.shape), num_k_heads)
+    cache = fam.new_cache(dims, 1, state.shape[0], buffer_len=buffer_len, state_dtype=state.dtype,
+                          act_dtype=act_dtype, device=state.device)
     cache.layer(0).state = state  # drop our allocation, share upstream's tensor
     return cache
 

@@ -33,7 +33,7 @@ from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
 from trtllm_replayssm.serving import signature_check
-from trtllm_replayssm.core.jit.configs import dtype_from_name
+from trtllm_replayssm.core.formats import torch_dtype
 from trtllm_replayssm.serving.trtllm import SYMBOLS_PATH, ReplaySettings
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, bind_layer_cache, decode_slot_ids, gdn_materialize_slots, gdn_split_qkv,
                                           is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
@@ -54,7 +54,7 @@ def _layer_cache(owner: Any, family: str, state: torch.Tensor, num_k_heads: int)
         raise RuntimeError("trtllm-replayssm: ring buffers must be allocated before CUDA-graph capture")
     settings: ReplaySettings = owner._rs_settings
     cache = bind_layer_cache(family, state, num_k_heads, settings.buffer_len,
-                             dtype_from_name(settings.act_dtype, "act_dtype"))
+                             torch_dtype(settings.act_dtype, "act_dtype"))
     owner.__dict__["_rs_cache"] = (state, cache)
     return cache
 

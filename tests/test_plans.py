@@ -1,0 +1,202 @@
+"""CPU: launch plans as values. The planners reproduce the recorded plans of the H200 (every benchmark model, dtype
+pair, batch, ring length and mode), tuning is passed in, ops refuse plans made for other shapes, and the shared
+planner steps (adaptive mode, fold buffer, claimed tail, programmatic prep) follow their rules."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_replayssm.core import plans
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.families import FAMILIES, family_of
+from trtllm_replayssm.core.layouts import delta_fold_bytes, delta_stage_bytes, key_ring_dtype
+from trtllm_replayssm.core.ops import delta, launch, mamba2
+from trtllm_replayssm.core.plans import Device, Tuning
+from trtllm_replayssm.serving.presets import get_preset
+
+H200 = Device(132, 9)
+RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _layer(dims, state_dtype, act_dtype, L, slots=2):
+    return family_of(dims).new_cache(dims, 1, slots, buffer_len=L, state_dtype=state_dtype, act_dtype=act_dtype,
+                                     device="cpu").layer(0)
+
+
+def _launches(dims, plan, state_dtype, act_dtype):
+    """The launches of ``plan`` as the recorded planner logged them."""
+    fam = family_of(dims)
+    if fam.name == "mamba2":
+        config = mamba2.kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, plan.rows_per_cta)
+        names = mamba2.KERNELS
+    else:
+        config = delta.kernel_config(dims.per_channel_gate, dims.cols, dims.rows, state_dtype, act_dtype,
+                                     plan.rows_per_cta)
+        names = delta.KERNELS
+    row = dict(config=config.name, shared=0, programmatic=False, stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
+    if plan.mode != "replay":
+        name = names["state" if plan.mode == "baseline" else "flush"]
+        return [dict(row, kernel=name, grid=list(plan.grid), block=list(launch.STATE_BLOCK))]
+    prep = dict(row, kernel=names["prep"], grid=list(plan.prep_grid), block=[plan.prep_threads, 1, 1],
+                programmatic=plan.programmatic_prep)
+    main = dict(row, kernel=names["main"], grid=list(plan.grid), block=list(launch.PERSISTENT_BLOCK),
+                shared=plan.shared_bytes, programmatic=True, stages=plan.stages, stage_bytes=plan.stage_bytes,
+                fold_bytes=plan.fold_bytes, tail_start=plan.tail_start)
+    return [prep, main]
+
+
+def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
+    monkeypatch.delenv(plans.PREP_PDL_ENV, raising=False)
+    monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
+    cases = json.loads(gzip.open(RECORDED, "rt").read())["cases"]
+    assert len(cases) == 1920
+    for case in cases:
+        dims = get_preset(case["model"]).ssm_dims
+        sd, ad = DTYPES[case["state_dtype"]], DTYPES[case["act_dtype"]]
+        fam = family_of(dims)
+        if case["mode"] == "baseline":
+            state = torch.empty(2, dims.heads, dims.rows, dims.cols, dtype=sd)
+            plan = fam.state_update_plan(state, case["batch"], ad, device=H200)
+        else:
+            plan = fam.replay_plan(_layer(dims, sd, ad, case["L"]), case["batch"], case["mode"], device=H200)
+        assert _launches(dims, plan, sd, ad) == case["launches"], case
+
+
+def test_tuning_is_passed_in_not_patched():
+    dims = get_preset("qwen3.5-4b").ssm_dims
+    layer = _layer(dims, torch.float32, torch.bfloat16, 16)
+    default = FAMILIES["gdn"].replay_plan(layer, 256, "replay", device=H200)
+    tuned = FAMILIES["gdn"].replay_plan(layer, 256, "replay", Tuning(rows_per_cta=8, ctas_per_sm=1, stages=2,
+                                                                    tail_fraction=1.0), device=H200)
+    assert (tuned.rows_per_cta, tuned.grid, tuned.stages) == (8, (132, 1, 1), 2)
+    assert tuned.tail_start == 132  # everything after the first wave is claimed
+    assert default.rows_per_cta != 8 and default.tail_fraction == delta.TAIL_FRACTION
+    none = FAMILIES["gdn"].replay_plan(layer, 256, "replay", Tuning(tail_fraction=None), device=H200)
+    assert none.tail_start == none.num_tiles  # all round-robin
+    flush = FAMILIES["gdn"].replay_plan(layer, 256, "auto", Tuning(adaptive_threshold=10**6), device=H200)
+    assert flush.mode == "flush"
+    with pytest.raises(ValueError, match="rows_per_cta"):
+        FAMILIES["gdn"].replay_plan(layer, 256, "replay", Tuning(rows_per_cta=6), device=H200)
+    with pytest.raises(ValueError, match="stages"):
+        Tuning(stages=1)
+    with pytest.raises(ValueError, match="tail_fraction"):
+        Tuning(tail_fraction=1.5)
+
+
+def test_ops_refuse_a_plan_made_for_another_call():
+    dims = get_preset("tiny-qwen").ssm_dims
+    layer = _layer(dims, torch.float32, torch.float32, 4, slots=5)
+    step = FAMILIES["gdn"].random_step(dims, 3, torch.Generator().manual_seed(0), "cpu", torch.float32)
+    args, _ = step.op_args()
+    wrong_batch = FAMILIES["gdn"].replay_plan(layer, 2)
+    with pytest.raises(ValueError, match="plan: made for"):
+        FAMILIES["gdn"].replay_decode(layer, *args, plan=wrong_batch)
+    with pytest.raises(ValueError, match="disagrees"):
+        FAMILIES["gdn"].replay_decode(layer, *args, mode="flush", plan=FAMILIES["gdn"].replay_plan(layer, 3))
+    with pytest.raises(TypeError, match="LaunchPlan"):
+        FAMILIES["gdn"].replay_decode(layer, *args, plan=[0] * 14)
+
+
+def test_adaptive_mode_rules(monkeypatch):
+    monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
+    t = Tuning()
+    assert plans.resolve_mode("flush", 10**6, True, 8, H200, t) == "flush"
+    assert plans.resolve_mode("replay", 1, False, 8, H200, t) == "replay"
+    assert plans.resolve_mode("auto", 1, True, 8, plans.CPU, t) == "replay"  # the CPU reference
+    assert plans.resolve_mode("auto", 8 * 132 - 1, True, 8, H200, t) == "flush"
+    assert plans.resolve_mode("auto", 8 * 132, True, 8, H200, t) == "replay"
+    assert plans.resolve_mode("auto", 10**6, False, 8, H200, t) == "flush"  # a state dtype not measured faster
+    assert plans.resolve_mode("auto", 10**6, True, 8, Device(132, 8), t) == "flush"  # no persistent kernels
+    monkeypatch.setenv(plans.ADAPTIVE_THRESHOLD_ENV, "1000")
+    assert plans.resolve_mode("auto", 999, True, 8, H200, t) == "flush"
+    assert plans.resolve_mode("auto", 1000, True, 8, H200, t) == "replay"
+    assert plans.resolve_mode("auto", 999, True, 8, H200, Tuning(adaptive_threshold=5)) == "replay"  # tuning first
+    with pytest.raises(ValueError, match="mode"):
+        plans.resolve_mode("fast", 1, True, 8, H200, t)
+
+
+def test_replay_on_a_pre_hopper_gpu_is_refused():
+    layer = _layer(get_preset("tiny-nemotron").ssm_dims, torch.float32, torch.bfloat16, 16)
+    assert mamba2.replay_plan(layer, 512, "auto", device=Device(108, 8)).mode == "flush"
+    with pytest.raises(RuntimeError, match="sm_90"):
+        mamba2.replay_plan(layer, 512, "replay", device=Device(108, 8))
+
+
+def test_fold_buffer_only_where_it_costs_no_stage():
+    """The fold buffer is kept only if the CTA keeps its stages, or, fold_first (KDA), while 3 stages remain."""
+    kda_key = key_ring_dtype(torch.bfloat16, True).itemsize
+    fold = delta_fold_bytes(16, 128, kda_key, True)
+    assert fold == 16 * 128 * 2  # KDA: pre-decayed keys only, no gates
+    assert delta_fold_bytes(16, 128, key_ring_dtype(torch.float16, True).itemsize, True) == 16 * 128 * 4
+    assert delta_fold_bytes(16, 128, 2, False) == 16 * 128 * 2 + 16 * 4
+    small, large = delta_stage_bytes(16, 32, 128, 4, 2, True), delta_stage_bytes(16, 64, 128, 4, 2, True)
+    t = Tuning()
+
+    def plan(stage, fold_bytes, fold_first, tuning=t):
+        p = plans.persistent_plan(stage, 10_000, fold_bytes, fold_first, None, H200, tuning)
+        return p.grid, p.stages, p.fold_bytes
+
+    assert plan(small, fold, False) == (3 * 132, 4, 0)  # the buffer would cost a stage
+    assert plan(small, fold, True) == (3 * 132, 3, fold)
+    assert plan(large, fold, True) == (3 * 132, 2, 0)  # 1 stage left
+    gdn_fold = delta_fold_bytes(16, 128, 2, False)
+    assert plan(delta_stage_bytes(16, 64, 128, 4, 2, False), gdn_fold, False) == (3 * 132, 2, gdn_fold)
+    assert plan(small, fold, True, Tuning(fold_buffer=False)) == (3 * 132, 4, 0)
+
+
+def test_tail_start_claims_whole_waves_after_the_first():
+    """None: nothing claimed; else the round-robin share rounded down to whole waves, at least one wave."""
+    assert plans.tail_start(1000, 100, None) == 1000
+    assert plans.tail_start(1000, 100, 0.1) == 900
+    assert plans.tail_start(1050, 100, 0.1) == 900  # 945 round-robin tiles -> 9 whole waves
+    assert plans.tail_start(1000, 100, 0.0) == 1000
+    assert plans.tail_start(1050, 100, 0.0) == 1000  # the last partial wave is claimed
+    assert plans.tail_start(1000, 100, 1.0) == 100  # the first wave stays round-robin
+    assert plans.tail_start(80, 100, 0.5) == 80  # one partial wave: nothing to claim
+
+
+def test_delta_rule_tail_claims_only_for_4_byte_states():
+    dims = get_preset("kimi-linear-48b").ssm_dims
+    for sd, claims in ((torch.float32, True), (torch.bfloat16, False), (torch.float16, False)):
+        p = FAMILIES["kda"].replay_plan(_layer(dims, sd, torch.bfloat16, 16), 256, "replay", device=H200)
+        assert (p.tail_fraction is not None) == claims and (p.tail_start < p.num_tiles) == claims
+
+
+def test_step_scratch_keeps_the_claim_counter_before_the_rows():
+    """The kernels address the claim counter as step[-1] of the rows they are given."""
+    step = ReplayStateCache.gdn(1, 5, 2, 4, 64, 64, buffer_len=4, device="cpu").layer(0).step
+    assert step.shape == (6,)
+    assert launch.step_rows(step) == step.data_ptr() + step.element_size()
+    assert launch.step_rows(None) == 0
+
+
+@pytest.mark.parametrize("env,tuned,expected", [(None, None, True), ("0", None, False), ("1", None, True),
+                                                ("1", False, False), ("0", True, True)])
+def test_programmatic_prep_default_env_and_tuning(env, tuned, expected, monkeypatch):
+    if env is None:
+        monkeypatch.delenv(plans.PREP_PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(plans.PREP_PDL_ENV, env)
+    layer = _layer(get_preset("tiny-nemotron").ssm_dims, torch.float32, torch.bfloat16, 16)
+    plan = mamba2.replay_plan(layer, 512, "replay", Tuning(programmatic_prep=tuned), device=H200)
+    assert plan.programmatic_prep is expected
+
+
+def test_prep_env_rejects_other_values(monkeypatch):
+    monkeypatch.setenv(plans.PREP_PDL_ENV, "yes")
+    with pytest.raises(ValueError, match=plans.PREP_PDL_ENV):
+        plans.programmatic_prep(Tuning())
+
+
+def test_plan_words_round_trip():
+    layer = _layer(get_preset("qwen3.5-122b").ssm_dims, torch.float32, torch.bfloat16, 16)
+    plan = FAMILIES["gdn"].replay_plan(layer, 256, "replay", device=H200)
+    back = plans.Launch.from_words(plan.words)
+    assert (back.mode, back.rows_per_cta, back.grid, back.stages, back.stage_bytes, back.fold_bytes,
+            back.tail_start, back.prep_grid, back.prep_threads, back.programmatic_prep) == (
+        plan.mode, plan.rows_per_cta, plan.grid, plan.stages, plan.stage_bytes, plan.fold_bytes, plan.tail_start,
+        plan.prep_grid, plan.prep_threads, plan.programmatic_prep)
+    assert plan.record()["mode"] == "replay" and "key" not in plan.record()

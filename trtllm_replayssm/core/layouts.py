@@ -1,0 +1,165 @@
+"""Layout specs of what crosses the Python / CUDA seam, checked against the kernels at compile time.
+
+* :class:`ParamLayout`: a kernel's by-value parameter struct. It generates the ctypes struct the launch fills (by
+  field name) and the ``static_assert`` lines appended to the kernel source at compilation, which pin ``sizeof`` and
+  every field's offset: a field out of order fails the kernel gate instead of corrupting memory.
+* Ring and scratch sizes (:func:`delta_record_len`, the persistent kernels' stage and fold-buffer bytes): the host
+  allocates and launches with these numbers; :func:`mamba2_size_checks` / :func:`delta_size_checks` assert them
+  against the kernels' own constexpr layouts for every ring length 1..MAX_BUFFER_LEN.
+* The key-ring element rule (:func:`key_ring_dtype`), which the cache, the references and the kernels share.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_STAGES, NUM_WARPS
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_longlong, "i32": ctypes.c_int, "f32": ctypes.c_float}
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """A C++ parameter struct: ``name`` and ``(field, kind)`` pairs in declaration order (kind: ptr/i64/i32/f32)."""
+
+    name: str
+    fields: tuple[tuple[str, str], ...]
+
+    @functools.cached_property
+    def struct(self) -> type[ctypes.Structure]:
+        """The ctypes mirror (natural alignment, as the C++ struct)."""
+        return type(self.name, (ctypes.Structure,), {"_fields_": [(f, _CTYPES[k]) for f, k in self.fields]})
+
+    def pack(self, **values: object) -> ctypes.Structure:
+        """The struct with every field set by name (pointers as ints); KeyError naming missing or unknown fields."""
+        names = [f for f, _ in self.fields]
+        missing, unknown = [n for n in names if n not in values], [n for n in values if n not in names]
+        if missing or unknown:
+            raise KeyError(f"{self.name}: missing fields {missing}, unknown fields {unknown}")
+        return self.struct(**values)
+
+    def cpp_checks(self) -> str:
+        """``static_assert`` lines pinning the C++ struct's size and field offsets to this layout."""
+        where = "trtllm_replayssm/core/layouts.py"
+        lines = [f'static_assert(sizeof({self.name}) == {ctypes.sizeof(self.struct)}, '
+                 f'"{self.name}: sizeof differs from its layout in {where}");']
+        for field, _ in self.fields:
+            offset = getattr(self.struct, field).offset
+            lines.append(f'static_assert(__builtin_offsetof({self.name}, {field}) == {offset}, '
+                         f'"{self.name}.{field}: offset differs from its layout in {where}");')
+        return "\n".join(lines)
+
+
+def common_checks() -> str:
+    """``static_assert`` lines pinning plugins/replayssm_common.cuh's limits to core/limits.py."""
+    return "\n".join(f'static_assert(rssm::{cpp} == {value}, "rssm::{cpp} differs from core/limits.py {py}");'
+                     for cpp, value, py in (("kMaxL", MAX_BUFFER_LEN, "MAX_BUFFER_LEN"), ("kNumWarps", NUM_WARPS,
+                                            "NUM_WARPS"), ("kMaxStages", MAX_STAGES, "MAX_STAGES")))
+
+
+def layout_fields(spec: str) -> tuple[tuple[str, str], ...]:
+    """``"ptr: a b; i64: c"`` -> ``(("a", "ptr"), ("b", "ptr"), ("c", "i64"))`` (groups in order)."""
+    out = []
+    for group in spec.split(";"):
+        kind, _, names = group.partition(":")
+        out += [(n, kind.strip()) for n in names.split()]
+    return tuple(out)
+
+
+# plugins/mamba2_decode.cu struct Mamba2Params
+MAMBA2_PARAMS = ParamLayout("Mamba2Params", layout_fields(
+    "ptr: state x_ring dt_ring B_ring cursor arrive coef step x dt A B C D z dt_bias slot_idx out;"
+    "i64: s_state_slot s_state_head s_xr_slot s_xr_head s_dtr_slot s_dtr_head s_Br_slot s_Br_group s_coef_row"
+    "     s_x_b s_x_h s_dt_b s_dt_h s_B_b s_B_g s_C_b s_C_g s_z_b s_z_h s_out_b s_out_h;"
+    "i32: nheads ngroups L pad_slot_id dt_softplus dt_is_f32 force_flush batch stages stage_bytes fold_bytes"
+    "     tail_start"))
+
+# plugins/delta_rule_decode.cu struct DeltaParams (GDN and KDA)
+DELTA_PARAMS = ParamLayout("DeltaParams", layout_fields(
+    "ptr: state u_ring k_ring g_ring cursor arrive coef step q k v gate beta A_log dt_bias slot_idx out;"
+    "i64: s_state_slot s_state_head s_ur_slot s_ur_head s_kr_slot s_kr_head s_gr_slot s_gr_head s_coef_row"
+    "     s_q_b s_q_h s_k_b s_k_h s_v_b s_v_h s_gate_b s_gate_h s_beta_b s_beta_h s_out_b s_out_h;"
+    "f32: scale lower_bound;"
+    "i32: num_k_heads num_v_heads L pad_slot_id gate_is_f32 beta_is_f32 has_lower_bound force_flush batch stages"
+    "     stage_bytes fold_bytes tail_start"))
+
+
+# ---------------------------------------------------------------------------------------------- rings and scratch
+def key_ring_dtype(act_dtype: torch.dtype, per_channel_gate: bool) -> torch.dtype:
+    """Element type of the key ring: the activation dtype; fp32 for KDA with fp16 activations (fp16 cannot hold a
+    pre-decayed key, up to e^64 |k|) (plugins/delta_rule_decode.cu kring_t)."""
+    return torch.float32 if per_channel_gate and act_dtype == torch.float16 else act_dtype
+
+
+def _r4(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def _r16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def _r128(n: int) -> int:
+    return (n + 127) // 128 * 128
+
+
+def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
+    """Floats of the GDN/KDA prep kernel's record per (batch row, value head): ring coefficients (2 L), the log-decay
+    (K for KDA, 1 for GDN; from a 16-byte boundary), the q and k multipliers, k·q~ and beta, and for KDA the ring's key
+    form (padded to 4) (plugins/delta_rule_decode.cu rec_len)."""
+    return _r4(2 * L) + _r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
+
+
+def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
+    """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel: the (rows x d_state) checkpoint tile,
+    slot/step/D, coef[0..L], x and z of the rows, C, and L ring rows (plugins/mamba2_decode.cu stage_layout)."""
+    return _r128(rows * d_state * state_elem + 16 + _r16((L + 1) * 4) + 2 * _r16(rows * act_elem)
+                 + _r16(d_state * act_elem) + _r16(L * rows * act_elem))
+
+
+def mamba2_fold_bytes(L: int, d_state: int, act_elem: int) -> int:
+    """Bytes of the Mamba-2 fold buffer: a flush tile's B rows, [L][d_state] (plugins/mamba2_decode.cu fold_bytes)."""
+    return _r16(L * d_state * act_elem)
+
+
+def delta_stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of one shared-memory stage of the GDN/KDA persistent replay kernel: the (rows x K) checkpoint tile,
+    slot/step, the record, v of the rows, the raw q and k rows and L u-ring rows (plugins/delta_rule_decode.cu
+    stage_layout)."""
+    return _r128(rows * key_dim * state_elem + 16 + _r16(delta_record_len(L, key_dim, per_channel_gate) * 4)
+                 + _r16(rows * act_elem) + _r16(2 * key_dim * act_elem) + _r16(L * rows * act_elem))
+
+
+def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of the GDN/KDA fold buffer: a flush tile's ring keys [L][K] (``key_elem`` bytes each) and, for GDN, its
+    cumulative gates [L] fp32 (plugins/delta_rule_decode.cu fold_bytes)."""
+    return _r16(L * key_dim * key_elem) + (0 if per_channel_gate else _r16(L * 4))
+
+
+def mamba2_size_checks(rows: int, d_state: int, state_elem: int, act_elem: int) -> str:
+    """``static_assert`` lines pinning the Mamba-2 kernel's stage and fold sizes to the functions above."""
+    lines = []
+    for L in range(1, MAX_BUFFER_LEN + 1):
+        lines.append(f"static_assert(stage_layout({L}).bytes == {mamba2_stage_bytes(L, rows, d_state, state_elem, act_elem)}"
+                     f', "stage bytes at L={L} differ from core/layouts.py");')
+        lines.append(f"static_assert(fold_buffer_bytes({L}) == {mamba2_fold_bytes(L, d_state, act_elem)}"
+                     f', "fold bytes at L={L} differ from core/layouts.py");')
+    return "\n".join(lines)
+
+
+def delta_size_checks(rows: int, key_dim: int, state_elem: int, act_elem: int, key_elem: int,
+                      per_channel_gate: bool) -> str:
+    """``static_assert`` lines pinning the GDN/KDA kernel's record, stage and fold sizes to the functions above."""
+    lines = []
+    for L in range(1, MAX_BUFFER_LEN + 1):
+        stage = delta_stage_bytes(L, rows, key_dim, state_elem, act_elem, per_channel_gate)
+        lines.append(f"static_assert(rec_len({L}) == {delta_record_len(L, key_dim, per_channel_gate)}"
+                     f', "record length at L={L} differs from core/layouts.py");')
+        lines.append(f'static_assert(stage_layout({L}).bytes == {stage}, "stage bytes at L={L} differ from '
+                     f'core/layouts.py");')
+        lines.append(f"static_assert(fold_buffer_bytes({L}) == {delta_fold_bytes(L, key_dim, key_elem, per_channel_gate)}"
+                     f', "fold bytes at L={L} differ from core/layouts.py");')
+    return "\n".join(lines)

@@ -1,0 +1,250 @@
+"""What the Gated DeltaNet and Kimi Delta Attention ops share: one kernel source (``plugins/delta_rule_decode.cu``,
+KDA=0 / KDA=1), its parameter struct, the planners and the argument checks. ``gdn.py`` and ``kda.py`` add their gate
+inputs and custom ops; ``per_channel_gate`` (KDA) is the one switch between them.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from trtllm_replayssm.core import checks as chk
+from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.formats import get_dtype
+from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
+from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
+                                           delta_stage_bytes, key_ring_dtype)
+from trtllm_replayssm.core.limits import NUM_WARPS
+from trtllm_replayssm.core.ops.launch import ptr, run_plan, step_rows, stride
+from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, device_of,
+                                         fitting_tiles, persistent_plan, programmatic_prep, resolve_mode,
+                                         resolved_tail_fraction, stages_for, state_tile)
+from trtllm_replayssm.core.reference import gdn as ref
+
+KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
+           "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
+SUPPORTED_KEY_DIMS = (64, 128, 256)
+MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
+# mode='auto' replays from this many work items (batch x value heads) per SM: H200, fp32 state, replay over baseline
+# at batch 8 / 64: GDN Qwen3.5-4B 0.49x / 1.25x, KDA Kimi-Linear 0.44x / 1.28x (docs/decisions.md, adaptive mode).
+REPLAY_MIN_WORK_PER_SM = 8
+REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster than the baseline (fp16: not measured)
+# Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte states; kernels with 16-bit
+# states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail claims).
+TAIL_FRACTION = 0.1
+DEFAULT_TUNING = Tuning()
+
+
+def claims_tail(state_dtype: torch.dtype) -> bool:
+    """Whether the main kernel for ``state_dtype`` claims its tail tiles (plugins/delta_rule_decode.cu kTailClaims)."""
+    return get_dtype(state_dtype).bytes == 4
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+def kernel_config(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype,
+                  act_dtype: torch.dtype, rows_per_cta: int) -> KernelConfig:
+    """The delta-rule decode module (baseline, flush and replay kernels) for one shape, dtype pair and row tile."""
+    sd, ad = get_dtype(state_dtype), get_dtype(act_dtype)
+    return KernelConfig(
+        family="kda" if per_channel_gate else "gdn", source="delta_rule_decode.cu", kernels=tuple(KERNELS.values()),
+        params=(("dk", key_dim), ("dv", value_dim), ("vtile", rows_per_cta), ("kda", int(per_channel_gate)),
+                ("state_t", sd.cuda), ("act_t", ad.cuda)),
+        checks=functools.partial(_checks, sd.torch, ad.torch))
+
+
+def _checks(state_dtype: torch.dtype, act_dtype: torch.dtype, config: KernelConfig) -> str:
+    per_channel = bool(config.param("kda"))
+    key_elem = key_ring_dtype(act_dtype, per_channel).itemsize
+    claims = "true" if claims_tail(state_dtype) else "false"
+    return "\n".join((DELTA_PARAMS.cpp_checks(),
+                      delta_size_checks(config.param("vtile"), config.param("dk"), state_dtype.itemsize,
+                                        act_dtype.itemsize, key_elem, per_channel),
+                      f'static_assert(kTailClaims == {claims}, "kTailClaims differs from core/ops/delta.py '
+                      f'claims_tail");'))
+
+
+def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype,
+                   act_dtype: torch.dtype) -> list[KernelConfig]:
+    """Every module a layer can launch at any batch size (all row tiles)."""
+    return unique(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
+                  for t in tile_choices(value_dim, key_dim))
+
+
+# ---------------------------------------------------------------------------------------------------- planning
+def replay_plan_key(layer: GDNLayerCache, batch: int, per_channel_gate: bool) -> tuple:
+    """What a replay plan depends on: batch, shapes, ring length and dtypes."""
+    return ("kda replay" if per_channel_gate else "gdn replay", batch, *layer.state.shape[1:],
+            layer.k_ring.shape[1], layer.buffer_len, layer.state.dtype, layer.u_ring.dtype)
+
+
+def state_update_plan_key(state: torch.Tensor, batch: int, act_dtype: torch.dtype, per_channel_gate: bool) -> tuple:
+    return ("kda state update" if per_channel_gate else "gdn state update", batch, *state.shape[1:], state.dtype,
+            act_dtype)
+
+
+def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: str = "auto",
+                tuning: Tuning = DEFAULT_TUNING, device: Device | None = None) -> LaunchPlan:
+    """The launch plan of a GDN (``per_channel_gate`` False) or KDA replay decode step of ``batch`` rows."""
+    _, HV, V, K = layer.state.shape
+    L, act = layer.buffer_len, layer.u_ring.dtype
+    dev = device or device_of(layer.state.device)
+    key = replay_plan_key(layer, batch, per_channel_gate)
+    resolved = resolve_mode(mode, batch * HV, layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev,
+                            tuning)
+    if not dev.is_cuda:
+        return LaunchPlan(resolved, key, 0, (0, 0, 0))
+    if resolved == "flush":
+        return _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning)
+    if not dev.replay_capable:
+        raise RuntimeError("delta-rule replay decode: mode='replay' needs an sm_90+ GPU (bulk async copies); use "
+                           "mode='auto' or 'flush'")
+    state_elem, act_elem = layer.state.element_size(), get_dtype(act).bytes
+    key_elem = key_ring_dtype(act, per_channel_gate).itemsize
+    tile = _row_tile(V, K, batch * HV, dev, tuning)
+    if tuning.rows_per_cta is None:
+        tile = _fitting_tile(V, K, L, state_elem, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
+    num_tiles = batch * HV * (V // tile)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION) if claims_tail(layer.state.dtype) else None
+    main = persistent_plan(delta_stage_bytes(L, tile, K, state_elem, act_elem, per_channel_gate), num_tiles,
+                           delta_fold_bytes(L, K, key_elem, per_channel_gate), per_channel_gate, fraction, dev, tuning)
+    items = batch * layer.k_ring.shape[1]  # a prep warp per (row, key head) for GDN, per (row, value head) for KDA
+    return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
+                      main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
+                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
+
+
+def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,
+                      tuning: Tuning = DEFAULT_TUNING, device: Device | None = None) -> LaunchPlan:
+    """The launch plan of a baseline GDN / KDA step of ``batch`` rows of the pool ``state`` [slots, HV, V, K]."""
+    _, HV, V, K = state.shape
+    dev = device or device_of(state.device)
+    key = state_update_plan_key(state, batch, act_dtype, per_channel_gate)
+    if not dev.is_cuda:
+        return LaunchPlan("baseline", key, 0, (0, 0, 0))
+    return _state_kernel_plan("baseline", key, V, K, HV, batch, dev, tuning)
+
+
+def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: int, dev: Device,
+                       tuning: Tuning) -> LaunchPlan:
+    tile = _row_tile(V, K, batch * HV, dev, tuning)
+    return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
+
+
+def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning) -> int:
+    tile = state_tile(value_dim, key_dim, work_items, dev, tuning)
+    if tile > MAX_ROWS_PER_CTA:
+        raise ValueError(f"rows_per_cta: expected at most {MAX_ROWS_PER_CTA} rows per CTA, got {tile}")
+    return tile
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
+                  per_channel_gate: bool, ctas_per_sm: int, key_elem: int) -> int:
+    """The heuristic's row tile, lowered until two stages fit per CTA (KDA: and the fold buffer with them)."""
+    stage = {t: delta_stage_bytes(L, t, key_dim, state_elem, act_elem, per_channel_gate)
+             for t in tile_choices(value_dim, key_dim)}
+    fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
+    if not fits:
+        return tile
+    if per_channel_gate:  # a KDA fold without the buffer loads its keys itself: worth a smaller tile (measured)
+        fold = delta_fold_bytes(L, key_dim, key_elem, True)
+        buffered = [t for t in fits if stages_for(stage[t], ctas_per_sm, fold) >= FOLD_FIRST_MIN_STAGES]
+        if buffered:
+            return max(buffered)
+    return max(fits)
+
+
+# ---------------------------------------------------------------------------------------------------- launching
+def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,  # noqa: N803
+           scale: float, lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out):
+    """The kernel parameter struct (rings None for the baseline kernel)."""
+    return DELTA_PARAMS.pack(
+        state=ptr(state), u_ring=ptr(u_ring), k_ring=ptr(k_ring), g_ring=ptr(g_ring), cursor=ptr(cursor),
+        arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), q=ptr(q), k=ptr(k), v=ptr(v), gate=ptr(gate),
+        beta=ptr(beta), A_log=ptr(A_log), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
+        s_state_slot=state.stride(0), s_state_head=state.stride(1), s_ur_slot=stride(u_ring, 0),
+        s_ur_head=stride(u_ring, 1), s_kr_slot=stride(k_ring, 0), s_kr_head=stride(k_ring, 1),
+        s_gr_slot=stride(g_ring, 0), s_gr_head=stride(g_ring, 1), s_coef_row=stride(coef, 0),
+        s_q_b=q.stride(0), s_q_h=q.stride(1), s_k_b=k.stride(0), s_k_h=k.stride(1), s_v_b=v.stride(0),
+        s_v_h=v.stride(1), s_gate_b=gate.stride(0), s_gate_h=gate.stride(1), s_beta_b=beta.stride(0),
+        s_beta_h=beta.stride(1), s_out_b=out.stride(0), s_out_h=out.stride(1),
+        scale=float(scale), lower_bound=0.0 if lower_bound is None else float(lower_bound),
+        num_k_heads=q.shape[1], num_v_heads=v.shape[1], L=u_ring.shape[2] if u_ring is not None else 1,
+        pad_slot_id=pad_slot_id, gate_is_f32=int(gate.dtype == torch.float32),
+        beta_is_f32=int(beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
+        force_flush=int(force_flush), batch=q.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
+
+
+def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v,
+        gate, beta, A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, out) -> None:  # noqa: N803
+    """A custom op's CUDA body: the kernels of ``plan`` (rings None for the baseline)."""
+    if q.shape[0] == 0:
+        return
+    launch = Launch.from_words(plan)
+    struct = params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
+                    scale, lower_bound, idx, pad_slot_id, launch.mode == "flush", out)
+    config = kernel_config(per_channel_gate, q.shape[2], v.shape[2], state.dtype, q.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, struct, q.device, prep_carveout=True)
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def resolve_scale(scale: float | None, key_dim: int) -> float:
+    """``scale`` as a finite float (default ``key_dim ** -0.5``)."""
+    value = ref.resolve_scale(scale, key_dim)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"scale: expected a finite float, got {scale}")
+    return value
+
+
+def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
+    """Checks shared by GDN and KDA; returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
+    chk.check_tensor("state", state, (None, None, None, None), chk.FLOAT_DTYPES, inner_contiguous=2)
+    slots, HV, V, K = state.shape
+    dev = state.device
+    if K not in SUPPORTED_KEY_DIMS:
+        raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
+    if V % NUM_WARPS:
+        raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
+        raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
+    chk.check_tensor("q", q, (None, None, K), chk.FLOAT_DTYPES, dev)
+    batch, H = q.shape[:2]
+    if H == 0 or HV % H:
+        raise ValueError(f"q: key heads (dim 1) must divide the value heads of the state ({HV}), got {H}")
+    chk.check_tensor("k", k, (batch, H, K), (q.dtype,), dev)
+    chk.check_tensor("v", v, (batch, HV, V), (q.dtype,), dev)
+    if out is None:
+        out = torch.empty_like(v)
+    chk.check_tensor("out", out, (batch, HV, V), (q.dtype,), dev)
+    if dev.type == "cuda":
+        epl = K // 32
+        for name, t in (("state", state), ("q", q), ("k", k)):
+            chk.check_aligned(name, t, epl)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    return idx, out, (slots, H, HV, V, K)
+
+
+def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool,
+                   batch: int) -> None:
+    """Ring/cursor/scratch tensors of ``layer`` against the step's dims (slots, H, HV, V, K) and batch."""
+    slots, H, HV, V, K = dims
+    chk.check_scratch_rows(batch, slots)
+    L, dev = layer.buffer_len, layer.state.device
+    chk.check_tensor("layer.u_ring", layer.u_ring, (slots, HV, L, V), (act_dtype,), dev, inner_contiguous=2)
+    key_heads = HV if per_channel_gate else H  # KDA: one pre-decayed key per value head
+    chk.check_tensor("layer.k_ring", layer.k_ring, (slots, key_heads, L, K), (key_ring_dtype(act_dtype,
+                     per_channel_gate),), dev, inner_contiguous=2)
+    gate_shape, inner = ((slots, HV, L, K), 2) if per_channel_gate else ((slots, HV, L), 1)
+    chk.check_tensor("layer.g_ring", layer.g_ring, gate_shape, (torch.float32,), dev, inner_contiguous=inner)
+    chk.check_tensor("layer.cursor", layer.cursor, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.arrive", layer.arrive, (slots,), (torch.int32,), dev)
+    chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K, per_channel_gate)),
+                     (torch.float32,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
+    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+        chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
+        chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())
+        chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)
+        if per_channel_gate:
+            chk.check_aligned("layer.g_ring", layer.g_ring, K // 32)
+

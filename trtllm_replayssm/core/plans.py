@@ -1,0 +1,285 @@
+"""Launch plans as values: what a caller may tune (:class:`Tuning`), what one op call launches (:class:`LaunchPlan`),
+and the planner steps the families share (mode choice, row tile, persistent-kernel stages, tail claims).
+
+Planners take the GPU as a :class:`Device` value (SM count, compute capability), so plans are computed and tested
+without a GPU. Each op module has ``replay_plan`` / ``state_update_plan``; its op runs exactly the plan it is given
+(default: the planner's), so a benchmark records what ran.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from trtllm_replayssm.core.jit.configs import rows_per_cta_choices, tile_choices
+from trtllm_replayssm.core.limits import MAX_STAGES
+
+MODES = ("auto", "replay", "flush")  # what a caller asks for
+PLAN_MODES = ("replay", "flush", "baseline")  # what a plan runs
+SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
+STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
+TARGET_CTAS_PER_SM = 24           # state kernels: enough CTAs to fill the GPU at small batch
+FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
+PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
+ADAPTIVE_THRESHOLD_ENV = "TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD"
+DEFAULT = "default"  # Tuning.tail_fraction: the family's own choice
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the planners need to know of a GPU (``sm_count`` 0: a CPU, where the reference ops run)."""
+
+    sm_count: int
+    major: int = 9
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.sm_count > 0
+
+    @property
+    def replay_capable(self) -> bool:
+        """The persistent replay kernels use sm_90 bulk copies and mbarrier waits."""
+        return self.major >= 9
+
+
+CPU = Device(0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device(index: int) -> Device:
+    props = torch.cuda.get_device_properties(index)
+    return Device(props.multi_processor_count, props.major)
+
+
+def device_of(device: torch.device) -> Device:
+    """The Device of a torch device (CPU for CPU tensors)."""
+    if device.type != "cuda":
+        return CPU
+    return _cuda_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The planner's knobs; the defaults are the shipped plans. Benchmark sweeps and tests pass their own.
+
+    ``rows_per_cta``: the row tile (None: the heuristic); ``ctas_per_sm`` and ``stages``: the persistent replay
+    kernels' CTAs per SM and shared-memory stages (None: as many as fit); ``tail_fraction``: the share of the
+    persistent kernels' tiles claimed at run time (None: all round-robin; DEFAULT: the family's);
+    ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``programmatic_prep``: launch the
+    prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``adaptive_threshold``:
+    work items (batch x heads) below which ``mode='auto'`` flushes every step (None: $TRTLLM_REPLAYSSM_ADAPTIVE_
+    THRESHOLD, else the family's work per SM x SMs)."""
+
+    rows_per_cta: int | None = None
+    ctas_per_sm: int = 3
+    stages: int | None = None
+    tail_fraction: float | None | str = DEFAULT
+    fold_buffer: bool = True
+    programmatic_prep: bool | None = None
+    adaptive_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"ctas_per_sm: expected >= 1, got {self.ctas_per_sm}")
+        if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"stages: expected 2..{MAX_STAGES}, got {self.stages}")
+        frac = self.tail_fraction
+        if frac not in (None, DEFAULT) and not (isinstance(frac, float) and 0.0 <= frac <= 1.0):
+            raise ValueError(f"tail_fraction: expected None, {DEFAULT!r} or a float in [0, 1], got {frac!r}")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``flush`` (the flush kernel:
+    every row folds its ring and writes its state) or ``baseline`` (the state-update kernel). ``key`` names the
+    shapes and dtypes the plan was made for; an op refuses a plan made for others.
+
+    State kernels (flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
+    ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
+    ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time."""
+
+    mode: str
+    key: tuple
+    rows_per_cta: int
+    grid: tuple[int, int, int]
+    stages: int = 0
+    stage_bytes: int = 0
+    fold_bytes: int = 0
+    tail_start: int = 0
+    prep_grid: tuple[int, int, int] = (0, 0, 0)
+    prep_threads: int = 0
+    programmatic_prep: bool = False
+    tail_fraction: float | None = None
+    num_tiles: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in PLAN_MODES:
+            raise ValueError(f"mode: expected one of {PLAN_MODES}, got {self.mode!r}")
+
+    @property
+    def words(self) -> list[int]:
+        """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
+        return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
+                self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep)]
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of the persistent main kernel."""
+        return self.stages * self.stage_bytes + self.fold_bytes
+
+    def record(self) -> dict:
+        """The plan's numbers for a results record (without the key)."""
+        out = asdict(self)
+        out.pop("key")
+        return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch numbers of a LaunchPlan, read back from its ``words`` inside a custom op."""
+
+    mode: str
+    rows_per_cta: int
+    grid: tuple[int, int, int]
+    stages: int
+    stage_bytes: int
+    fold_bytes: int
+    tail_start: int
+    prep_grid: tuple[int, int, int]
+    prep_threads: int
+    programmatic_prep: bool
+
+    @classmethod
+    def from_words(cls, words: list[int]) -> "Launch":
+        w = list(words)
+        if len(w) != 14:
+            raise ValueError(f"plan: expected 14 words (LaunchPlan.words), got {len(w)}")
+        return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
+                   bool(w[13]))
+
+
+# ---------------------------------------------------------------------------------------------- shared steps
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected 'auto', 'replay' or 'flush', got {mode!r}")
+    return mode
+
+
+def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, device: Device,
+                 tuning: Tuning) -> str:
+    """``replay`` or ``flush`` for a requested mode: ``auto`` replays on a replay-capable GPU where the state dtype's
+    replay is measured faster (``replay_state``) and the batch fills the GPU (``work_items`` at least the adaptive
+    threshold, ``per_sm`` x SMs by default); on a CPU ``auto`` means ``replay`` (the reference replay step)."""
+    check_mode(mode)
+    if mode != "auto":
+        return mode
+    if not device.is_cuda:
+        return "replay"
+    if not replay_state or not device.replay_capable:
+        return "flush"
+    return "flush" if work_items < adaptive_threshold(per_sm, device, tuning) else "replay"
+
+
+def adaptive_threshold(per_sm: int, device: Device, tuning: Tuning) -> int:
+    """Work items below which ``auto`` flushes: the tuning's, else $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else
+    ``per_sm`` x SMs."""
+    if tuning.adaptive_threshold is not None:
+        return tuning.adaptive_threshold
+    env = os.environ.get(ADAPTIVE_THRESHOLD_ENV)
+    return int(env) if env is not None else per_sm * device.sm_count
+
+
+def programmatic_prep(tuning: Tuning) -> bool:
+    """Whether prep kernels launch as programmatic dependents: the tuning's, else $TRTLLM_REPLAYSSM_PREP_PDL (0 or
+    1), else on."""
+    if tuning.programmatic_prep is not None:
+        return tuning.programmatic_prep
+    env = os.environ.get(PREP_PDL_ENV)
+    if env is None:
+        return True
+    if env not in ("0", "1"):
+        raise ValueError(f"{PREP_PDL_ENV}: expected 0 or 1, got {env!r}")
+    return env == "1"
+
+
+def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning) -> int:
+    """Row tile of a state kernel for a (rows x cols) state per head: enough CTAs for TARGET_CTAS_PER_SM per SM at
+    small batch, the largest tile at large batch (the tuning's ``rows_per_cta`` if set)."""
+    if tuning.rows_per_cta is not None:
+        if tuning.rows_per_cta not in rows_per_cta_choices(rows):
+            raise ValueError(f"rows_per_cta: expected one of {rows_per_cta_choices(rows)}, got {tuning.rows_per_cta}")
+        return tuning.rows_per_cta
+    choices = tile_choices(rows, cols)
+    fitting = [t for t in choices if work_items * (rows // t) >= TARGET_CTAS_PER_SM * device.sm_count]
+    return max(fitting) if fitting else min(choices)
+
+
+def stages_for(stage_bytes: int, ctas_per_sm: int, reserved: int = 0) -> int:
+    """Shared-memory stages of ``stage_bytes`` per CTA at ``ctas_per_sm``, ``reserved`` bytes set aside."""
+    return min(MAX_STAGES, (SHARED_BYTES_PER_SM // ctas_per_sm - STATIC_SHARED_BYTES - reserved) // stage_bytes)
+
+
+def fitting_tiles(stage_of: dict[int, int], tile: int, act_elem: int, ctas_per_sm: int) -> list[int]:
+    """The row tiles of ``stage_of`` (tile -> stage bytes) up to ``tile`` whose rows move by 4-byte copies and whose
+    stage fits at least twice per CTA of a persistent replay kernel."""
+    return [t for t, stage in stage_of.items()
+            if t <= tile and t * act_elem % 4 == 0 and stages_for(stage, ctas_per_sm) >= 2]
+
+
+def tail_start(num_tiles: int, grid: int, fraction: float | None) -> int:
+    """First tile a persistent replay kernel claims at run time rather than takes round-robin: ``num_tiles`` (none)
+    for fraction None, else the round-robin share of ``num_tiles * (1 - fraction)`` tiles rounded down to whole
+    waves of ``grid`` tiles, at least one wave."""
+    if fraction is None:
+        return num_tiles
+    return min(num_tiles, max(1, int(num_tiles * (1.0 - fraction)) // grid) * grid)
+
+
+@dataclass(frozen=True)
+class Persistent:
+    """The persistent main kernel's part of a replay plan."""
+
+    grid: int
+    stages: int
+    stage_bytes: int
+    fold_bytes: int
+    tail_start: int
+    tail_fraction: float | None
+
+
+def persistent_plan(stage_bytes: int, num_tiles: int, fold_bytes: int, fold_first: bool,
+                    tail_fraction: float | None, device: Device, tuning: Tuning) -> Persistent:
+    """Grid, stages and fold buffer of a persistent replay kernel streaming ``num_tiles`` stages of ``stage_bytes``:
+    the fold buffer (``fold_bytes``) is kept where it costs no stage, or, ``fold_first``, while
+    FOLD_FIRST_MIN_STAGES stages remain."""
+    ctas = tuning.ctas_per_sm
+    stages = tuning.stages
+    if stages is None:
+        stages = stages_for(stage_bytes, ctas)
+        if fold_first and tuning.fold_buffer and fold_bytes:
+            with_fold = stages_for(stage_bytes, ctas, fold_bytes)
+            stages = with_fold if with_fold >= FOLD_FIRST_MIN_STAGES else stages
+    if not 2 <= stages <= MAX_STAGES:
+        raise ValueError(f"state tile of {stage_bytes} bytes: {stages} shared-memory stages (need 2..{MAX_STAGES})")
+    fits = stages_for(stage_bytes, ctas, fold_bytes) >= stages
+    fold = fold_bytes if fits and tuning.fold_buffer else 0
+    grid = min(num_tiles, ctas * device.sm_count)
+    return Persistent(grid, stages, stage_bytes, fold, tail_start(num_tiles, grid, tail_fraction), tail_fraction)
+
+
+def resolved_tail_fraction(tuning: Tuning, family_default: float | None) -> float | None:
+    return family_default if tuning.tail_fraction == DEFAULT else tuning.tail_fraction
+
+
+def checked_plan(plan: LaunchPlan, key: tuple, mode: str = "auto") -> LaunchPlan:
+    """``plan`` if it was made for a call of ``key`` (shapes, dtypes, batch) and agrees with an explicit ``mode``;
+    ValueError naming what differs otherwise."""
+    if not isinstance(plan, LaunchPlan):
+        raise TypeError(f"plan: expected a LaunchPlan, got {type(plan).__name__}")
+    if plan.key != key:
+        raise ValueError(f"plan: made for {plan.key}, but this call is {key}; make it with the op's planner")
+    if check_mode(mode) != "auto" and mode != plan.mode:
+        raise ValueError(f"mode: {mode!r} disagrees with the plan's mode {plan.mode!r}")
+    return plan
