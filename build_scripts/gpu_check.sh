@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The one GPU call (H200): environment, peers, GPU tests + compute-sanitizer, kernel benchmarks side by side with the
-# peers, model-level compare; prints a short table last. Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [bench] [compare]      (default: all three)
-# Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/bench/flashinfer_aot.py) for the peers.
-# The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
+# The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
+# carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
+# Results land in $OUT (default ./gpu_out).
+#   bash build_scripts/gpu_check.sh [tests] [sanitize] [bench] [compare]      (default: tests sanitize bench compare)
+# Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
+# peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
-# Budget: a fresh H200 call takes ~45-60 s to start; tests ~2 min; bench ~4 min (FlashInfer's checkpointing_ssu
-# autotuner needs ~14 s per profile at large batch); compare of the two 4B models ~2 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRTLLM_REPLAYSSM_CACHE=${TRTLLM_REPLAYSSM_CACHE:-/tmp/trtllm_replayssm_cache}
-steps="${*:-tests bench compare}"
+steps="${*:-tests sanitize bench compare}"
 has() { [[ " $steps " == *" $1 "* ]]; }
+results=()
+record() {  # record NAME RC DETAIL
+  results+=("$(printf '%-44s %-5s %s' "$1" "$([ "$2" = 0 ] && echo ok || echo "FAIL($2)")" "$3")")
+  [ "$2" = 0 ] || failed=1
+}
+failed=0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, cuda.bindings; from trtllm_replayssm.core.jit.compiler import nvrtc_version; \
@@ -33,34 +38,46 @@ if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-c
 fi
 
 if has tests; then
-  timeout 420 python3 -m pytest -q -m "gpu or kernels" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
-  for t in "tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py -k sanitizer_smoke" \
-           "tests/test_decoder_layer_ops.py"; do
-    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-      python3 -m pytest -q $t > "$OUT/sanitizer.log" 2>&1
-    echo "compute-sanitizer memcheck [$t]: rc=$? $(grep -h 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
+  rc=$?; record "pytest -m 'gpu or kernels'" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
+fi
+if has sanitize; then  # every tool on the smoke tests; racecheck also on the protocol kernel (docs/decisions.md)
+  smoke=("tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py::test_sanitizer_smoke"
+         "tests/test_decoder_layer_ops.py")
+  for tool in memcheck racecheck initcheck synccheck; do
+    for t in "${smoke[@]}"; do
+      log="$OUT/sanitizer-$tool.log"
+      timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
+        python3 -m pytest -q "$t" >> "$log" 2>&1
+      rc=$?; record "$tool $(basename "${t%%::*}")" $rc "$(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$log" | tail -n 1)"
+    done
   done
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 benchmarks/dev/racecheck_protocol.py \
+    > "$OUT/sanitizer-racecheck-protocol.log" 2>&1
+  rc=$?; record "racecheck protocol kernel" $rc "$(grep -h 'RACECHECK SUMMARY\|ERROR SUMMARY' \
+    "$OUT/sanitizer-racecheck-protocol.log" | tail -n 1)"
 fi
 if has bench; then  # fp32 state at every batch first, then bf16 state at serving batches (separate files)
   # BENCH_ARGS narrows the run, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0 skips bf16.
   timeout "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
-    -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1; echo "bench fp32 rc=$?"
+    -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1
+  rc=$?; record "bench kernels fp32" $rc "$OUT/kernels-h200-fp32.json"
   if [ "${BENCH_BF16:-1}" = 1 ]; then
     timeout "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
-      ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "bench bf16 rc=$?"
+      ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1
+    rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
   fi
-  tail -n 3 "$OUT"/bench_*.log
 fi
 if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
   batches=${COMPARE_BATCH:-1,8,64,256}
   timeout "${COMPARE_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-nano-4b qwen3.5-4b \
     --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-full" > "$OUT/compare.log" 2>&1
-  echo "compare rc=$?"; tail -n 25 "$OUT/compare.log"
+  rc=$?; record "compare 4B models" $rc "$OUT/compare-full/compare.json"
   if [ "${COMPARE_SLICES:-1}" = 1 ]; then
     timeout "${COMPARE_SLICES_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-super-120b qwen3.5-122b \
       --gpu-layers 12 --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-slices" \
       > "$OUT/compare_slices.log" 2>&1
-    echo "compare slices rc=$?"; tail -n 25 "$OUT/compare_slices.log"
+    rc=$?; record "compare 12-layer slices" $rc "$OUT/compare-slices/compare.json"
   fi
 fi
 for f in "$OUT"/kernels-h200-*.json; do
@@ -68,4 +85,6 @@ for f in "$OUT"/kernels-h200-*.json; do
 summary_markdown; print(summary_markdown(load_results(sys.argv[1])))" "$f"
 done
 if [ -n "${PACK_TO:-}" ]; then tar czf "$PACK_TO/gpu_results.tgz" -C "$OUT" . && echo "packed $OUT -> $PACK_TO"; fi
-exit 0
+echo
+printf '%s\n' "${results[@]}"
+exit "$failed"

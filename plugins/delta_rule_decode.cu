@@ -76,11 +76,11 @@ constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
 constexpr int kGdnPrepChunk = kEpl <= 4 ? 8 : 2;  // GDN ring keys whose loads the prep issues at once (registers)
 constexpr int kGdnReduce = kEpl <= 4 ? 4 : 2;     // of those, reduced at once (rssm::warp_sum_scatter)
 constexpr float kL2Eps = 1e-6f;
-constexpr float kLogGateFloor = -128.f;          // as reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
+constexpr float kLogGateFloor = -128.f;          // as core/reference/gdn.py LOG_GATE_FLOOR: e^-128 is 0 in fp32
 // KDA ring key form: entry j is pre-decayed (k~_j = e^{-G_j} ⊙ k_j, at most e^64 |k_j|: fits fp32 and bf16) when its
 // cumulative log-gate G_j >= -kPredecayFloor on every channel, else raw. A step decays it by e^{lg} (lg <= G_j); where
 // that flushes to zero (lg < -87.3) the lost factor e^{lg - G_j} is below e^-23. G_j falls with j, so a ring whose last
-// entry is pre-decayed holds only pre-decayed entries (no gate but G_{w-1} is read). reference/gdn.py PREDECAY_FLOOR
+// entry is pre-decayed holds only pre-decayed entries (no gate but G_{w-1} is read). core/reference/gdn.py PREDECAY_FLOOR
 // mirrors it.
 constexpr float kPredecayFloor = 64.f;
 
@@ -310,7 +310,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
   };
   // The fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the faster order
-  // for each at batch 1-8 on the H200 (benchmarks/results/dev/sweep-24-flush-order.log).
+  // for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel).
   if constexpr (kReplay && !kPerChannel) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
@@ -405,7 +405,7 @@ __device__ __forceinline__ void write_record_tail(float* rec, int L, const float
 
 // KDA prep: ring keys whose raw loads are in flight at once, at most 8 registers of them (64 per thread at 8 CTAs per
 // SM: 4 16-bit or 2 fp32 keys for K = 128, one for K = 256); shared-memory staging was measured far slower,
-// benchmarks/results/dev/sweep-23-kda-prep-loads.log.
+// docs/decisions.md, KDA prep loads.
 constexpr int kRingKeyRegs = (kEpl * int(sizeof(kring_t)) + 3) / 4;  // registers of one raw ring key per lane
 constexpr int kPrepChunk = kEpl > 4 ? 1 : (8 / kRingKeyRegs < 4 ? 8 / kRingKeyRegs : 4);
 
@@ -551,8 +551,8 @@ namespace {
 constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
 // 4-byte states claim the main kernel's tail tiles (rssm::produce_tiles_claiming_tail), 2-byte states keep the
 // round-robin schedule: H200, batch 256, against round-robin, claims made fp32 steps 1-2.5% faster, but the claiming
-// code made bf16 steps 3-5% slower even with no tile claimed (benchmarks/results/dev/sweep-s12-2-*.log).
-// trtllm_replayssm/ops/gdn.py:tail_fraction mirrors the choice.
+// code made bf16 steps 3-5% slower even with no tile claimed (docs/decisions.md, tail claims).
+// trtllm_replayssm/core/ops/delta.py:claims_tail mirrors the choice (checked at compilation).
 constexpr bool kTailClaims = sizeof(state_t) == 4;
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
@@ -834,22 +834,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);
-  if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
-  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
-  if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
-    produce(p, pipe, stage_mem, num_tiles);
-    return;
-  }
-  const unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
-  int folds = 0;  // flush tiles done: the fold buffer's phase
-  auto tile = [&](int t, unsigned char* stage, int s) {
-    replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-  };
-  if constexpr (kTailClaims) {
-    rssm::consume_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
-                                      tile);
-  } else {
-    rssm::consume_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, tile);
-  }
+  rssm::persistent_main<kTailClaims>(pipe, stage_mem, p.stages, p.stage_bytes, stage_layout(p.L).bytes, num_tiles,
+                                     p.tail_start, kTileBytes, [&] { produce(p, pipe, stage_mem, num_tiles); },
+                                     [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf,
+                                         int& folds) { replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds); });
 #endif
 }

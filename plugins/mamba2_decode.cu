@@ -608,17 +608,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * p.nheads * (P / PT);
-  if (stage_layout(p.L).bytes > p.stage_bytes) __trap();  // host and device stage layouts disagree
-  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
-  if (threadIdx.x / rssm::kWarpSize == rssm::kNumWarps) {
-    produce(p, pipe, stage_mem, num_tiles);
-    return;
-  }
-  const act_t* fold_buf = reinterpret_cast<const act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
-  int folds = 0;  // flush tiles done: the fold buffer's phase
-  rssm::consume_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, p.tail_start, kTileBytes,
-                                    [&](int t, unsigned char* stage, int s) {
-                                      replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds);
-                                    });
+  rssm::persistent_main<true>(pipe, stage_mem, p.stages, p.stage_bytes, stage_layout(p.L).bytes, num_tiles,
+                              p.tail_start, kTileBytes, [&] { produce(p, pipe, stage_mem, num_tiles); },
+                              [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf, int& folds) {
+                                replay_tile(p, tile_coord(p, t), stage, pipe, s,
+                                            reinterpret_cast<const act_t*>(fold_buf), folds);
+                              });
 #endif
 }

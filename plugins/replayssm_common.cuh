@@ -8,7 +8,7 @@
 namespace rssm {
 
 constexpr int kWarpSize = 32;
-constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host side: kernels/configs.py NUM_WARPS)
+constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host side: core/limits.py NUM_WARPS)
 constexpr int kThreads = kWarpSize * kNumWarps;
 constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in the warp scans
 
@@ -302,7 +302,7 @@ __device__ __forceinline__ void release_stage(TilePipe& pipe, int s) {
 // Checkpoint tiles a producer copies before `griddepcontrol.wait`, while the prep kernel still runs (prep never writes
 // the state): the latency-bound prep is the step's critical path and this traffic slows it. H200, batch 256: one tile
 // beat two and none (Qwen3.5-4B fp32 150.7 -> 149.9 us, Nemotron-3-Nano-4B bf16 230.4 -> 222.6;
-// benchmarks/results/dev/sweep-s13-4-preload.log).
+// docs/decisions.md, preloaded tiles).
 constexpr int kPreloadTiles = 1;
 
 // Producer, before `griddepcontrol.wait`: the checkpoint copies of the CTA's first round-robin tiles below `end`
@@ -452,7 +452,7 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
 // Programmatic dependent launches: a replay step's prep and main kernels are each launched as programmatic dependents
 // of the kernel before them on the stream and wait for it (`griddepcontrol.wait`) before touching anything it writes.
 // The main kernels never trigger their dependents early: prep CTAs of the next step resident beside a running main
-// kernel made it ~30% slower (H200, benchmarks/results/dev/sweep-s13-1-pdl-prep.log).
+// kernel made it ~30% slower (H200; docs/decisions.md, programmatic prep launch).
 // Prep kernels, first: wait for the previous grid (the previous step's main kernel writes the cursors, rings,
 // checkpoints and claim counter read or written here), then let the main kernel launch (only after the wait: its
 // producer loads checkpoint tiles before its own wait) and zero its claim counter (one thread of the grid).
@@ -481,6 +481,31 @@ __device__ __forceinline__ void consume_tiles_claiming_tail(TilePipe& pipe, unsi
       if (t < 0) return;
     }
     tile(t, stage, s);
+  }
+}
+
+// The body of a persistent replay main kernel: checks the host's stage size against the kernel's own layout
+// (`layout_bytes`), sets up the pipe, then the producer warp (the last) runs `produce()` and the consumer warps run
+// `tile(t, stage, s, fold_buf, folds)` for each of the CTA's tiles, with a claimed tail (kClaimTail:
+// consume_tiles_claiming_tail) or round-robin (consume_tiles). `fold_buf` is the CTA's fold buffer (after the stages)
+// and `folds` the number of flush tiles the consumers have folded (its barrier phase), which `tile` advances.
+template <bool kClaimTail, class ProduceFn, class TileFn>
+__device__ __forceinline__ void persistent_main(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
+                                                int layout_bytes, int num_tiles, int tail_start, int tile_bytes,
+                                                ProduceFn produce, TileFn tile) {
+  if (layout_bytes > stage_bytes) __trap();  // host and device stage layouts disagree
+  pipe_init(pipe, stages, kNumWarps);
+  if (threadIdx.x / kWarpSize == kNumWarps) {
+    produce();
+    return;
+  }
+  const unsigned char* fold_buf = stage_mem + (long long)stages * stage_bytes;
+  int folds = 0;
+  auto run = [&](int t, unsigned char* stage, int s) { tile(t, stage, s, fold_buf, folds); };
+  if constexpr (kClaimTail) {
+    consume_tiles_claiming_tail(pipe, stage_mem, stages, stage_bytes, num_tiles, tail_start, tile_bytes, run);
+  } else {
+    consume_tiles(pipe, stage_mem, stages, stage_bytes, num_tiles, run);
   }
 }
 

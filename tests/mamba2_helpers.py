@@ -16,7 +16,7 @@ class Mamba2Params:
 
 
 def make_params(nheads: int, device, gen: torch.Generator) -> Mamba2Params:
-    """Per-head A in [-16, -1), D, dt_bias (fp32), as in the benchmark protocol of peers.md."""
+    """Per-head A in [-16, -1), D, dt_bias (fp32), as the benchmark draws them."""
     A = -(1.0 + 15.0 * torch.rand(nheads, generator=gen)).to(device)
     D = torch.randn(nheads, generator=gen).to(device)
     dt_bias = (torch.rand(nheads, generator=gen) * 4.0 - 6.0).to(device)  # softplus(~-4) ~ 0.02

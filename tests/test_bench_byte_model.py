@@ -1,4 +1,4 @@
-"""Kernel-benchmark byte model (peers.md §1.1), cold-L2 pool sizing, config checks, and report/plot generation.
+"""Kernel-benchmark byte model , cold-L2 pool sizing, config checks, and report/plot generation.
 
 Reports are generated from a synthetic records list built here (never written to benchmarks/results).
 """
@@ -57,7 +57,7 @@ def test_gdn_and_kda_records_by_hand():
         + core.io_bytes(qwen4b, BF16))
 
 
-# (shape, state dtype, full ring / S, baseline MiB/step, replay MiB/step, ideal speed-up): peers.md §1.1 at L = 16.
+# (shape, state dtype, full ring / S, baseline MiB/step, replay MiB/step, ideal speed-up): the published ReplaySSM byte-model table at L = 16.
 # The table also counts z (our model omits it: Nemotron gates in the norm) and reads L/2 ring entries on average
 # (ours: exactly (L-1)/2 for cursors 0..L-1): agreement within 1.5%.
 TABLE = [

@@ -42,8 +42,9 @@ def test_run_compare_writes_records_checks_and_plot(tmp_path, tiny_config) -> No
         assert r["impl"] in ("baseline", "replay") and r["batch"] in (1, 2)
         assert r["state_dtype"] == "fp32" and r["L"] == 2
         assert r["median_step_us"] > 0 and r["ssm_median_us"] > 0
-        # two separately timed medians: on a busy CPU the SSM probe alone can time above the whole tiny step
-        assert r["ssm_share"] == pytest.approx(r["ssm_median_us"] / r["median_step_us"])
+        # the SSM ops are part of the step: timed alone they take a share of it. Two separate CPU timings, so the
+        # share may pass 1 on a busy machine, but not by 3x (a unit or probe mistake would: ms vs us is 1000x)
+        assert 0.01 < r["ssm_share"] < 3.0 and r["ssm_median_us"] < 3.0 * r["median_step_us"]
     assert all(c["tokens_equal"] and c["mismatch_rows"] == 0 and c["max_abs_dlogits"] < 1e-4 and c["flush_cycles"] == 3
                for c in on_disk["checks"])
     assert len(speedups(recs)) == 2

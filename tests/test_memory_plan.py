@@ -1,4 +1,4 @@
-"""Memory plan and byte model against the numbers of algorithm.md 4.6/5.4 and peers.md 1.1."""
+"""Memory plan and byte model: hand-computed bytes and the published ReplaySSM byte-model numbers."""
 import pytest
 
 from trtllm_replayssm.core import byte_model
@@ -51,7 +51,7 @@ def test_tp_checks():
 
 def test_per_sequence_totals_and_capacity():
     p = plan(get_preset("nemotron-3-super-120b"), "h100", max_batch_size=64)
-    # upstream total = 40 layers x (4 MiB state + 60 KiB conv), models_and_data.md 1.6 says 162 MiB
+    # upstream total = 40 layers x (4 MiB state + 60 KiB conv), the published figure is 162 MiB
     assert p.per_seq_upstream / MIB == pytest.approx(162.3, abs=0.1)
     assert p.per_seq_replay > p.per_seq_upstream
     assert p.max_seqs_replay < p.max_seqs_upstream

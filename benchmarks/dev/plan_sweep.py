@@ -1,67 +1,55 @@
-"""Replay launch-plan sweep at one batch (development only): for each case, our replay with a row tile, a
-(CTAs per SM, stages) plan and the fold buffer forced off or left to the plan, timed with the bench protocol (cold-L2
-pools, CUDA graph over whole L-cycles, staggered cursors, medians) next to our baseline.
-Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES_JSON
-CASES_JSON: [[model, state_dtype, batch, tile|null, [ctas, stages]|null(, fold buffer enabled: true|false(, mode(,
-plugins(, settings))))], ...] (mode: the replay op's mode, default "replay"; "auto" / "flush" time the adaptive
-small-batch path; plugins: a directory of kernel sources to compile instead of plugins/, for A/B runs of kernel
-variants in one process; settings: {"gdn.NAME", "mamba2.NAME" or "launch.NAME": value} module settings of ops.gdn /
-ops.mamba2 / ops._launch, kept for later cases; session-11 logs set launch.TAIL_FRACTION, since then gdn. / mamba2.)
-(The logs benchmarks/results/dev/sweep-*.log also name a compile-time VARIANT of the main kernel: temporary hooks of
-the development commit f9af46f, removed since: 1 consumers release each stage at once (streaming alone), 2 flush tiles
-computed like non-flush ones (no fold, no checkpoint write), 3 no warp reductions, 5 main kernel returns at once.)"""
+"""Replay launch-plan sweep (development only): each case times our replay with a Tuning, with the bench protocol
+(cold-L2 pools, one CUDA graph over whole L-cycles, staggered cursors, medians), next to our baseline, and prints the
+plan the op ran. A case may compile kernel sources from another directory (A/B of kernel variants in one process).
+
+  PYTHONPATH=. python3 benchmarks/dev/plan_sweep.py CASES.json
+
+CASES.json: a list of {"model", "state_dtype", "batch", "mode" (default "replay"), "tuning" (Tuning fields, e.g.
+{"rows_per_cta": 16, "ctas_per_sm": 2, "stages": 3, "tail_fraction": null, "fold_buffer": false}), "plugins" (a kernel
+source directory; default plugins/)}.
+"""
 import json
+import os
 import sys
-from pathlib import Path
 
 import torch
 
+from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR_ENV
+from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.lab.bench import byte_model, kernels, ours, timing
 from trtllm_replayssm.lab.bench.shapes import shape_from_preset
-from trtllm_replayssm.core.jit import compiler, loader
-from trtllm_replayssm.core.jit.configs import dtype_from_name
-from trtllm_replayssm.core.ops import launch as _launch
-from trtllm_replayssm.core.ops import gdn as gdn_ops
-from trtllm_replayssm.core.ops import mamba2 as m2_ops
 
+L = 16
 dev = torch.device("cuda", 0)
-ceil = timing.copy_ceiling_gbps(dev)
-l2 = timing.l2_bytes(dev)
+ceil, l2 = timing.copy_ceiling_gbps(dev), timing.l2_bytes(dev)
 print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
-base_cache = {}
-for model, sd, batch, tile, plan, *extra in json.loads(sys.argv[1]):
-    fold = extra[0] if extra else True
-    mode = extra[1] if len(extra) > 1 else "replay"
-    plugins = Path(extra[2]) if len(extra) > 2 and extra[2] else Path(__file__).resolve().parents[2] / "plugins"
-    settings = extra[3] if len(extra) > 3 else {}
-    tag = " ".join(f"{k.split('.')[1]}={v}" for k, v in settings.items())
-    for key, value in settings.items():
-        module, name = key.split(".")
-        setattr({"gdn": gdn_ops, "mamba2": m2_ops, "launch": _launch}[module], name, value)
-    if plugins.resolve() != compiler.PLUGIN_DIR.resolve():
-        compiler.PLUGIN_DIR = plugins
-        loader._MODULES.clear()  # modules are keyed by config only
-    _launch.FOLD_BUFFER_ENABLED = fold
+baselines: dict[tuple, float] = {}
+for case in json.loads(open(sys.argv[1]).read()):
+    model, sd, batch, mode = case["model"], case["state_dtype"], case["batch"], case.get("mode", "replay")
+    tuning = Tuning(**case.get("tuning", {}))
+    if case.get("plugins"):
+        os.environ[PLUGIN_DIR_ENV] = case["plugins"]
+    else:
+        os.environ.pop(PLUGIN_DIR_ENV, None)
     shape = shape_from_preset(model)
     gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
-    ops = m2_ops if shape.family == "mamba2" else gdn_ops
-    if (model, sd, batch) not in base_cache:
-        ops.ROWS_PER_CTA_OVERRIDE, _launch.PERSISTENT_OVERRIDE = None, None
-        case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
-        base_cache[(model, sd, batch)] = timing.time_calls([f for _ in range(16) for f in case.calls])
-        del case
-    base = base_cache[(model, sd, batch)]
-    ops.ROWS_PER_CTA_OVERRIDE, _launch.PERSISTENT_OVERRIDE = tile, tuple(plan) if plan else None
+    if (model, sd, batch, case.get("plugins")) not in baselines:
+        base_case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
+        baselines[(model, sd, batch, case.get("plugins"))] = timing.time_calls([f for _ in range(L) for f in
+                                                                                base_case.calls])
+        del base_case
+    base = baselines[(model, sd, batch, case.get("plugins"))]
+    label = f"{model} {sd} b={batch} mode={mode} {case.get('tuning', {})} src={case.get('plugins') or 'plugins'}"
     try:
-        case = ours.replay_case(shape, batch, sd, step, pools, 16, mode, gen, dev)
-        us = timing.time_calls([f for _ in range(16) for f in case.calls])
+        replay = ours.replay_case(shape, batch, sd, step, pools, L, mode, gen, dev, tuning)
+        us = timing.time_calls([f for _ in range(L) for f in replay.calls])
     except Exception as exc:  # report and go on
-        print(f"{model} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name} {tag}: FAIL {type(exc).__name__}: {exc}",
-              flush=True)
+        print(f"{label}: FAIL {type(exc).__name__}: {exc}", flush=True)
         continue
-    flush = _launch.force_flush_for(shape.family, mode, batch, shape.heads, dtype_from_name(sd), dev)
-    gbps = batch * byte_model.step_bytes("replay", shape, sd, 16, "flush" if flush else "replay") / (us * 1e-6) / 1e9
-    print(f"{model:22s} {sd} b={batch} tile={tile} plan={plan} fold={fold} mode={mode} src={plugins.parent.name} {tag}: replay {us:7.1f} us "
-          f"({100 * gbps / ceil:4.1f}% copy) baseline {base:7.1f} us x{base / us:.3f}", flush=True)
-    del case
+    plan = replay.plan
+    gbps = batch * byte_model.step_bytes("replay", shape, sd, L, plan["mode"]) / (us * 1e-6) / 1e9
+    print(f"{label}: replay {us:7.1f} us ({100 * gbps / ceil:4.1f}% copy) baseline {base:7.1f} us x{base / us:.3f} "
+          f"| plan {plan['mode']} tile {plan['rows_per_cta']} grid {plan['grid'][0]} stages {plan['stages']} "
+          f"fold {plan['fold_bytes']} tail {plan['tail_start']}/{plan['num_tiles']}", flush=True)
+    del replay
     torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""`trtllm-replayssm bench kernels`: the cold-L2 kernel benchmark of our ops against the peers (peers.md §3)."""
+"""`trtllm-replayssm bench kernels`: the cold-L2 kernel benchmark of our ops against the peers (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import datetime as _dt

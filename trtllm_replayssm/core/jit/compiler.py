@@ -36,12 +36,18 @@ class CompiledKernel:
     log: str
 
 
+PLUGIN_DIR_ENV = "TRTLLM_REPLAYSSM_PLUGIN_DIR"  # development: compile kernel sources from another directory
+
+
 def plugin_dir() -> Path:
-    """Directory holding the CUDA sources (the repo's ``plugins/`` or the packaged copy)."""
-    for candidate in (PLUGIN_DIR, _PACKAGED_PLUGIN_DIR):
+    """Directory holding the CUDA sources: $TRTLLM_REPLAYSSM_PLUGIN_DIR (for A/B runs of kernel variants), else the
+    repo's ``plugins/``, else the packaged copy."""
+    override = os.environ.get(PLUGIN_DIR_ENV)
+    candidates = (Path(override),) if override else (PLUGIN_DIR, _PACKAGED_PLUGIN_DIR)
+    for candidate in candidates:
         if (candidate / "replayssm_common.cuh").is_file():
             return candidate
-    raise FileNotFoundError(f"CUDA sources not found in {PLUGIN_DIR} or {_PACKAGED_PLUGIN_DIR}")
+    raise FileNotFoundError(f"CUDA sources not found in {', '.join(map(str, candidates))}")
 
 
 def cache_dir() -> Path:

@@ -1,17 +1,18 @@
 """Load compiled cubins with the cuda-python driver API and launch kernels on the current torch CUDA stream.
 
-Kernels take a single by-value parameter struct; :func:`launch` receives it as raw bytes (see ``ops/_params.py``),
+Kernels take a single by-value parameter struct; :func:`launch` receives it as a ctypes struct (core/layouts.py),
 which keeps the Python launch cost to one ctypes buffer per call and makes launches capturable in CUDA graphs.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from pathlib import Path
 
 import torch
 
-from trtllm_replayssm.core.jit.compiler import compile_config
+from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR_ENV, compile_config
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.targets import arch_for_capability
 
@@ -21,7 +22,7 @@ class KernelLaunchError(RuntimeError):
 
 
 _LOCK = threading.Lock()
-_MODULES: dict[tuple[KernelConfig, int], tuple[object, dict[str, object]]] = {}
+_MODULES: dict[tuple[KernelConfig, int, str | None], tuple[object, dict[str, object]]] = {}
 
 
 def _driver():
@@ -69,7 +70,7 @@ def load_cubin(path: Path, names: tuple[str, ...]) -> tuple[object, dict[str, ob
 def get_kernel(config: KernelConfig, name: str, device: torch.device):
     """The CUfunction ``name`` of ``config`` on ``device``; compiles (cached on disk) and loads on first use."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (config, index)
+    key = (config, index, os.environ.get(PLUGIN_DIR_ENV))  # a development source override loads its own modules
     entry = _MODULES.get(key)
     if entry is None:
         with _LOCK:

@@ -1,1 +1,1 @@
-"""Kernel benchmark harness: byte model, cold-L2 CUDA-graph timing, peer adapters, reports (peers.md §3)."""
+"""Kernel benchmark harness: byte model, cold-L2 CUDA-graph timing, peer adapters, reports (docs/benchmarks.md)."""

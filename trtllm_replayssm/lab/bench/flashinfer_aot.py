@@ -80,7 +80,7 @@ def benchmark_modules() -> list[SsuModule | CheckpointingSsuModule]:
 
     Nano-4B's head_dim 80 compiles in neither: ``selective_state_update`` fails a static_assert (DIM_PER_CTA %
     ROWS_PER_PASS in the MTP-simple kernel; later 0.7.x releases fix DIMs that are not multiples of 64) and
-    ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16 (peers.md §4.1).
+    ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16.
     """
     mods: list[SsuModule | CheckpointingSsuModule] = [SsuModule(sd, 64) for sd in _STATE_DTYPES]
     mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8) for sd in _STATE_DTYPES]

@@ -1,6 +1,6 @@
 """Kernel benchmark runner: every (model, state dtype, batch) case for our replay / baseline ops and the peers.
 
-Protocol (peers.md §3): copy ceiling measured first in the same run; cold L2 by rotating independent pools whose
+Protocol (docs/benchmarks.md): copy ceiling measured first in the same run; cold L2 by rotating independent pools whose
 total exceeds 4x L2, all inside one CUDA graph of L steps x pools back-to-back calls (whole L-cycles for the replay
 kernels, staggered cursors); median of >= 15 graph replays; slot pool of batch + 1 with a random slot permutation.
 """

@@ -1,4 +1,4 @@
-"""Adapters for the peer kernels run side by side (peers.md §2): FlashInfer, mamba-ssm (Triton SSU), fla-core.
+"""Adapters for the peer kernels run side by side : FlashInfer, mamba-ssm (Triton SSU), fla-core.
 
 Each adapter builds, for one (shape, batch, state dtype), a list of step callables (one per independent pool, each
 one decode step of `batch` rows) or raises :class:`PeerUnavailable` with the reason (not importable, unsupported
@@ -76,7 +76,7 @@ def peer_versions() -> dict[str, str | None]:
 
 @dataclass
 class _TiedMamba2:
-    """peers.md §3.2 tie_hdim views: dt (b,H,P) strides (H,1,0); A (H,P,N); D, dt_bias (H,P); all fp32."""
+    """The peers' tie_hdim views of the per-head inputs: dt (b,H,P) strides (H,1,0); A (H,P,N); D, dt_bias (H,P); all fp32."""
 
     dt: torch.Tensor
     A: torch.Tensor
@@ -170,7 +170,7 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
     H, P, N, G = shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
     if P % 32:
         raise PeerUnavailable(f"checkpointing_ssu (FlashInfer 0.7.0.post1) does not compile for head_dim {P}: its "
-                              f"split tactics need head_dim / 2 to be a multiple of 16 (peers.md §4.1)")
+                              f"split tactics need head_dim / 2 to be a multiple of 16")
     fi = _import("flashinfer")
     fim = _import("flashinfer.mamba")
     advance = _tracker_kernel()
@@ -237,7 +237,7 @@ def _mamba_ssm_src() -> Path | None:
 
 
 def _import_mamba_ssm_ssu() -> Callable[..., torch.Tensor]:
-    """Import mamba-ssm's Triton SSU without its CUDA extension (peers.md §2.3): register a bare namespace module
+    """Import mamba-ssm's Triton SSU without its CUDA extension: register a bare namespace module
     ``mamba_ssm`` pointing at the unpacked source so the real top-level ``__init__`` never runs."""
     if "mamba_ssm" not in sys.modules:
         src = _mamba_ssm_src()

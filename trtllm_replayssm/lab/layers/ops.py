@@ -14,7 +14,7 @@ from trtllm_replayssm.core.formats import DTYPES, get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import ParamLayout, layout_fields
-from trtllm_replayssm.core.ops.launch import ptr
+from trtllm_replayssm.core.ops.launch import define_op, ptr
 from trtllm_replayssm.lab.layers import reference as ref
 
 
@@ -107,13 +107,11 @@ def _rows2(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("replayssm::rms_norm", mutates_args=("out",))
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, out: torch.Tensor) -> None:
+def _rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, out: torch.Tensor) -> None:
     out.copy_(ref.rms_norm(x, weight, eps, unit_offset))
 
 
-@torch.library.custom_op("replayssm::add_rms_norm", mutates_args=("residual", "out"))
-def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool,
+def _add_rms_norm_cpu(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool,
                      out: torch.Tensor) -> None:
     out.copy_(ref.add_rms_norm_(x, residual, weight, eps, unit_offset))
 
@@ -133,23 +131,19 @@ def _rms_norm_launch(x, residual, weight, eps, unit_offset, out) -> None:
     launch(_kernel("rmsnorm_kernel", x), (rows, 1, 1), (threads, 1, 1), params)
 
 
-@_rms_norm_op.register_kernel("cuda")
 def _rms_norm_cuda(x, weight, eps, unit_offset, out) -> None:
     _rms_norm_launch(x, None, weight, eps, unit_offset, out)
 
 
-@_add_rms_norm_op.register_kernel("cuda")
 def _add_rms_norm_cuda(x, residual, weight, eps, unit_offset, out) -> None:
     _rms_norm_launch(x, residual, weight, eps, unit_offset, out)
 
 
-@torch.library.custom_op("replayssm::gated_rms_norm", mutates_args=("out",))
-def _gated_rms_norm_op(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+def _gated_rms_norm_cpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
                        norm_before_gate: bool, out: torch.Tensor) -> None:
     out.copy_(ref.gated_rms_norm(x, z, weight, group_size, eps, norm_before_gate))
 
 
-@_gated_rms_norm_op.register_kernel("cuda")
 def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -> None:
     x2, z2, o2 = _rows2(x), _rows2(z), _rows2(out)
     if x2.shape[0] == 0:
@@ -171,13 +165,11 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
     launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], grid_y, 1), (threads, 1, 1), params)
 
 
-@torch.library.custom_op("replayssm::conv1d_update", mutates_args=("conv_state", "out"))
-def _conv1d_update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+def _conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                       silu: bool, out: torch.Tensor) -> None:
     out.copy_(ref.conv1d_update_(x, conv_state, weight, bias, silu))
 
 
-@_conv1d_update_op.register_kernel("cuda")
 def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
     batch, channels = x.shape
     if batch == 0:
@@ -193,12 +185,10 @@ def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
            (MAX_THREADS, 1, 1), params)
 
 
-@torch.library.custom_op("replayssm::mlp_act", mutates_args=("out",))
-def _mlp_act_op(a: torch.Tensor, b: Optional[torch.Tensor], kind: str, out: torch.Tensor) -> None:
+def _mlp_act_cpu(a: torch.Tensor, b: Optional[torch.Tensor], kind: str, out: torch.Tensor) -> None:
     out.copy_(ref.mlp_act(a, b, kind))
 
 
-@_mlp_act_op.register_kernel("cuda")
 def _mlp_act_cuda(a, b, kind, out) -> None:
     a2, b2 = _rows2(a), None if b is None else _rows2(b)
     rows, cols = a2.shape
@@ -214,12 +204,10 @@ def _mlp_act_cuda(a, b, kind, out) -> None:
     launch(_kernel("mlp_act_kernel", a), (blocks, 1, 1), (MAX_THREADS, 1, 1), params)
 
 
-@torch.library.custom_op("replayssm::rope", mutates_args=("out",))
-def _rope_op(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float, out: torch.Tensor) -> None:
+def _rope_cpu(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float, out: torch.Tensor) -> None:
     out.copy_(ref.rope(x, pos, rotary_dim, theta))
 
 
-@_rope_op.register_kernel("cuda")
 def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
     x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
     rows, heads, head_dim = x3.shape
@@ -232,8 +220,7 @@ def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
     launch(_kernel("rope_kernel", x), (rows * heads, 1, 1), ((head_dim + 31) // 32 * 32, 1, 1), params)
 
 
-@torch.library.custom_op("replayssm::attention_decode", mutates_args=("k_cache", "v_cache", "out"))
-def _attention_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
+def _attention_decode_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
                          k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
                          out: torch.Tensor) -> None:
     out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))
@@ -244,7 +231,6 @@ def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: in
     return 4 * (heads // kv_heads) * (head_dim + max_len)
 
 
-@_attention_decode_op.register_kernel("cuda")
 def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> None:
     b, heads, head_dim = q.shape
     _, kv_heads, max_len, _ = k_cache.shape
@@ -263,9 +249,13 @@ def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> 
     launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
 
 
-for _op in (_rms_norm_op, _add_rms_norm_op, _gated_rms_norm_op, _conv1d_update_op, _mlp_act_op, _rope_op,
-            _attention_decode_op):
-    _op.register_fake(lambda *args, **kwargs: None)
+define_op("rms_norm", ("out",), _rms_norm_cpu, _rms_norm_cuda)
+define_op("add_rms_norm", ("residual", "out"), _add_rms_norm_cpu, _add_rms_norm_cuda)
+define_op("gated_rms_norm", ("out",), _gated_rms_norm_cpu, _gated_rms_norm_cuda)
+define_op("conv1d_update", ("conv_state", "out"), _conv1d_update_cpu, _conv1d_update_cuda)
+define_op("mlp_act", ("out",), _mlp_act_cpu, _mlp_act_cuda)
+define_op("rope", ("out",), _rope_cpu, _rope_cuda)
+define_op("attention_decode", ("k_cache", "v_cache", "out"), _attention_decode_cpu, _attention_decode_cuda)
 
 
 # ---------------------------------------------------------------------------------------------------- public API

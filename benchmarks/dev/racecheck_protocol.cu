@@ -1,0 +1,54 @@
+// A minimal kernel with the persistent replay kernels' stage protocol (plugins/replayssm_common.cuh TilePipe), race
+// free by construction, for compute-sanitizer racecheck (development only; benchmarks/dev/racecheck_protocol.py).
+// A producer warp fills a ring of `stages` shared-memory stages with tiles of `src`: lane 0 by one bulk copy completing
+// on the stage's `full` mbarrier (BULK=1) or every lane by 4-byte cp.async copies (BULK=0), each lane then arriving
+// with cp.async.mbarrier.arrive.noinc, exactly as stage_state_copy / stage_tile_inputs do. Four consumer warps wait
+// on `full`, sum their quarter of the tile and release the stage on `empty` (release_stage); the producer waits on
+// `empty` before refilling a stage. Every shared-memory read is ordered after the copy that wrote it by the mbarrier
+// phase it waited for, and every refill after the reads by `empty`.
+#include "replayssm_common.cuh"
+
+struct ProtocolParams {
+  const float* src;  // [tiles][kTileFloats]
+  float* out;        // [grid][kThreads]: each consumer thread's sum over the tiles
+  int tiles, stages;
+};
+
+constexpr int kTileFloats = 1024;
+constexpr int kTileBytes = kTileFloats * 4;
+
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize) protocol_kernel(const ProtocolParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  if (warp == rssm::kNumWarps) {  // producer
+    for (int i = 0; i < p.tiles; ++i) {
+      const int s = i % p.stages;
+      unsigned char* stage = stage_mem + (long long)s * kTileBytes;
+      const float* tile = p.src + (long long)i * kTileFloats;
+      if (i >= p.stages) rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
+      if (BULK) {
+        rssm::stage_state_copy(pipe, s, stage, tile, kTileBytes);
+      } else {
+        if (lane == 0) rssm::mbar_arrive(&pipe.full[s]);
+        rssm::cp_async_words(stage, tile, kTileFloats);
+      }
+      rssm::cp_async_arrive(&pipe.full[s]);
+    }
+    return;
+  }
+  float acc = 0.f;
+  for (int i = 0; i < p.tiles; ++i) {
+    const int s = i % p.stages;
+    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
+    const float* t = reinterpret_cast<const float*>(stage_mem + (long long)s * kTileBytes);
+    for (int k = warp * (kTileFloats / rssm::kNumWarps) + lane; k < (warp + 1) * (kTileFloats / rssm::kNumWarps);
+         k += rssm::kWarpSize)
+      acc += t[k];
+    rssm::release_stage(pipe, s);
+  }
+  p.out[blockIdx.x * rssm::kThreads + threadIdx.x] = acc;
+#endif
+}

@@ -1,0 +1,49 @@
+"""Runs benchmarks/dev/racecheck_protocol.cu (the stage protocol of the persistent replay kernels, race free by
+construction) and checks its sums against the CPU, for both copy kinds (bulk copy, 4-byte cp.async), so that
+compute-sanitizer racecheck can be run on it beside the kernels' own smoke tests (development only):
+
+  compute-sanitizer --tool racecheck python3 benchmarks/dev/racecheck_protocol.py
+
+The kernel is compiled like the shipped ones (NVRTC, the kernel cache) from a copy of plugins/replayssm_common.cuh.
+"""
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR, PLUGIN_DIR_ENV
+from trtllm_replayssm.core.jit.configs import KernelConfig
+from trtllm_replayssm.core.jit.loader import allow_dynamic_shared, get_kernel, launch
+from trtllm_replayssm.core.layouts import ParamLayout, layout_fields
+from trtllm_replayssm.core.limits import NUM_WARPS
+
+PARAMS = ParamLayout("ProtocolParams", layout_fields("ptr: src out; i32: tiles stages"))
+TILE_FLOATS, TILES, STAGES, GRID = 1024, 64, 2, 4
+
+src_dir = Path(tempfile.mkdtemp(prefix="racecheck_protocol."))
+shutil.copy2(PLUGIN_DIR / "replayssm_common.cuh", src_dir)
+shutil.copy2(Path(__file__).with_suffix(".cu"), src_dir)
+os.environ[PLUGIN_DIR_ENV] = str(src_dir)
+dev = torch.device("cuda", 0)
+src = torch.randn(TILES, TILE_FLOATS, device=dev)
+threads = 32 * NUM_WARPS
+per_thread = src.view(TILES, NUM_WARPS, TILE_FLOATS // NUM_WARPS // 32, 32).sum(dim=(0, 2)).reshape(-1).double()
+ok = True
+for bulk in (1, 0):
+    config = KernelConfig("protocol", "racecheck_protocol.cu", ("protocol_kernel",), (("bulk", bulk),),
+                          checks=lambda c: PARAMS.cpp_checks())
+    kernel = get_kernel(config, "protocol_kernel", dev)
+    out = torch.full((GRID, threads), float("nan"), device=dev)
+    shared = STAGES * TILE_FLOATS * 4
+    allow_dynamic_shared(kernel, shared)
+    launch(kernel, (GRID, 1, 1), (threads + 32, 1, 1),
+           PARAMS.pack(src=src.data_ptr(), out=out.data_ptr(), tiles=TILES, stages=STAGES), shared_bytes=shared)
+    torch.cuda.synchronize()
+    err = float((out.double() - per_thread).abs().max())
+    print(f"protocol kernel, {'bulk copy' if bulk else 'cp.async'}: max |sum - CPU sum| = {err:.2e}")
+    ok &= err < 1e-3
+shutil.rmtree(src_dir)
+sys.exit(0 if ok else 1)

@@ -1,0 +1,85 @@
+"""``torch.library.opcheck`` over every ``replayssm::`` op (schema and mutation annotations, fake impls for
+torch.compile, autograd registration, AOT dispatch), on CPU through the reference impls with random sample inputs
+and on CUDA when a GPU is present."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
+from trtllm_replayssm.core.families import FAMILIES
+from trtllm_replayssm.core.samples import fill_rings_, random_state, slot_indices
+from trtllm_replayssm.lab.layers import ops as layer_ops  # noqa: F401  (registers the fused layer ops)
+
+pytestmark = pytest.mark.kernels
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DIMS = {"mamba2": Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=2),
+        "gdn": GDNDims(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128),
+        "kda": KDADims(num_heads=2, head_dim=128)}
+SSM_OPS = [f"{family}_{op}" for family in DIMS for op in ("replay_decode", "state_update")]
+LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "mlp_act", "rope", "attention_decode"]
+
+
+def _ssm_sample(name: str, gen: torch.Generator) -> tuple:
+    """Positional arguments of ``torch.ops.replayssm.<name>`` (what the public wrapper passes)."""
+    family, _, op = name.partition("_")
+    dims, fam, batch = DIMS[family], FAMILIES[family], 3
+    step = fam.random_step(dims, batch, gen, DEV, torch.bfloat16)
+    args, kwargs = step.op_args()
+    idx = slot_indices(batch, gen, DEV)
+    out = torch.empty(batch, dims.heads, dims.rows, dtype=torch.bfloat16, device=DEV)
+    if family == "mamba2":
+        tail = (kwargs["D"], None, kwargs["dt_bias"], True)
+    elif family == "gdn":
+        tail = (dims.cols ** -0.5,)
+    else:
+        tail = (None, dims.cols ** -0.5)
+    if op == "state_update":
+        state = random_state(batch + 1, dims, "fp32", gen, DEV)
+        plan = fam.state_update_plan(state, batch, torch.bfloat16)
+        return (state, *args, *tail, idx, -1, plan.words, out)
+    layer = fam.new_cache(dims, 1, batch + 1, buffer_len=4, device=DEV).layer(0)
+    layer.state.copy_(random_state(batch + 1, dims, "fp32", gen, DEV))
+    fill_rings_(layer, gen)
+    layer.cursor[idx.long()] = torch.arange(batch, dtype=torch.int32, device=DEV)
+    plan = fam.replay_plan(layer, batch, "replay")
+    rings = ((layer.x_ring, layer.dt_ring, layer.B_ring) if family == "mamba2"
+             else (layer.u_ring, layer.k_ring, layer.g_ring))
+    return (layer.state, *rings, layer.cursor, layer.arrive, layer.coef, layer.step, *args, *tail, idx, -1,
+            plan.words, out)
+
+
+def _layer_sample(name: str, gen: torch.Generator) -> tuple:
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen).to(device=DEV, dtype=dtype)
+
+    rows, dim = 3, 256
+    if name == "rms_norm":
+        return rnd(rows, dim), rnd(dim), 1e-5, False, rnd(rows, dim)
+    if name == "add_rms_norm":
+        return rnd(rows, dim), rnd(rows, dim), rnd(dim), 1e-5, True, rnd(rows, dim)
+    if name == "gated_rms_norm":
+        return rnd(rows, dim), rnd(rows, dim), rnd(dim), 64, 1e-5, False, rnd(rows, dim)
+    if name == "conv1d_update":
+        return rnd(rows, dim), rnd(rows, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, dim)
+    if name == "mlp_act":
+        return rnd(rows, dim), rnd(rows, dim), "swiglu", rnd(rows, dim)
+    if name == "rope":
+        return rnd(rows, 4, 64), torch.arange(rows, device=DEV), 32, 10000.0, rnd(rows, 4, 64)
+    heads, kv_heads, head_dim, max_len = 4, 2, 64, 8  # attention_decode
+    return (rnd(rows, heads, head_dim), rnd(rows, kv_heads, head_dim), rnd(rows, kv_heads, head_dim), None,
+            rnd(rows, kv_heads, max_len, head_dim), rnd(rows, kv_heads, max_len, head_dim),
+            torch.tensor([2, 5, 7], device=DEV), head_dim ** -0.5, rnd(rows, heads * head_dim))
+
+
+def test_every_replayssm_op_is_covered():
+    registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("replayssm::")}
+    assert registered == set(SSM_OPS) | set(LAYER_OPS)
+
+
+@pytest.mark.parametrize("name", SSM_OPS + LAYER_OPS)
+def test_opcheck(name):
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    args = _ssm_sample(name, gen) if name in SSM_OPS else _layer_sample(name, gen)
+    torch.library.opcheck(getattr(torch.ops.replayssm, name).default, args)
