@@ -33,17 +33,7 @@ __device__ __forceinline__ float rounded(float v) { return rssm::round_through<a
 }  // namespace
 
 // Row r = (outer o, inner i) of x / out starts at o * s_outer + i * s_inner (elements); residual rows are dense.
-struct RmsNormParams {
-  const act_t* x;       // [outer, inner, dim]
-  act_t* residual;      // nullable, [rows, dim] contiguous: residual += x in place, then the norm of the sum
-  const act_t* weight;  // [dim]
-  act_t* out;           // [outer, inner, dim]
-  long long s_x_outer, s_x_inner, s_out_outer, s_out_inner;
-  int inner, dim;
-  float eps;
-  int unit_offset;      // scale by (1 + weight)
-  int vec, pad0;        // vec: dim, strides and pointers allow 16-byte vectors and dim <= kMaxRowVecs vectors/thread
-};
+#include "RmsNormParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 // One CTA per row: out = rmsnorm(h) * w with h = x, or h = residual + x (stored back into residual).
 extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNormParams p) {
@@ -99,19 +89,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const RmsNor
   }
 }
 
-struct GatedNormParams {
-  const act_t* x;       // [rows, groups * group_size] (row stride s_x)
-  const act_t* z;       // [rows, groups * group_size] (row stride s_z)
-  const act_t* weight;  // [weight_len], repeated along the row (weight_len: a multiple of group_size dividing it)
-  act_t* out;           // [rows, groups * group_size] (row stride s_out)
-  long long s_x, s_z, s_out;
-  int group_size, groups, weight_len;
-  float eps;
-  int norm_before_gate;  // 0: norm(x * silu(z)) * w (Mamba-2); 1: norm(x) * w * silu(z) (Qwen3.5 GDN)
-  int vec;               // vec: as in RmsNormParams, for group_size
-  int warp_groups;       // > 0 (vec only): a warp per group, warp_groups groups per CTA; 0: a CTA per group
-  int pad0;
-};
+#include "GatedNormParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 // The vector path for one (row, group): thread t of n holds vectors t, t + n, ... in registers.
 template <bool kWarpReduce>
@@ -184,16 +162,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) gated_rmsnorm_kernel(const 
   }
 }
 
-struct ConvParams {
-  const act_t* x;        // [batch, channels] (row stride s_x): this step's conv input
-  act_t* conv_state;     // [batch, channels, width - 1] contiguous: the previous width - 1 inputs, oldest first
-  const act_t* weight;   // [channels, width] contiguous
-  const act_t* bias;     // nullable, [channels]
-  act_t* out;            // [batch, channels] (row stride s_out)
-  long long s_x, s_out;
-  int channels, width;
-  int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors
-};
+#include "ConvParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 constexpr int kMaxConvWidth = 8;
 constexpr int kVecConvWidth = 4;  // the vector path's width (every supported model's conv)
@@ -260,15 +229,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const 
     if (k < hist) state[k] = k + 1 < hist ? window[k + 1] : x_new;
 }
 
-struct ActParams {
-  const act_t* a;  // [rows, cols] (row stride s_a): the activation's input (SwiGLU: the gate projection)
-  const act_t* b;  // [rows, cols] (row stride s_b): SwiGLU's up projection (kind 1), else null
-  act_t* out;      // [rows, cols] contiguous
-  long long s_a, s_b;
-  int rows, cols;  // vec: cols counts 16-byte vectors and the strides are in vectors
-  int kind;        // 0: relu(a)^2; 1: silu(a) * b
-  int vec;
-};
+#include "ActParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 __device__ __forceinline__ float mlp_act(float a, float b, int kind) {
   if (kind == 0) {
@@ -297,14 +258,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) mlp_act_kernel(const ActPar
   }
 }
 
-struct RopeParams {
-  const act_t* x;          // [rows, heads, head_dim] (strides s_x_row, s_x_head; channels dense)
-  const long long* pos;    // [rows] positions
-  act_t* out;              // [rows, heads, head_dim] contiguous
-  long long s_x_row, s_x_head;
-  int heads, head_dim, rotary_dim;
-  float theta;
-};
+#include "RopeParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 // One CTA per (row, head), a thread per channel: rotate-half RoPE on the first rotary_dim channels (angle
 // pos * theta^(-i / half) in fp32 as the reference, reduced to [-pi, pi] in double), the rest copied.
@@ -329,20 +283,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) rope_kernel(const RopeParam
   out[c] = rssm::from_float<act_t>(y);
 }
 
-struct AttnParams {
-  const act_t* q;        // [batch, heads, head_dim] (strides s_q_b, s_q_h)
-  const act_t* k_new;    // [batch, kv_heads, head_dim] (strides s_k_b, s_k_h): this token's key
-  const act_t* v_new;    // [batch, kv_heads, head_dim] (strides s_v_b, s_v_h): this token's value
-  const act_t* gate;     // nullable, [batch, heads, head_dim] (strides s_g_b, s_g_h): output gate, o * sigmoid(gate)
-  act_t* k_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
-  act_t* v_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
-  const long long* pos;  // [batch]: cached tokens before this one (this token goes to position pos)
-  act_t* out;            // [batch, heads * head_dim] contiguous
-  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_g_b, s_g_h;
-  int heads, kv_heads, head_dim, max_len;
-  float scale;
-  int pad0;
-};
+#include "AttnParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
 

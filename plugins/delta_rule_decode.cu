@@ -33,36 +33,9 @@
 using state_t = STATE_T;
 using act_t = ACT_T;
 
-// Kernel parameters (one by-value struct; its layout in trtllm_replayssm/core/layouts.py, checked at compilation).
-struct DeltaParams {
-  void* state;            // [slots, HV, V, K]
-  void* u_ring;           // [slots, HV, L, V]       (replay only)
-  void* k_ring;           // GDN [slots, H, L, K], KDA [slots, HV, L, K] (kring_t) (replay only)
-  float* g_ring;          // [slots, HV, L(, K)]     (replay only)
-  int* cursor;            // [slots]                 (replay only)
-  int* arrive;            // [slots]                 (replay only)
-  float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
-                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
-  const void* q;          // [b, H, K]
-  const void* k;          // [b, H, K]
-  const void* v;          // [b, HV, V]
-  const void* gate;       // GDN: a [b, HV]; KDA: raw gate [b, HV, K]   (act dtype or fp32, see gate_is_f32)
-  const void* beta;       // [b, HV] logits                             (act dtype or fp32, see beta_is_f32)
-  const float* A_log;     // [HV]
-  const float* dt_bias;   // GDN: [HV]; KDA: [HV, K]
-  const int* slot_idx;    // [b]
-  void* out;              // [b, HV, V]
-  long long s_state_slot, s_state_head;
-  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_row;
-  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
-  float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
-  int num_k_heads, num_v_heads, L, pad_slot_id;
-  int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
-  int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
-  int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
-  int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)
-};
+// The kernel parameters, one by-value struct for every GDN and KDA kernel: generated from DELTA_PARAMS in
+// trtllm_replayssm/core/layouts.py (the one description of its fields), an in-memory header at compilation.
+#include "DeltaParams.h"
 
 namespace {
 

@@ -18,39 +18,9 @@
 using state_t = STATE_T;
 using act_t = ACT_T;
 
-// Kernel parameters (one by-value struct; its layout in trtllm_replayssm/core/layouts.py, checked at compilation).
-struct Mamba2Params {
-  void* state;            // [slots, H, P, N]
-  void* x_ring;           // [slots, H, L, P]
-  float* dt_ring;         // [slots, H, L]
-  void* B_ring;           // [slots, G, L, N]
-  int* cursor;            // [slots]
-  int* arrive;            // [slots]
-  float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
-  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
-                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
-  const void* x;          // [b, H, P]
-  const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
-  const float* A;         // [H]
-  const void* B;          // [b, G, N]
-  const void* C;          // [b, G, N]
-  const float* D;         // [H] or null
-  const void* z;          // [b, H, P] or null
-  const float* dt_bias;   // [H] or null
-  const int* slot_idx;    // [b]
-  void* out;              // [b, H, P]
-  long long s_state_slot, s_state_head;
-  long long s_xr_slot, s_xr_head;
-  long long s_dtr_slot, s_dtr_head;
-  long long s_Br_slot, s_Br_group;
-  long long s_coef_row;
-  long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
-  int nheads, ngroups, L, pad_slot_id;
-  int dt_softplus, dt_is_f32, force_flush, batch;
-  int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
-  int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
-  int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)
-};
+// The kernel parameters, one by-value struct for every Mamba-2 kernel: generated from MAMBA2_PARAMS in
+// trtllm_replayssm/core/layouts.py (the one description of its fields), an in-memory header at compilation.
+#include "Mamba2Params.h"
 
 namespace {
 

@@ -1,16 +1,18 @@
-"""The Python / CUDA seam: parameter structs generated from one layout each, checked against the kernels at
-compile time (a field out of order fails compilation), and the stage / fold / record sizes pinned likewise."""
+"""The Python / CUDA seam: each parameter struct written once, the kernels' C++ struct and the launch's ctypes struct
+both generated from it; the stage / fold / record sizes the host uses pinned against the kernels at compile time."""
 import ctypes
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from trtllm_replayssm.core import layouts
-from trtllm_replayssm.core.jit.compiler import KernelCompileError, compile_config
+from trtllm_replayssm.core.jit.compiler import KernelCompileError, compile_config, program_headers
 from trtllm_replayssm.core.ops import delta, mamba2
 
 ARCH = "sm_90a"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_structs_follow_their_layouts():
@@ -20,6 +22,8 @@ def test_structs_follow_their_layouts():
     d = layouts.DELTA_PARAMS.struct
     assert ctypes.sizeof(d) == 17 * 8 + 21 * 8 + 2 * 4 + 13 * 4 + 4  # + 4 bytes of tail padding to 8
     assert d.scale.offset == 17 * 8 + 21 * 8
+    assert layouts.DELTA_PARAMS.fields[-5:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
+                                                ("fold_bytes", "int"), ("tail_start", "int"))
 
 
 def test_pack_names_every_field():
@@ -30,30 +34,26 @@ def test_pack_names_every_field():
         layouts.MAMBA2_PARAMS.pack(**{f: 0 for f, _ in layouts.MAMBA2_PARAMS.fields}, nope=1)
 
 
-def test_checks_pin_every_offset():
-    text = layouts.DELTA_PARAMS.cpp_checks()
-    assert text.count("static_assert") == len(layouts.DELTA_PARAMS.fields) + 1
-    assert "__builtin_offsetof(DeltaParams, tail_start) == " in text
+def test_the_kernels_compile_the_struct_the_launch_fills():
+    """The kernels declare no parameter struct of their own: they include the one generated from the layout."""
+    for layout, source in ((layouts.MAMBA2_PARAMS, "mamba2_decode.cu"), (layouts.DELTA_PARAMS, "delta_rule_decode.cu")):
+        text = (REPO / "plugins" / source).read_text()
+        assert f"struct {layout.name} " not in text and f'#include "{layout.header_name}"' in text
+        header = layout.header()
+        assert f"struct {layout.name} {{" in header and f"sizeof({layout.name}) == {ctypes.sizeof(layout.struct)}" \
+            in header
+    config = mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 16)
+    assert program_headers(config) == {b"Mamba2Params.h": layouts.MAMBA2_PARAMS.header().encode()}
 
 
-def _swapped(layout: layouts.ParamLayout, a: str, b: str) -> layouts.ParamLayout:
-    fields = list(layout.fields)
-    i, j = [k for k, (name, _) in enumerate(fields) if name in (a, b)]
-    fields[i], fields[j] = fields[j], fields[i]
-    return layouts.ParamLayout(layout.name, tuple(fields))
-
-
-def test_a_field_out_of_order_fails_the_kernel_compilation(tmp_path, monkeypatch):
+def test_a_layout_the_kernels_do_not_match_fails_the_compilation(tmp_path, monkeypatch):
     monkeypatch.setenv("TRTLLM_REPLAYSSM_CACHE", str(tmp_path))
     config = mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 16)
-    bad = _swapped(layouts.MAMBA2_PARAMS, "x_ring", "dt_ring")
-    broken = dataclasses.replace(config, checks=lambda c: bad.cpp_checks())
-    with pytest.raises(KernelCompileError, match=r"Mamba2Params\.x_ring: offset differs"):
-        compile_config(broken, ARCH)
-    ints = _swapped(layouts.DELTA_PARAMS, "stages", "tail_start")  # same kind, same size: only the order differs
-    config = delta.kernel_config(False, 128, 128, torch.float32, torch.bfloat16, 8)
-    with pytest.raises(KernelCompileError, match=r"DeltaParams\.stages: offset differs"):
-        compile_config(dataclasses.replace(config, checks=lambda c: ints.cpp_checks()), ARCH)
+    renamed = layouts.ParamLayout("Mamba2Params", layouts.MAMBA2_PARAMS.body.replace("tail_start", "tail_begin"))
+    with pytest.raises(KernelCompileError, match="tail_start"):
+        compile_config(dataclasses.replace(config, layouts=(renamed,)), ARCH)
+    with pytest.raises(ValueError, match="Broken: member type .int a. has no ctypes kind"):
+        _ = layouts.ParamLayout("Broken", "  int a b;").fields
 
 
 def test_a_wrong_stage_size_fails_the_kernel_compilation(tmp_path, monkeypatch):

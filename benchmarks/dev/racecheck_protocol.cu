@@ -8,11 +8,7 @@
 // phase it waited for, and every refill after the reads by `empty`.
 #include "replayssm_common.cuh"
 
-struct ProtocolParams {
-  const float* src;  // [tiles][kTileFloats]
-  float* out;        // [grid][kThreads]: each consumer thread's sum over the tiles
-  int tiles, stages;
-};
+#include "ProtocolParams.h"  // generated from benchmarks/dev/racecheck_protocol.py
 
 constexpr int kTileFloats = 1024;
 constexpr int kTileBytes = kTileFloats * 4;

@@ -17,10 +17,13 @@ import torch
 from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR, PLUGIN_DIR_ENV
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import allow_dynamic_shared, get_kernel, launch
-from trtllm_replayssm.core.layouts import ParamLayout, layout_fields
+from trtllm_replayssm.core.layouts import ParamLayout
 from trtllm_replayssm.core.limits import NUM_WARPS
 
-PARAMS = ParamLayout("ProtocolParams", layout_fields("ptr: src out; i32: tiles stages"))
+PARAMS = ParamLayout("ProtocolParams", """
+  const float* src;  // [tiles][kTileFloats]
+  float* out;        // [grid][kThreads]: each consumer thread's sum over the tiles
+  int tiles, stages;""")
 TILE_FLOATS, TILES, STAGES, GRID = 1024, 64, 2, 4
 
 src_dir = Path(tempfile.mkdtemp(prefix="racecheck_protocol."))
@@ -34,7 +37,7 @@ per_thread = src.view(TILES, NUM_WARPS, TILE_FLOATS // NUM_WARPS // 32, 32).sum(
 ok = True
 for bulk in (1, 0):
     config = KernelConfig("protocol", "racecheck_protocol.cu", ("protocol_kernel",), (("bulk", bulk),),
-                          checks=lambda c: PARAMS.cpp_checks())
+                          layouts=(PARAMS,))
     kernel = get_kernel(config, "protocol_kernel", dev)
     out = torch.full((GRID, threads), float("nan"), device=dev)
     shared = STAGES * TILE_FLOATS * 4

@@ -1,8 +1,8 @@
 """Layout specs of what crosses the Python / CUDA seam, checked against the kernels at compile time.
 
-* :class:`ParamLayout`: a kernel's by-value parameter struct. It generates the ctypes struct the launch fills (by
-  field name) and the ``static_assert`` lines appended to the kernel source at compilation, which pin ``sizeof`` and
-  every field's offset: a field out of order fails the kernel gate instead of corrupting memory.
+* :class:`ParamLayout`: a kernel's by-value parameter struct, written once here. The kernels include the C++ struct
+  generated from it and the launch fills the ctypes struct generated from it, by field name: the two cannot disagree
+  on order, and a ``static_assert`` pins the C++ ``sizeof`` to the ctypes one.
 * Ring and scratch sizes (:func:`delta_record_len`, the persistent kernels' stage and fold-buffer bytes): the host
   allocates and launches with these numbers; :func:`mamba2_size_checks` / :func:`delta_size_checks` assert them
   against the kernels' own constexpr layouts for every ring length 1..MAX_BUFFER_LEN.
@@ -12,21 +12,43 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 from dataclasses import dataclass
 
 import torch
 
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_STAGES, NUM_WARPS
 
-_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_longlong, "i32": ctypes.c_int, "f32": ctypes.c_float}
+_CTYPES = {"ptr": ctypes.c_void_p, "long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
+_WHERE = "trtllm_replayssm/core/layouts.py"
 
 
 @dataclass(frozen=True)
 class ParamLayout:
-    """A C++ parameter struct: ``name`` and ``(field, kind)`` pairs in declaration order (kind: ptr/i64/i32/f32)."""
+    """A kernel's by-value parameter struct, written once as its C++ member lines (``body``: ``type name[, name];``
+    with ``//`` comments). The kernels include the struct generated from it (:meth:`header`, an NVRTC in-memory
+    header named ``<name>.h``); the launch fills the ctypes struct generated from it by field name."""
 
     name: str
-    fields: tuple[tuple[str, str], ...]
+    body: str
+
+    @functools.cached_property
+    def fields(self) -> tuple[tuple[str, str], ...]:
+        """``(field, kind)`` in declaration order; kind: ptr, long long, int or float."""
+        out = []
+        for line in self.body.splitlines():
+            decl = line.split("//", 1)[0].strip()
+            if not decl:
+                continue
+            m = re.fullmatch(r"([\w\s]+?\**)\s*(\w+(?:\s*,\s*\w+)*)\s*;", decl)
+            if not m:
+                raise ValueError(f"{self.name}: cannot parse member line {line!r}")
+            ctype = m.group(1).strip()
+            kind = "ptr" if ctype.endswith("*") else ctype.replace("const ", "")
+            if kind not in _CTYPES:
+                raise ValueError(f"{self.name}: member type {ctype!r} has no ctypes kind")
+            out += [(n.strip(), kind) for n in m.group(2).split(",")]
+        return tuple(out)
 
     @functools.cached_property
     def struct(self) -> type[ctypes.Structure]:
@@ -41,16 +63,16 @@ class ParamLayout:
             raise KeyError(f"{self.name}: missing fields {missing}, unknown fields {unknown}")
         return self.struct(**values)
 
-    def cpp_checks(self) -> str:
-        """``static_assert`` lines pinning the C++ struct's size and field offsets to this layout."""
-        where = "trtllm_replayssm/core/layouts.py"
-        lines = [f'static_assert(sizeof({self.name}) == {ctypes.sizeof(self.struct)}, '
-                 f'"{self.name}: sizeof differs from its layout in {where}");']
-        for field, _ in self.fields:
-            offset = getattr(self.struct, field).offset
-            lines.append(f'static_assert(__builtin_offsetof({self.name}, {field}) == {offset}, '
-                         f'"{self.name}.{field}: offset differs from its layout in {where}");')
-        return "\n".join(lines)
+    @property
+    def header_name(self) -> str:
+        return f"{self.name}.h"
+
+    def header(self) -> str:
+        """The C++ struct, and a ``static_assert`` pinning its size to the ctypes mirror's."""
+        return (f"// {self.name}: generated from {_WHERE}; edit it there.\n#pragma once\n"
+                f"struct {self.name} {{\n{self.body}\n}};\n"
+                f'static_assert(sizeof({self.name}) == {ctypes.sizeof(self.struct)}, "{self.name}: size differs from '
+                f'its ctypes mirror ({_WHERE})");\n')
 
 
 def common_checks() -> str:
@@ -60,31 +82,66 @@ def common_checks() -> str:
                                             "NUM_WARPS"), ("kMaxStages", MAX_STAGES, "MAX_STAGES")))
 
 
-def layout_fields(spec: str) -> tuple[tuple[str, str], ...]:
-    """``"ptr: a b; i64: c"`` -> ``(("a", "ptr"), ("b", "ptr"), ("c", "i64"))`` (groups in order)."""
-    out = []
-    for group in spec.split(";"):
-        kind, _, names = group.partition(":")
-        out += [(n, kind.strip()) for n in names.split()]
-    return tuple(out)
+# plugins/mamba2_decode.cu: one by-value struct for every Mamba-2 kernel
+MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slots, H, P, N]
+  void* x_ring;           // [slots, H, L, P]
+  float* dt_ring;         // [slots, H, L]
+  void* B_ring;           // [slots, G, L, N]
+  int* cursor;            // [slots]
+  int* arrive;            // [slots]
+  float* coef;            // [rows >= b, H, L + 1] scratch by batch row: weights of the step (index L: decay)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
+  const void* x;          // [b, H, P]
+  const void* dt;         // [b, H]  (act dtype or fp32, see dt_is_f32)
+  const float* A;         // [H]
+  const void* B;          // [b, G, N]
+  const void* C;          // [b, G, N]
+  const float* D;         // [H] or null
+  const void* z;          // [b, H, P] or null
+  const float* dt_bias;   // [H] or null
+  const int* slot_idx;    // [b]
+  void* out;              // [b, H, P]
+  long long s_state_slot, s_state_head;
+  long long s_xr_slot, s_xr_head;
+  long long s_dtr_slot, s_dtr_head;
+  long long s_Br_slot, s_Br_group;
+  long long s_coef_row;
+  long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
+  int nheads, ngroups, L, pad_slot_id;
+  int dt_softplus, dt_is_f32, force_flush, batch;
+  int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
+  int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
+  int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)""")
 
-
-# plugins/mamba2_decode.cu struct Mamba2Params
-MAMBA2_PARAMS = ParamLayout("Mamba2Params", layout_fields(
-    "ptr: state x_ring dt_ring B_ring cursor arrive coef step x dt A B C D z dt_bias slot_idx out;"
-    "i64: s_state_slot s_state_head s_xr_slot s_xr_head s_dtr_slot s_dtr_head s_Br_slot s_Br_group s_coef_row"
-    "     s_x_b s_x_h s_dt_b s_dt_h s_B_b s_B_g s_C_b s_C_g s_z_b s_z_h s_out_b s_out_h;"
-    "i32: nheads ngroups L pad_slot_id dt_softplus dt_is_f32 force_flush batch stages stage_bytes fold_bytes"
-    "     tail_start"))
-
-# plugins/delta_rule_decode.cu struct DeltaParams (GDN and KDA)
-DELTA_PARAMS = ParamLayout("DeltaParams", layout_fields(
-    "ptr: state u_ring k_ring g_ring cursor arrive coef step q k v gate beta A_log dt_bias slot_idx out;"
-    "i64: s_state_slot s_state_head s_ur_slot s_ur_head s_kr_slot s_kr_head s_gr_slot s_gr_head s_coef_row"
-    "     s_q_b s_q_h s_k_b s_k_h s_v_b s_v_h s_gate_b s_gate_h s_beta_b s_beta_h s_out_b s_out_h;"
-    "f32: scale lower_bound;"
-    "i32: num_k_heads num_v_heads L pad_slot_id gate_is_f32 beta_is_f32 has_lower_bound force_flush batch stages"
-    "     stage_bytes fold_bytes tail_start"))
+# plugins/delta_rule_decode.cu: one by-value struct for every GDN and KDA kernel
+DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots, HV, V, K]
+  void* u_ring;           // [slots, HV, L, V]       (replay only)
+  void* k_ring;           // GDN [slots, H, L, K], KDA [slots, HV, L, K] (kring_t) (replay only)
+  float* g_ring;          // [slots, HV, L(, K)]     (replay only)
+  int* cursor;            // [slots]                 (replay only)
+  int* arrive;            // [slots]                 (replay only)
+  float* coef;            // [rows >= b, HV, record_len(L)] scratch by batch row, one record per (row, value head)
+  int* step;              // [rows >= b] scratch by batch row: w of the step, or -(w + 1) for a flush; step[-1]: the
+                          // main kernel's tail-tile claim counter (zeroed by the prep kernel)
+  const void* q;          // [b, H, K]
+  const void* k;          // [b, H, K]
+  const void* v;          // [b, HV, V]
+  const void* gate;       // GDN: a [b, HV]; KDA: raw gate [b, HV, K]   (act dtype or fp32, see gate_is_f32)
+  const void* beta;       // [b, HV] logits                             (act dtype or fp32, see beta_is_f32)
+  const float* A_log;     // [HV]
+  const float* dt_bias;   // GDN: [HV]; KDA: [HV, K]
+  const int* slot_idx;    // [b]
+  void* out;              // [b, HV, V]
+  long long s_state_slot, s_state_head;
+  long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_row;
+  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
+  float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
+  int num_k_heads, num_v_heads, L, pad_slot_id;
+  int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
+  int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
+  int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
+  int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)""")
 
 
 # ---------------------------------------------------------------------------------------------- rings and scratch

@@ -122,6 +122,8 @@ def cache_key(config: KernelConfig, arch: str) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(program_source(config))
+    for name, text in program_headers(config).items():
+        digest.update(name + text)
     digest.update(arch.encode())
     digest.update("\0".join(compile_options(config, arch)).encode())
     digest.update(repr(nvrtc_version()).encode())
@@ -135,6 +137,11 @@ def program_source(config: KernelConfig) -> bytes:
     return (plugin_dir() / config.source).read_bytes() + f"\n// checks from trtllm_replayssm/core/layouts.py\n{checks}\n".encode()
 
 
+def program_headers(config: KernelConfig) -> dict[bytes, bytes]:
+    """The in-memory headers of a compilation: each parameter struct of ``config.layouts`` as ``<Name>.h``."""
+    return {layout.header_name.encode(): layout.header().encode() for layout in config.layouts}
+
+
 def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> CompiledKernel:
     """Compile ``config`` for ``arch`` (e.g. ``sm_90a``) unless a cached cubin exists; return its path and log."""
     key = cache_key(config, arch)
@@ -146,7 +153,9 @@ def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> C
 
     nvrtc = _nvrtc()
     source = plugin_dir() / config.source
-    err, prog = nvrtc.nvrtcCreateProgram(program_source(config), str(source).encode(), 0, [], [])
+    headers = program_headers(config)
+    err, prog = nvrtc.nvrtcCreateProgram(program_source(config), str(source).encode(), len(headers),
+                                         list(headers.values()), list(headers))
     _check(err, "nvrtcCreateProgram")
     try:
         opts = compile_options(config, arch) + [f"-I{plugin_dir()}", f"-I{_cuda_include_dir()}"]

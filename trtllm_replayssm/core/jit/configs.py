@@ -15,14 +15,16 @@ MAX_TILE_ELEMS_PER_THREAD = 80
 class KernelConfig:
     """One compilation unit: ``source`` (file in plugins/) with ``defines``; ``kernels`` are its entry points.
 
-    ``checks(config)`` returns C++ appended to the source at compilation (``static_assert`` lines pinning the
-    parameter structs and buffer layouts the host uses, core/layouts.py); it is not part of the config's identity.
+    ``layouts``: the parameter structs the kernels take (core/layouts.py), provided as in-memory headers;
+    ``checks(config)``: C++ appended to the source (``static_assert`` lines pinning the buffer sizes the host uses).
+    Neither is part of the config's identity.
     """
 
     family: str
     source: str
     kernels: tuple[str, ...]
     params: tuple[tuple[str, Any], ...] = field(default=())
+    layouts: tuple = field(default=(), compare=False, hash=False, repr=False)
     checks: Callable[["KernelConfig"], str] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property

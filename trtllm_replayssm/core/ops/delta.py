@@ -49,15 +49,14 @@ def kernel_config(per_channel_gate: bool, key_dim: int, value_dim: int, state_dt
         family="kda" if per_channel_gate else "gdn", source="delta_rule_decode.cu", kernels=tuple(KERNELS.values()),
         params=(("dk", key_dim), ("dv", value_dim), ("vtile", rows_per_cta), ("kda", int(per_channel_gate)),
                 ("state_t", sd.cuda), ("act_t", ad.cuda)),
-        checks=functools.partial(_checks, sd.torch, ad.torch))
+        layouts=(DELTA_PARAMS,), checks=functools.partial(_checks, sd.torch, ad.torch))
 
 
 def _checks(state_dtype: torch.dtype, act_dtype: torch.dtype, config: KernelConfig) -> str:
     per_channel = bool(config.param("kda"))
     key_elem = key_ring_dtype(act_dtype, per_channel).itemsize
     claims = "true" if claims_tail(state_dtype) else "false"
-    return "\n".join((DELTA_PARAMS.cpp_checks(),
-                      delta_size_checks(config.param("vtile"), config.param("dk"), state_dtype.itemsize,
+    return "\n".join((delta_size_checks(config.param("vtile"), config.param("dk"), state_dtype.itemsize,
                                         act_dtype.itemsize, key_elem, per_channel),
                       f'static_assert(kTailClaims == {claims}, "kTailClaims differs from core/ops/delta.py '
                       f'claims_tail");'))

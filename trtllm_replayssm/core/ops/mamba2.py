@@ -45,12 +45,12 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dty
         family="mamba2", source="mamba2_decode.cu", kernels=tuple(KERNELS.values()),
         params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta),
                 ("state_t", get_dtype(state_dtype).cuda), ("act_t", get_dtype(act_dtype).cuda)),
-        checks=functools.partial(_checks, get_dtype(state_dtype).bytes, get_dtype(act_dtype).bytes))
+        layouts=(MAMBA2_PARAMS,), checks=functools.partial(_checks, get_dtype(state_dtype).bytes,
+                                                             get_dtype(act_dtype).bytes))
 
 
 def _checks(state_elem: int, act_elem: int, config: KernelConfig) -> str:
-    return "\n".join((MAMBA2_PARAMS.cpp_checks(),
-                      mamba2_size_checks(config.param("pt"), config.param("n"), state_elem, act_elem)))
+    return mamba2_size_checks(config.param("pt"), config.param("n"), state_elem, act_elem)
 
 
 def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype, act_dtype: torch.dtype) -> list[KernelConfig]:

@@ -13,31 +13,72 @@ from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.formats import DTYPES, get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
-from trtllm_replayssm.core.layouts import ParamLayout, layout_fields
+from trtllm_replayssm.core.layouts import ParamLayout
 from trtllm_replayssm.core.ops.launch import define_op, ptr
 from trtllm_replayssm.lab.layers import reference as ref
 
 
-# plugins/decoder_layers.cu parameter structs
-RMSNORM_PARAMS = ParamLayout("RmsNormParams", layout_fields(
-    "ptr: x residual weight out; i64: s_x_outer s_x_inner s_out_outer s_out_inner; i32: inner dim; f32: eps;"
-    "i32: unit_offset vec pad0"))
-GATED_NORM_PARAMS = ParamLayout("GatedNormParams", layout_fields(
-    "ptr: x z weight out; i64: s_x s_z s_out; i32: group_size groups weight_len; f32: eps;"
-    "i32: norm_before_gate vec warp_groups pad0"))
-CONV_PARAMS = ParamLayout("ConvParams", layout_fields(
-    "ptr: x conv_state weight bias out; i64: s_x s_out; i32: channels width silu vec"))
-ACT_PARAMS = ParamLayout("ActParams", layout_fields("ptr: a b out; i64: s_a s_b; i32: rows cols kind vec"))
-ATTN_PARAMS = ParamLayout("AttnParams", layout_fields(
-    "ptr: q k_new v_new gate k_cache v_cache pos out; i64: s_q_b s_q_h s_k_b s_k_h s_v_b s_v_h s_g_b s_g_h;"
-    "i32: heads kv_heads head_dim max_len; f32: scale; i32: pad0"))
-ROPE_PARAMS = ParamLayout("RopeParams", layout_fields(
-    "ptr: x pos out; i64: s_x_row s_x_head; i32: heads head_dim rotary_dim; f32: theta"))
+# The parameter structs of plugins/decoder_layers.cu (the kernels include the C++ generated from these).
+RMSNORM_PARAMS = ParamLayout("RmsNormParams", """
+  const act_t* x;       // [outer, inner, dim]
+  act_t* residual;      // nullable, [rows, dim] contiguous: residual += x in place, then the norm of the sum
+  const act_t* weight;  // [dim]
+  act_t* out;           // [outer, inner, dim]
+  long long s_x_outer, s_x_inner, s_out_outer, s_out_inner;
+  int inner, dim;
+  float eps;
+  int unit_offset;      // scale by (1 + weight)
+  int vec, pad0;        // vec: dim, strides and pointers allow 16-byte vectors and dim <= kMaxRowVecs vectors/thread""")
+GATED_NORM_PARAMS = ParamLayout("GatedNormParams", """
+  const act_t* x;       // [rows, groups * group_size] (row stride s_x)
+  const act_t* z;       // [rows, groups * group_size] (row stride s_z)
+  const act_t* weight;  // [weight_len], repeated along the row (weight_len: a multiple of group_size dividing it)
+  act_t* out;           // [rows, groups * group_size] (row stride s_out)
+  long long s_x, s_z, s_out;
+  int group_size, groups, weight_len;
+  float eps;
+  int norm_before_gate;  // 0: norm(x * silu(z)) * w (Mamba-2); 1: norm(x) * w * silu(z) (Qwen3.5 GDN)
+  int vec;               // vec: as in RmsNormParams, for group_size
+  int warp_groups;       // > 0 (vec only): a warp per group, warp_groups groups per CTA; 0: a CTA per group
+  int pad0;""")
+CONV_PARAMS = ParamLayout("ConvParams", """
+  const act_t* x;        // [batch, channels] (row stride s_x): this step's conv input
+  act_t* conv_state;     // [batch, channels, width - 1] contiguous: the previous width - 1 inputs, oldest first
+  const act_t* weight;   // [channels, width] contiguous
+  const act_t* bias;     // nullable, [channels]
+  act_t* out;            // [batch, channels] (row stride s_out)
+  long long s_x, s_out;
+  int channels, width;
+  int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors""")
+ACT_PARAMS = ParamLayout("ActParams", """
+  const act_t* a;  // [rows, cols] (row stride s_a): the activation's input (SwiGLU: the gate projection)
+  const act_t* b;  // [rows, cols] (row stride s_b): SwiGLU's up projection (kind 1), else null
+  act_t* out;      // [rows, cols] contiguous
+  long long s_a, s_b;
+  int rows, cols;  // vec: cols counts 16-byte vectors and the strides are in vectors
+  int kind;        // 0: relu(a)^2; 1: silu(a) * b
+  int vec;""")
+ROPE_PARAMS = ParamLayout("RopeParams", """
+  const act_t* x;          // [rows, heads, head_dim] (strides s_x_row, s_x_head; channels dense)
+  const long long* pos;    // [rows] positions
+  act_t* out;              // [rows, heads, head_dim] contiguous
+  long long s_x_row, s_x_head;
+  int heads, head_dim, rotary_dim;
+  float theta;""")
+ATTN_PARAMS = ParamLayout("AttnParams", """
+  const act_t* q;        // [batch, heads, head_dim] (strides s_q_b, s_q_h)
+  const act_t* k_new;    // [batch, kv_heads, head_dim] (strides s_k_b, s_k_h): this token's key
+  const act_t* v_new;    // [batch, kv_heads, head_dim] (strides s_v_b, s_v_h): this token's value
+  const act_t* gate;     // nullable, [batch, heads, head_dim] (strides s_g_b, s_g_h): output gate, o * sigmoid(gate)
+  act_t* k_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
+  act_t* v_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
+  const long long* pos;  // [batch]: cached tokens before this one (this token goes to position pos)
+  act_t* out;            // [batch, heads * head_dim] contiguous
+  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_g_b, s_g_h;
+  int heads, kv_heads, head_dim, max_len;
+  float scale;
+  int pad0;""")
 LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
-
-
-def _checks(config: KernelConfig) -> str:
-    return "\n".join(layout.cpp_checks() for layout in LAYOUTS)
 
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
@@ -49,7 +90,7 @@ def layers_config(act_dtype: torch.dtype) -> KernelConfig:
         kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel",
                  "attention_decode_kernel"),
         params=(("act_t", get_dtype(act_dtype).cuda),),
-        checks=_checks,
+        layouts=LAYOUTS,
     )
 
 
