@@ -22,6 +22,7 @@ from trtllm_replayssm.core.ops.launch import define_op
 from trtllm_replayssm.core.plans import Device, Launch, LaunchPlan, Tuning, checked_plan
 from trtllm_replayssm.core.reference import gdn as ref
 
+
 def replay_plan(layer: GDNLayerCache, batch: int, mode: str = "auto", tuning: Tuning = delta.DEFAULT_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of :func:`replay_decode` for ``batch`` rows of ``layer`` (``device``: the layer's GPU)."""
