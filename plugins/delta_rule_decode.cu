@@ -262,11 +262,15 @@ template <bool kReplay>
 __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const int b = blockIdx.z;
   const int slot = p.slot_idx[b];
-  if (slot == p.pad_slot_id) return;
   const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
   const int row0 = blockIdx.x * kTile;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int col0 = lane * kEpl, wrow0 = warp * kRows;  // wrow0: first tile row of this warp
+  if (slot == p.pad_slot_id) {  // a pad row's outputs are zeros; its state, ring and cursor are not touched
+    if (lane < kRows)
+      static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(0.f);
+    return;
+  }
   state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
 
   // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
@@ -711,6 +715,9 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const int slot = info_words[0], info = info_words[1];
   if (slot == p.pad_slot_id) {
     rssm::release_stage(pipe, s);
+    if (lane < kRows)
+      static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.hv * p.s_out_h + c.row0 + warp * kRows + lane] =
+          rssm::from_float<act_t>(0.f);
     return;
   }
   const bool flush = info < 0;

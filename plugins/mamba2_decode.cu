@@ -48,10 +48,19 @@ struct Tile {
   state_t* state;  // this lane's first element of this warp's rows
 };
 
+// A pad row's outputs are zeros (its state, ring and cursor are not touched): rows row0 .. row0+PT-1 of head h.
+__device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, int h, int row0) {
+  for (int i = threadIdx.x; i < PT; i += blockDim.x)
+    static_cast<act_t*>(p.out)[b * p.s_out_b + h * p.s_out_h + row0 + i] = rssm::from_float<act_t>(0.f);
+}
+
 __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   t.b = blockIdx.z;
   t.slot = p.slot_idx[t.b];
-  if (t.slot == p.pad_slot_id) return false;
+  if (t.slot == p.pad_slot_id) {
+    zero_pad_output(p, t.b, blockIdx.y, blockIdx.x * PT);
+    return false;
+  }
   t.head = blockIdx.y;
   t.group = t.head / (p.nheads / p.ngroups);
   t.row0 = blockIdx.x * PT;
@@ -505,6 +514,9 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   const int slot = info_words[0], info = info_words[1];
   if (slot == p.pad_slot_id) {
     rssm::release_stage(pipe, s);
+    if (lane < kRowsPerWarp)
+      static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.head * p.s_out_h + c.row0 + warp * kRowsPerWarp + lane] =
+          rssm::from_float<act_t>(0.f);
     return;
   }
   const float d_h = p.D ? reinterpret_cast<const float*>(info_words)[2] : 0.f;

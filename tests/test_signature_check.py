@@ -81,7 +81,15 @@ def test_recorded_signatures_of_the_shipped_json_all_parse():
     recorded = recorded_signatures(json.loads(path.read_text()))
     key = "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer:KimiKDALinearAttention.forward_decode"
     assert key in recorded
-    assert "tensorrt_llm._torch.modules.mamba.causal_conv1d:causal_conv1d_update" not in recorded  # null: skipped
+    # the revision's own defaults are recorded: GDN's layer_idx=None (a gate without it rejected that revision)
+    gdn_init = "tensorrt_llm._torch.modules.mamba.gdn_mixer:Qwen3NextGatedDeltaNet.__init__"
+
+    def upstream_init(self, model_config, aux_stream, layer_idx=None): ...
+
+    def no_default_init(self, model_config, aux_stream, layer_idx): ...
+
+    assert signature_mismatches({gdn_init: recorded[gdn_init]}, {gdn_init: upstream_init}) == []
+    assert signature_mismatches({gdn_init: recorded[gdn_init]}, {gdn_init: no_default_init}) != []
     # every recorded text parses; comparing each against itself as a real function must match
     for name, sig in recorded.items():
         ns: dict = {}

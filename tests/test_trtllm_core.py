@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, bind_layer_cache, check_trtllm_version, decode_slot_ids,
-                                          gdn_materialize_slots, gdn_split_qkv, is_single_token_decode,
-                                          kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                          kda_packed_conv_weight, kda_split_qkv, per_head, prefill_handoff,
-                                          split_batch)
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, check_trtllm_version, decode_slot_ids,
+                                                  gdn_materialize_slots, gdn_split_qkv, is_single_token_decode,
+                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
+                                                  kda_packed_conv_weight, kda_split_qkv, per_head, split_batch)
+from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 
 def test_split_batch_contexts_first():
@@ -56,24 +56,6 @@ def test_version_gate(monkeypatch):
         check_trtllm_version("1.2.1")
 
 
-def test_bind_layer_cache_shares_upstream_state_and_prefill_resets_cursor():
-    state = torch.randn(6, 8, 16, 32)  # [slots, H, P, N], TP-local
-    cache = bind_layer_cache("mamba2", state, num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
-    layer = cache.layer(0)
-    assert layer.state is state and layer.x_ring.shape == (6, 8, 4, 16) and layer.B_ring.shape == (6, 2, 4, 32)
-    layer.cursor.fill_(3)
-    prefill_handoff(cache, torch.tensor([4, 1, -1]))
-    assert layer.cursor.tolist() == [3, 0, 3, 3, 0, 3]
-
-
-def test_bind_layer_cache_gdn_shapes():
-    state = torch.zeros(3, 8, 16, 12)  # [slots, HV, V, K]
-    layer = bind_layer_cache("gdn", state, num_k_heads=4, buffer_len=2, act_dtype=torch.float32).layer(0)
-    assert layer.u_ring.shape == (3, 8, 2, 16) and layer.k_ring.shape == (3, 4, 2, 12)
-    with pytest.raises(ValueError, match="family"):
-        bind_layer_cache("rwkv", state, 4, 2, torch.float32)
-
-
 def test_gdn_split_qkv():
     mixed = torch.arange(5 * (2 * 2 * 3 + 4 * 5), dtype=torch.float32).view(5, -1)
     q, k, v = gdn_split_qkv(mixed, 2, 3, 4, 5)
@@ -87,8 +69,8 @@ def test_gdn_materialize_matches_sequential_recurrence():
     torch.manual_seed(0)
     slots, hv, h, L, K, V = 3, 4, 2, 5, 6, 7
     state = torch.randn(slots, hv, V, K)
-    cache = bind_layer_cache("gdn", state, num_k_heads=h, buffer_len=L, act_dtype=torch.float32)
-    layer = cache.layer(0)
+    cache = ModelReplayCache("gdn", [3], num_k_heads=h, buffer_len=L, act_dtype=torch.float32)
+    layer = cache.layer(3, state)
     s0 = state.clone()
     w = 3  # slot 1 has 3 ring entries; slot 2 has none
     g = -torch.rand(hv, w, dtype=torch.float32)
@@ -103,8 +85,7 @@ def test_gdn_materialize_matches_sequential_recurrence():
         kk = k[:, j].repeat_interleave(hv // h, dim=0)
         ref = torch.exp(g[:, j])[:, None, None] * ref + u[:, j, :, None] * kk[:, None, :]
     # ring values hold fp32 g cumsums: compare at fp32 precision
-    gdn_materialize_slots(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                          torch.tensor([1, 2, -1]))
+    gdn_materialize_slots(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, torch.tensor([1, 2]))
     torch.testing.assert_close(state[1], ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state[2], s0[2])
     torch.testing.assert_close(state[0], s0[0])
@@ -168,7 +149,7 @@ def test_kda_hook_composition_matches_baseline_step_on_cpu():
     slots, H, D, L, b = 4, 2, 64, 3, 3
     state0 = torch.randn(slots, H, D, D) * 0.1
     replay_state = state0.clone()
-    cache = bind_layer_cache("kda", replay_state, num_k_heads=H, buffer_len=L, act_dtype=torch.float32)
+    cache = ModelReplayCache("kda", [0], num_k_heads=H, buffer_len=L, act_dtype=torch.float32)
     base_state = state0.clone()
     A_log, dt_bias = kda_fp32_params(torch.randn(H), torch.randn(H * D) * 0.1, H, D)
     raw_slots = torch.tensor([2, 0, 0], dtype=torch.int32)  # CUDA-graph padding repeats slot 0
@@ -176,14 +157,15 @@ def test_kda_hook_composition_matches_baseline_step_on_cpu():
     for step in range(5):
         q, k, v = kda_split_qkv(torch.randn(b, 3 * H * D), H, D)
         g, beta = kda_gate_inputs(torch.randn(b, H * D), torch.randn(b, H), H, D)
-        out_r = torch.zeros(b, H, D)
-        out_b = torch.zeros(b, H, D)
-        kda.replay_decode(cache.layer(0), q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=D ** -0.5,
+        out_r = torch.full((b, H, D), float("nan"))
+        out_b = torch.full((b, H, D), float("nan"))
+        kda.replay_decode(cache.layer(0, replay_state[:]), q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=D ** -0.5,
                           state_batch_indices=ids, pad_slot_id=PAD_SLOT_ID, out=out_r, mode="replay")
         kda.state_update(base_state, q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=D ** -0.5,
                          state_batch_indices=ids, pad_slot_id=PAD_SLOT_ID, out=out_b)
         torch.testing.assert_close(out_r[:2], out_b[:2], rtol=1e-4, atol=1e-4)
-        assert torch.equal(out_r[2], torch.zeros(H, D))  # padded row untouched
+        assert torch.equal(out_r[2], torch.zeros(H, D)) and torch.equal(out_b[2], torch.zeros(H, D))  # padded row
         if step == L - 1:  # the flush step folds the ring: the checkpoint is the live state
             torch.testing.assert_close(replay_state[[0, 2]], base_state[[0, 2]], rtol=1e-4, atol=1e-4)
-    assert cache.layer(0).cursor.tolist() == [2, 0, 2, 0]  # 5 steps, L=3: 1, 2, flush->0, 1, 2
+    assert cache.layer(0, replay_state).cursor.tolist() == [2, 0, 2, 0]  # 5 steps, L=3: 1, 2, flush->0, 1, 2
+    assert cache.binds == 1  # a fresh view of the same pool every step

@@ -13,10 +13,14 @@ Layout per layer (TP-local; docs/design.md):
 Every layer also has ``cursor [slots]`` (int32, ring fill of each slot) and ``arrive [slots]`` (int32, the in-launch
 arrival counter that lets the decode launch advance the cursor). Slot operations (prefill hand-off, reset on reuse)
 are device-side index writes: no host sync, safe to call between CUDA-graph replays.
+
+A cache built with ``checkpoints=False`` holds rings, cursors and scratch only: the checkpoint of each layer is a
+tensor someone else owns (a serving engine's SSM-state pool, possibly strided), handed in per call with
+:meth:`ReplayStateCache.with_checkpoint`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Sequence
 
 import torch
@@ -28,18 +32,26 @@ from trtllm_replayssm.core.layouts import delta_record_len, key_ring_dtype
 
 @dataclass
 class _LayerCache:
-    """Tensors of one layer; ``cursor``/``arrive`` are views into the cache-wide [layers, slots] tensors."""
+    """Tensors of one layer; ``cursor``/``arrive`` are views into the cache-wide [layers, slots] tensors; ``state``
+    is None in a cache without checkpoints until :meth:`ReplayStateCache.with_checkpoint` binds one."""
 
-    state: torch.Tensor
+    state: torch.Tensor | None
     cursor: torch.Tensor
     arrive: torch.Tensor
 
     @property
     def slots(self) -> int:
-        return self.state.shape[0]
+        return self.cursor.shape[0]
+
+    def require_state(self) -> torch.Tensor:
+        """The checkpoint; ValueError when none is bound (a ``checkpoints=False`` cache's own layers)."""
+        if self.state is None:
+            raise ValueError("layer.state: no checkpoint bound (this cache holds rings only: pass "
+                             "ReplayStateCache.with_checkpoint(index, state))")
+        return self.state
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: t for f in fields(self) if (t := getattr(self, f.name)) is not None}
 
     shared_scratch: ClassVar[tuple[str, ...]] = ()  # fields shared by all layers (counted once per cache)
 
@@ -99,20 +111,24 @@ class ReplayStateCache:
     """Checkpoint + ring buffers + cursors for ``num_layers`` SSM layers of one family; build with a factory."""
 
     def __init__(self, family: str, layers: list[_LayerCache], cursor: torch.Tensor, arrive: torch.Tensor,
-                 act_dtype: torch.dtype, buffer_len: int) -> None:
+                 act_dtype: torch.dtype, buffer_len: int, state_shape: tuple[int, ...],
+                 state_dtype: torch.dtype) -> None:
         self.family = family
         self._layers = layers
         self.cursor = cursor
         self.arrive = arrive
         self.act_dtype = act_dtype
         self.buffer_len = buffer_len
+        self.state_shape = state_shape  # one slot's checkpoint
+        self.state_dtype = state_dtype
 
     # ------------------------------------------------------------------ factories
     @classmethod
     def mamba2(cls, num_layers: int, slots: int, nheads: int, head_dim: int, d_state: int, ngroups: int,
                buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32",
-               act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda") -> "ReplayStateCache":
-        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``)."""
+               act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+               checkpoints: bool = True) -> "ReplayStateCache":
+        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``); ``checkpoints=False``: rings only."""
         _check_positive(num_layers=num_layers, slots=slots, nheads=nheads, head_dim=head_dim, d_state=d_state,
                         ngroups=ngroups)
         if nheads % ngroups:
@@ -121,36 +137,37 @@ class ReplayStateCache:
         cursor, arrive = _cursors(num_layers, slots, device)
         coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
         step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
+        state_shape = (nheads, head_dim, d_state)
         layers = [Mamba2LayerCache(
-            state=fmt.allocate((slots, nheads, head_dim, d_state), device),
+            state=fmt.allocate((slots, *state_shape), device) if checkpoints else None,
             cursor=cursor[i], arrive=arrive[i],
             x_ring=torch.zeros(slots, nheads, L, head_dim, dtype=act_dtype, device=device),
             dt_ring=torch.zeros(slots, nheads, L, dtype=torch.float32, device=device),
             B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls("mamba2", layers, cursor, arrive, act_dtype, L)
+        return cls("mamba2", layers, cursor, arrive, act_dtype, L, state_shape, fmt.storage_dtype)
 
     @classmethod
     def gdn(cls, num_layers: int, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
             buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
-            device: torch.device | str = "cuda") -> "ReplayStateCache":
+            device: torch.device | str = "cuda", checkpoints: bool = True) -> "ReplayStateCache":
         """Cache for Gated DeltaNet layers (state [HV, V, K]; one key ring per key head)."""
         return cls._delta(GDNLayerCache, "gdn", num_layers, slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-                          buffer_len, state_dtype, act_dtype, device)
+                          buffer_len, state_dtype, act_dtype, device, checkpoints)
 
     @classmethod
     def kda(cls, num_layers: int, slots: int, num_heads: int, head_dim: int, buffer_len: int = 16,
             state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
-            device: torch.device | str = "cuda") -> "ReplayStateCache":
+            device: torch.device | str = "cuda", checkpoints: bool = True) -> "ReplayStateCache":
         """Cache for Kimi Delta Attention layers (per-channel gate ring)."""
         return cls._delta(KDALayerCache, "kda", num_layers, slots, num_heads, num_heads, head_dim, head_dim,
-                          buffer_len, state_dtype, act_dtype, device)
+                          buffer_len, state_dtype, act_dtype, device, checkpoints)
 
     @classmethod
     def _delta(cls, layer_cls: type[GDNLayerCache], family: str, num_layers: int, slots: int, num_k_heads: int,
                num_v_heads: int, head_k_dim: int, head_v_dim: int, buffer_len: int, state_dtype: str | torch.dtype,
-               act_dtype: torch.dtype, device: torch.device | str) -> "ReplayStateCache":
+               act_dtype: torch.dtype, device: torch.device | str, checkpoints: bool) -> "ReplayStateCache":
         _check_positive(num_layers=num_layers, slots=slots, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
                         head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         if num_v_heads % num_k_heads:
@@ -162,15 +179,16 @@ class ReplayStateCache:
         key_heads = num_v_heads if kda else num_k_heads
         coef = torch.zeros(slots, num_v_heads, delta_record_len(L, head_k_dim, kda), dtype=torch.float32, device=device)
         step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
+        state_shape = (num_v_heads, head_v_dim, head_k_dim)
         layers = [layer_cls(
-            state=fmt.allocate((slots, num_v_heads, head_v_dim, head_k_dim), device),
+            state=fmt.allocate((slots, *state_shape), device) if checkpoints else None,
             cursor=cursor[i], arrive=arrive[i],
             u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
             k_ring=torch.zeros(slots, key_heads, L, head_k_dim, dtype=key_ring_dtype(act_dtype, kda), device=device),
             g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls(family, layers, cursor, arrive, act_dtype, L)
+        return cls(family, layers, cursor, arrive, act_dtype, L, state_shape, fmt.storage_dtype)
 
     # ------------------------------------------------------------------ access
     @property
@@ -185,6 +203,20 @@ class ReplayStateCache:
         if not 0 <= index < len(self._layers):
             raise IndexError(f"layer: expected an index in [0, {len(self._layers)}), got {index}")
         return self._layers[index]
+
+    def with_checkpoint(self, index: int, state: torch.Tensor) -> _LayerCache:
+        """Layer ``index`` with ``state`` as its checkpoint, for one call (a cheap host-side view; the rings are this
+        cache's). ``state`` [slots, *state_shape] in the cache's state dtype on its device, slot and head dims of
+        any stride (the kernels read them from the tensor), the rest dense."""
+        layer = self.layer(index)
+        expected = (self.slots, *self.state_shape)
+        if not isinstance(state, torch.Tensor) or tuple(state.shape) != expected:
+            got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(f"state: expected shape {expected}, got {got}")
+        if state.dtype != self.state_dtype or state.device != self.cursor.device:
+            raise ValueError(f"state: expected {self.state_dtype} on {self.cursor.device}, got {state.dtype} on "
+                             f"{state.device}")
+        return replace(layer, state=state)
 
     def bytes_per_slot(self) -> int:
         """Bytes one slot (sequence) occupies over all layers: checkpoints, rings, cursors, arrival counters and the
@@ -214,6 +246,8 @@ class ReplayStateCache:
                            states: torch.Tensor) -> None:
         """Prefill hand-off: write ``states`` ([n, *state_shape]) as the checkpoints of ``slot_ids``, reset cursors."""
         layer, ids = self.layer(layer_index), self._slot_ids(slot_ids)
+        if layer.state is None:
+            raise ValueError("load_prefill_state: this cache holds no checkpoints (built with checkpoints=False)")
         expected = (ids.numel(), *layer.state.shape[1:])
         if tuple(states.shape) != expected:
             raise ValueError(f"states: expected shape {expected}, got {tuple(states.shape)}")

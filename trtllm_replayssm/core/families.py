@@ -11,6 +11,7 @@ import torch
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
+from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref_mamba2
 from trtllm_replayssm.core.samples import delta_step, mamba2_step
 
 
@@ -18,7 +19,8 @@ from trtllm_replayssm.core.samples import delta_step, mamba2_step
 class Family:
     """An SSM family. ``replay_decode(layer, *step_args, ...)`` / ``state_update(state, *step_args, ...)`` are its
     ops, ``replay_plan`` / ``state_update_plan`` their planners; ``random_step(dims, batch, gen, device,
-    act_dtype)`` draws one step's inputs (``.op_args()`` gives the ops' arguments)."""
+    act_dtype)`` draws one step's inputs (``.op_args()`` gives the ops' arguments); ``reference_step(state, step)``
+    is the float64 recurrence of one token for a batch of rows: ``(out [b, heads, rows], new state)``."""
 
     name: str
     title: str
@@ -29,28 +31,34 @@ class Family:
     state_update_plan: Callable
     kernel_configs: Callable
     random_step: Callable
+    reference_step: Callable
     _new_cache: Callable
 
     def new_cache(self, dims: SSMDims, num_layers: int, slots: int, buffer_len: int = 16,
                   state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
-                  device: torch.device | str = "cuda") -> ReplayStateCache:
-        """A replay cache for ``num_layers`` layers of ``dims`` (TP-local)."""
+                  device: torch.device | str = "cuda", checkpoints: bool = True) -> ReplayStateCache:
+        """A replay cache for ``num_layers`` layers of ``dims`` (TP-local); ``checkpoints=False``: rings, cursors
+        and scratch only (the checkpoints are handed in per call, ``ReplayStateCache.with_checkpoint``)."""
         if not isinstance(dims, self.dims):
             raise TypeError(f"dims: expected {self.dims.__name__} for {self.name}, got {type(dims).__name__}")
         return self._new_cache(dims, num_layers, slots, buffer_len=buffer_len, state_dtype=state_dtype,
-                               act_dtype=act_dtype, device=device)
+                               act_dtype=act_dtype, device=device, checkpoints=checkpoints)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mamba2", "Mamba-2", Mamba2Dims, mamba2.replay_decode, mamba2.state_update, mamba2.replay_plan,
            mamba2.state_update_plan, mamba2.kernel_configs, mamba2_step,
+           lambda s, st: tuple(reversed(ref_mamba2.sequential_step(s, st.x, st.dt, st.A, st.B, st.C, st.D, None,
+                                                                   st.dt_bias, True))),
            lambda d, n, s, **kw: ReplayStateCache.mamba2(n, s, d.nheads, d.head_dim, d.d_state, d.n_groups, **kw)),
     Family("gdn", "Gated DeltaNet", GDNDims, gdn.replay_decode, gdn.state_update, gdn.replay_plan,
            gdn.state_update_plan, gdn.kernel_configs, delta_step,
+           lambda s, st: ref_gdn.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.gdn(n, s, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim,
                                                       **kw)),
     Family("kda", "Kimi Delta Attention", KDADims, kda.replay_decode, kda.state_update, kda.replay_plan,
            kda.state_update_plan, kda.kernel_configs, delta_step,
+           lambda s, st: ref_kda.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.kda(n, s, d.num_heads, d.head_dim, **kw)),
 )}
 

@@ -3,7 +3,8 @@ benchmark, the op tests and ``torch.library.opcheck`` draw from here. Never zero
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 import torch
 
@@ -41,6 +42,8 @@ class Mamba2Step:
     D: torch.Tensor
     dt_bias: torch.Tensor
 
+    per_head_fields: ClassVar[tuple[str, ...]] = ("A", "D", "dt_bias")  # the layer's constants, not per token
+
     def op_args(self) -> tuple[tuple, dict]:
         """Positional and keyword arguments of ``replay_decode`` / ``state_update`` after the cache or state."""
         return (self.x, self.dt, self.A, self.B, self.C), {"D": self.D, "z": None, "dt_bias": self.dt_bias,
@@ -61,8 +64,21 @@ class DeltaStep:
     A_log: torch.Tensor
     dt_bias: torch.Tensor
 
+    per_head_fields: ClassVar[tuple[str, ...]] = ("A_log", "dt_bias")
+
     def op_args(self) -> tuple[tuple, dict]:
         return tuple(getattr(self, f.name) for f in fields(self)), {}
+
+
+def step_rows(step: Mamba2Step | DeltaStep, rows: torch.Tensor | list[int]) -> Mamba2Step | DeltaStep:
+    """The step inputs of batch rows ``rows`` (the layer constants unchanged)."""
+    return replace(step, **{f.name: getattr(step, f.name)[rows] for f in fields(step)
+                            if f.name not in step.per_head_fields})
+
+
+def with_constants(step: Mamba2Step | DeltaStep, constants: Mamba2Step | DeltaStep) -> Mamba2Step | DeltaStep:
+    """``step``'s per-token inputs with ``constants``' layer constants (a layer keeps its A, D, dt_bias, A_log)."""
+    return replace(step, **{name: getattr(constants, name) for name in step.per_head_fields})
 
 
 def mamba2_step(dims: Mamba2Dims, batch: int, gen: torch.Generator, device: torch.device | str,

@@ -86,6 +86,8 @@ kv_cache_config:
   # Required: with ReplaySSM the SSM state cache holds a checkpoint, not the live state, so prefix-cache
   # snapshots of it would be wrong.
   enable_block_reuse: false
+  # Required: the V2 cache manager may move a live request to another slot, which the rings would not follow.
+  use_kv_cache_manager_v2: false
   # Checkpoint dtype; the rings hold activations ({mp.act_dtype}) and fp32 gates.
   mamba_ssm_cache_dtype: {ssm_dtype}
   # TensorRT-LLM does not count the rings ({ring_gib:.2f} GiB for {mp.max_batch_size}+1 slots on each GPU) when

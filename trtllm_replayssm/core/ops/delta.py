@@ -84,7 +84,7 @@ def state_update_plan_key(state: torch.Tensor, batch: int, act_dtype: torch.dtyp
 def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: str = "auto",
                 tuning: Tuning = DEFAULT_TUNING, device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN (``per_channel_gate`` False) or KDA replay decode step of ``batch`` rows."""
-    _, HV, V, K = layer.state.shape
+    _, HV, V, K = layer.require_state().shape
     L, act = layer.buffer_len, layer.u_ring.dtype
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)

@@ -102,7 +102,7 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
-    idx, out, dims = _validate_step(layer.state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    idx, out, dims = _validate_step(layer.require_state(), q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, per_channel_gate=False, batch=q.shape[0])
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)

@@ -111,7 +111,7 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     if not isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
-    idx, out, dims = _validate_step(layer.state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+    idx, out, dims = _validate_step(layer.require_state(), q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, per_channel_gate=True, batch=q.shape[0])
     if plan is None:

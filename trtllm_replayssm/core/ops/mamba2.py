@@ -63,7 +63,7 @@ def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype, act_dtype: torch.
 def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning: Tuning = DEFAULT_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of :func:`replay_decode` for ``batch`` rows of ``layer`` (``device``: the layer's GPU)."""
-    slots, H, P, N = layer.state.shape
+    slots, H, P, N = layer.require_state().shape
     G, L = layer.B_ring.shape[1], layer.buffer_len
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch)
@@ -246,7 +246,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     """
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
-    idx, out = _validate_step(layer.state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    idx, out = _validate_step(layer.require_state(), x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
     slots, H, P, N = layer.state.shape
     L = layer.buffer_len
     dev = layer.state.device

@@ -159,11 +159,13 @@ def delta_rule_update_(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor,
     scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
 ) -> None:
-    """Float32 baseline step in place: read S, update, write S (state dtype), write ``out``; pad rows untouched.
+    """Float32 baseline step in place: read S, update, write S (state dtype), write ``out``; pad rows get zero
+    outputs and touch no slot.
 
     ``log_gate [b,HV,C]`` and ``beta [b,HV]`` are float32 (already activated); arguments are validated by the caller.
     """
     rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
+    out[state_batch_indices == pad_slot_id] = 0
     if rows.numel() == 0:
         return
     f32 = torch.float32
@@ -222,7 +224,8 @@ def delta_rule_replay_(
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
     predecayed_keys: bool = False,
 ) -> None:
-    """Float32 ReplaySSM step in place (docs/design.md "Cursor semantics"); pad rows are neither read nor written.
+    """Float32 ReplaySSM step in place (docs/design.md "Cursor semantics"); pad rows get zero outputs and touch no
+    slot.
 
     ``g_ring [slots,HV,L,C]`` holds the inclusive cumulative log-gate since the checkpoint; ``log_gate [b,HV,C]`` and
     ``beta [b,HV]`` are float32. With ``x~ = alpha x``: ``a_q = S_h q~``, ``u = beta (v - S_h k~)``,
@@ -232,6 +235,7 @@ def delta_rule_replay_(
     the ring dtype and read back from it on later steps. Arguments are validated by the caller.
     """
     rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
+    out[state_batch_indices == pad_slot_id] = 0
     if rows.numel() == 0:
         return
     f32 = torch.float32
@@ -326,7 +330,8 @@ def state_update_(
     A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None, state_batch_indices: torch.Tensor,  # noqa: N803
     pad_slot_id: int, out: torch.Tensor,
 ) -> None:
-    """Float32 GDN baseline step in place: read S, update, write S (state dtype) and ``out``; pad rows untouched."""
+    """Float32 GDN baseline step in place: read S, update, write S (state dtype) and ``out``; pad rows get zero
+    outputs."""
     check_scalars(pad_slot_id)
     _check_step(state, q, k, v, a, b, A_log, dt_bias, state_batch_indices, out)
     g, beta = _step_gates(a, b, A_log, dt_bias)

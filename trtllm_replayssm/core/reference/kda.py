@@ -112,7 +112,8 @@ def state_update_(
     A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, scale: float | None,  # noqa: N803
     state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
 ) -> None:
-    """Float32 KDA baseline step in place: read S, update, write S (state dtype) and ``out``; pad rows untouched."""
+    """Float32 KDA baseline step in place: read S, update, write S (state dtype) and ``out``; pad rows get zero
+    outputs."""
     check_scalars(pad_slot_id)
     _check_step(state, q, k, v, g_raw, beta_raw, A_log, dt_bias, lower_bound, state_batch_indices, out)
     g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)

@@ -52,7 +52,9 @@ def sequential_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
 def state_update_(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                   C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                   dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
-    """Baseline step in float32, in place on the slot pool ``state`` [slots,H,P,N]; pad rows untouched."""
+    """Baseline step in float32, in place on the slot pool ``state`` [slots,H,P,N]; pad rows get zero outputs and
+    touch no slot."""
+    out[state_batch_indices == pad_slot_id] = 0
     valid = (state_batch_indices != pad_slot_id).nonzero().flatten()
     if valid.numel() == 0:
         return
@@ -72,6 +74,7 @@ def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tenso
 
     Non-flush rows: y from checkpoint + ring without writing the checkpoint; append (x, Δ, B) at the cursor.
     Flush rows (cursor == L-1 or ``force_flush``): fold ring + current token into a new checkpoint, cursor <- 0.
+    Pad rows get zero outputs and touch no slot.
     """
     f32 = torch.float32
     H, L = x.shape[1], x_ring.shape[2]
@@ -81,6 +84,7 @@ def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tenso
     for b in range(x.shape[0]):
         slot = int(state_batch_indices[b])
         if slot == pad_slot_id:
+            out[b] = 0
             continue
         w = int(cursor[slot])
         flush = force_flush or w >= L - 1

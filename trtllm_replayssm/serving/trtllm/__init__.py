@@ -1,20 +1,26 @@
-"""TensorRT-LLM plugin module: registers ReplaySSM model subclasses with ``register_auto_model``.
+"""TensorRT-LLM plugin module: ReplaySSM model subclasses for ``trtllm-serve --custom_module_dirs``.
 
-Importing this package does not import TensorRT-LLM. ``register(manifest_path)`` does: it checks the version, then
-registers subclasses of ``NemotronHForCausalLM`` and ``Qwen3NextForCausalLM`` / ``Qwen3_5ForCausalLM`` /
-``Qwen3_5MoeForCausalLM`` whose SSM mixers take the replay path for non-speculative decode. The bundle's
-``trtllm_module/__init__.py`` (loaded by ``trtllm-serve --custom_module_dirs``) calls it.
+Importing this package does not import TensorRT-LLM. ``register(manifest_path)`` (called by the bundle's
+``trtllm_module/__init__.py`` in the driver process) checks the installed TensorRT-LLM, publishes the manifest path
+to worker processes through ``$TRTLLM_REPLAYSSM_MANIFEST`` (TensorRT-LLM forwards ``TRTLLM*`` variables to its MPI
+workers) and imports ``integration``, whose import registers the model classes. A worker that imports
+``integration`` to find a class registers them the same way and reads the manifest from the variable.
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtllm_replayssm.serving import signature_check
 from trtllm_replayssm.serving.trtllm.core import check_trtllm_version
 
 # The TensorRT-LLM names and signatures the module relies on (package data; build_scripts/extract_trtllm_symbols.py).
 SYMBOLS_PATH = Path(__file__).with_name("trtllm_symbols.json")
+MANIFEST_ENV = "TRTLLM_REPLAYSSM_MANIFEST"
+KIMI_MODULES = ("tensorrt_llm._torch.models.modeling_kimi_linear", "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer")
 
 
 @dataclass(frozen=True)
@@ -24,26 +30,57 @@ class ReplaySettings:
     buffer_len: int
     act_dtype: str
     family: str
+    planned_ring_bytes: int  # rings + cursors of every SSM layer for planned_slots slots (the manifest's plan)
+    planned_slots: int
 
 
 def load_settings(manifest_path: str | Path) -> ReplaySettings:
     """ReplaySettings from a bundle's manifest.json."""
-    data = json.loads(Path(manifest_path).read_text())
+    path = Path(manifest_path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"manifest_path: cannot read a bundle manifest at {path}: {exc}") from None
     try:
         return ReplaySettings(buffer_len=int(data["buffer_len"]), act_dtype=data["dtypes"]["activation"],
-                              family=data["plan"]["family"])
+                              family=data["plan"]["family"],
+                              planned_ring_bytes=int(data["memory"]["ring_bytes_per_gpu"]),
+                              planned_slots=int(data["memory"]["max_batch_size"]) + 1)
     except KeyError as exc:
-        raise ValueError(f"manifest_path: {manifest_path} lacks field {exc}") from None
+        raise ValueError(f"manifest_path: {path} lacks field {exc}") from None
+
+
+def settings_from_env() -> ReplaySettings:
+    """The settings of the manifest ``register`` published in ``$TRTLLM_REPLAYSSM_MANIFEST``."""
+    path = os.environ.get(MANIFEST_ENV)
+    if not path:
+        raise RuntimeError(f"trtllm-replayssm: ${MANIFEST_ENV} is not set: load the module through the bundle's "
+                           "trtllm_module (trtllm-serve --custom_module_dirs <bundle>/trtllm_module)")
+    return load_settings(path)
+
+
+@functools.lru_cache(maxsize=None)
+def check_installed_trtllm(version: str, skip_kimi: bool) -> None:
+    """Version gate, then every recorded signature against the installed one (once per process and version)."""
+    check_trtllm_version(version)
+    recorded = signature_check.recorded_signatures(json.loads(SYMBOLS_PATH.read_text()))
+    if skip_kimi:
+        recorded = {name: sig for name, sig in recorded.items() if name.partition(":")[0] not in KIMI_MODULES}
+    signature_check.check_signatures(recorded, signature_check.resolve_all(recorded), version)
 
 
 def register(manifest_path: str | Path) -> list[str]:
-    """Import TensorRT-LLM, check its version, register the ReplaySSM models; return the architectures registered."""
+    """Check the manifest and TensorRT-LLM, register the ReplaySSM models; return the architectures registered."""
+    manifest_path = Path(manifest_path).resolve()
+    load_settings(manifest_path)
     try:
         import tensorrt_llm
     except ImportError as exc:
         raise ImportError("trtllm_replayssm.serving.trtllm needs TensorRT-LLM: pip install tensorrt-llm==1.4.0rc1 "
                           f"(NVIDIA PyPI index); import failed: {exc}") from exc
-    check_trtllm_version(tensorrt_llm.__version__)
+    check_trtllm_version(tensorrt_llm.__version__)  # before the import, which needs this version's names
+    os.environ[MANIFEST_ENV] = str(manifest_path)
     from trtllm_replayssm.serving.trtllm import integration
 
-    return integration.register_models(load_settings(manifest_path))
+    check_installed_trtllm(tensorrt_llm.__version__, skip_kimi=integration.KimiKDALinearAttention is None)
+    return list(integration.MODELS)

@@ -8,11 +8,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-
-from trtllm_replayssm.core.families import get_family
 
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
@@ -98,56 +96,50 @@ def is_single_token_decode(x: torch.Tensor, kwargs: dict[str, Any]) -> bool:
     return x.dim() == 3 and kwargs.get("intermediate_states_buffer") is None and kwargs.get("cache_steps") is None
 
 
-def speculative_configured(spec_config: Any) -> bool:
-    """True when the model was built with a speculative-decoding config (MTP, Eagle, ...)."""
-    return spec_config is not None
+def refusals_from_llm_args(llm_args: Any) -> list[str]:
+    """What the model's ``TorchLlmArgs`` configure that ReplaySSM cannot serve yet, one line each (read in the
+    model class's ``get_model_defaults`` hook, in every worker, before the model is built). Block reuse is checked
+    on the live cache manager instead: ``enable_block_reuse`` defaults to true before the model's defaults apply."""
+    reasons = []
+    kv_cache_config = getattr(llm_args, "kv_cache_config", None)
+    if getattr(kv_cache_config, "use_kv_cache_manager_v2", None) is True:
+        reasons.append("kv_cache_config.use_kv_cache_manager_v2 is true: the V2 cache manager may move a live "
+                       "request to another slot, which its rings would not follow")
+    if getattr(llm_args, "cache_transceiver_config", None) is not None:
+        reasons.append("cache_transceiver_config is set: disaggregated serving fills slots without a local prefill, "
+                       "so their rings would not be reset")
+    if getattr(llm_args, "kv_connector_config", None) is not None:
+        reasons.append("kv_connector_config is set: a KV connector may restore a slot without a local prefill")
+    if (getattr(llm_args, "max_beam_width", 1) or 1) > 1:
+        reasons.append(f"max_beam_width is {llm_args.max_beam_width}: beams share one SSM slot per request")
+    if getattr(llm_args, "speculative_config", None) is not None:
+        reasons.append("speculative_config is set: speculative decoding with ReplaySSM is not implemented yet")
+    return reasons
 
 
-def warn_speculative_fallback(arch: str) -> None:
-    """Logged once per architecture: speculative decoding keeps upstream's SSM path (replay not used)."""
-    if arch not in _warned:
-        _warned.add(arch)
-        _log.warning("trtllm-replayssm: %s has speculative decoding configured; ReplaySSM is disabled for this "
-                     "model and upstream TensorRT-LLM kernels run (speculative ReplaySSM is a later feature)", arch)
-
-
-_warned: set[str] = set()
+def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int) -> list[str]:
+    """What the live cache manager (``attn_metadata.kv_cache_manager``) and beam width show that ReplaySSM cannot
+    serve yet, one line each (checked on the first forward, an eager warm-up step)."""
+    reasons = []
+    if getattr(kv_cache_manager, "enable_block_reuse", False):
+        reasons.append("kv_cache_config.enable_block_reuse is true: prefix-cache blocks would hold a checkpoint, "
+                       "not the live state")
+    if getattr(kv_cache_manager, "kv_connector_manager", None) is not None:
+        reasons.append("a KV connector is configured: it may restore a slot without a local prefill")
+    if any(c.__name__ == "MambaHybridCacheManagerV2" for c in type(kv_cache_manager).__mro__):
+        reasons.append("the V2 cache manager is in use: it may move a live request to another slot, which its "
+                       "rings would not follow")
+    is_speculative = getattr(kv_cache_manager, "is_speculative", None)
+    if callable(is_speculative) and is_speculative():
+        reasons.append("the cache manager is speculative: speculative decoding with ReplaySSM is not implemented yet")
+    if beam_width > 1:
+        reasons.append(f"beam width {beam_width}: beams share one SSM slot per request")
+    return reasons
 
 
 def replay_disabled() -> bool:
     """TRTLLM_REPLAYSSM_DISABLE=1 keeps upstream kernels everywhere (A/B comparison with the same bundle)."""
     return os.environ.get(DISABLE_ENV) == "1"
-
-
-class SlotResettable(Protocol):
-    def reset_slots(self, slot_ids: torch.Tensor, layers: Any = None) -> None: ...
-
-
-def prefill_handoff(cache: SlotResettable, prefill_slots: torch.Tensor) -> None:
-    """Prefill wrote the full state of ``prefill_slots`` into the checkpoint: empty their rings (cursor 0).
-
-    Called for every context step (first chunk, later chunks, and a new request on a reused slot), before the
-    decode kernels can see those slots again. Negative (padding) ids are dropped.
-    """
-    slots = prefill_slots[prefill_slots >= 0]
-    if slots.numel():
-        cache.reset_slots(slots)
-
-
-def bind_layer_cache(family: str, state: torch.Tensor, num_k_heads: int, buffer_len: int, act_dtype: torch.dtype
-                     ) -> Any:
-    """A one-layer ReplayStateCache whose checkpoint *is* TensorRT-LLM's SSM-state tensor of that layer.
-
-    ``state`` is the layer's ``ssm_states`` (``[slots, H, P, N]`` for Mamba-2, ``[slots, HV, V, K]`` for GDN/KDA);
-    prefill writes it, so the checkpoint is always the upstream tensor and only rings and cursors are ours.
-    ``num_k_heads`` is the TP-local group count (Mamba-2 ``n_groups``, GDN key heads; ignored for KDA).
-    """
-    fam = get_family(family)
-    dims = fam.dims.of_state(tuple(state.shape), num_k_heads)
-    cache = fam.new_cache(dims, 1, state.shape[0], buffer_len=buffer_len, state_dtype=state.dtype,
-                          act_dtype=act_dtype, device=state.device)
-    cache.layer(0).state = state  # drop our allocation, share upstream's tensor
-    return cache
 
 
 def gdn_split_qkv(mixed_qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int
@@ -169,14 +161,12 @@ def gdn_materialize_slots(state: torch.Tensor, u_ring: torch.Tensor, k_ring: tor
 
     Needed before upstream code reads ``state`` as the live state: TensorRT-LLM runs the decode rows of a mixed
     (prefill + decode) batch through its chunked kernel, which starts from ``ssm_states``. Layouts (design.md):
-    ``state [slots, HV, V, K]``, ``u_ring [slots, HV, L, V]``, ``k_ring [slots, H, L, K]``, ``g_ring [slots, HV, L]``
-    (inclusive cumulative log-gate), ``cursor [slots]`` = valid entries ``w``:
-    ``S = exp(G[w-1]) S0 + sum_{j<w} exp(G[w-1] - G[j]) u_j k_jᵀ``.
+    ``state [slots, HV, V, K]`` (any slot stride), ``u_ring [slots, HV, L, V]``, ``k_ring [slots, H, L, K]``,
+    ``g_ring [slots, HV, L]`` (inclusive cumulative log-gate), ``cursor [slots]`` = valid entries ``w``:
+    ``S = exp(G[w-1]) S0 + sum_{j<w} exp(G[w-1] - G[j]) u_j k_jᵀ``. ``slots``: distinct valid slot ids (a mixed
+    batch's decode rows carry no padding); no host sync.
     """
     slots = slots.to(torch.int64)
-    slots = slots[slots >= 0]
-    if slots.numel() == 0:
-        return
     hv, h, L = u_ring.shape[1], k_ring.shape[1], u_ring.shape[2]
     w = cursor.index_select(0, slots).to(torch.int64)  # [n]
     pos = torch.arange(L, device=state.device)

@@ -1,24 +1,25 @@
-"""Subclasses of TensorRT-LLM's SSM mixers and hybrid models (imported only by ``register``; needs TensorRT-LLM).
+"""Subclasses of TensorRT-LLM's SSM mixers and hybrid models; importing this module registers the models (needs
+TensorRT-LLM).
 
-Thin by design: every decision (slot mapping, prefill handoff, fallbacks) is a call into ``trtllm_core``.
+Thin by design: the decisions (refusals, the swap, binding rings to the state pool, slot mapping, prefill hand-off)
+live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) tested on CPU.
 
-* Mamba-2: ``Mamba2Mixer`` picks its decode SSU once and stores it on ``selective_state_update_func``; our mixer
-  replaces that attribute with ``_replay_ssu``, which routes single-token decode calls to
-  ``ops.mamba2.replay_decode`` and every other call (MTP verify) to the upstream function. Prefill is untouched.
-* GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for the non-speculative branch only; mixed
-  (prefill + decode) batches go through upstream ``forward_extend``, so the decode slots' rings are folded into the
-  checkpoint first (``gdn_materialize_slots``).
-* KDA (Kimi-Linear): ``KimiKDALinearAttention.forward_decode`` (the plain T=1 decode of the generation rows, also
-  in mixed batches) is overridden: upstream's projections, conv update with ``causal_conv1d_update`` on the packed
-  ``[slots, 3D, W-1]`` pool, ``ops.kda.replay_decode``, upstream's output gate. ``forward_prefill`` resets the
-  cursors of the context slots after upstream wrote their state. Skipped where TensorRT-LLM has no Kimi-Linear.
-* Models: after upstream ``__init__``, mixer instances get their class swapped (same parameters, same weight
-  mappers). With a speculative config the swap is skipped and a warning logged.
-* ``register_models`` first compares the recorded signatures (``trtllm_symbols.json``) with the installed ones.
+* Models: module-level subclasses registered with ``register_auto_model`` at import, so that a worker process that
+  imports this module (TensorRT-LLM sends workers ``{architecture: cls.__module__}``, or pickles the classes by
+  reference) finds them. After upstream ``__init__`` the model's mixers get their class swapped (same parameters,
+  same weight mappers), or none is when the configuration has something replay cannot serve; every forward brackets
+  the replay step (``ReplayModel.begin_step`` / ``end_step``).
+* Mamba-2: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
+  ``_stp_ssu_func`` in some revisions); ours points it at ``_replay_ssu``, which routes single-token decode calls to
+  ``ops.mamba2.replay_decode`` and every other call to the upstream function.
+* GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
+  chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first.
+* KDA (Kimi-Linear, where TensorRT-LLM has it): ``KimiKDALinearAttention.forward_decode`` (the decode rows of every
+  batch) is overridden: upstream's projections, conv update on the packed ``[slots, 3D, W-1]`` pool,
+  ``ops.kda.replay_decode``, upstream's output gate.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -32,59 +33,61 @@ from tensorrt_llm._torch.modules.mamba.causal_conv1d import causal_conv1d_update
 from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
-from trtllm_replayssm.serving import signature_check
 from trtllm_replayssm.core.formats import torch_dtype
-from trtllm_replayssm.serving.trtllm import SYMBOLS_PATH, ReplaySettings
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, bind_layer_cache, decode_slot_ids, gdn_materialize_slots, gdn_split_qkv,
-                                          is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
-                                          kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
-                                          prefill_handoff, replay_disabled, speculative_configured, split_batch,
-                                          warn_speculative_fallback)
+from trtllm_replayssm.core.ops import gdn, kda, mamba2
+from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_split_qkv,
+                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
+                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
+                                                  refusals_from_llm_args, replay_disabled)
+from trtllm_replayssm.serving.trtllm.install import ReplayModel
+from trtllm_replayssm.serving.trtllm.model_cache import capturing
+
+try:
+    from tensorrt_llm._torch.models.modeling_kimi_linear import KimiLinearForCausalLM
+    from tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer import KimiKDALinearAttention
+except ImportError as _kimi_error:
+    KimiLinearForCausalLM = KimiKDALinearAttention = None
+    KIMI_MISSING = str(_kimi_error)
 
 _log = logging.getLogger("trtllm_replayssm")
-
-
-def _layer_cache(owner: Any, family: str, state: torch.Tensor, num_k_heads: int) -> Any:
-    """The replay cache bound to this layer's upstream SSM-state tensor (its checkpoint); rebuilt when TensorRT-LLM
-    hands over a different tensor (the profiling cache manager is replaced by the real one)."""
-    cached = owner.__dict__.get("_rs_cache")
-    if cached is not None and cached[0] is state:
-        return cached[1]
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("trtllm-replayssm: ring buffers must be allocated before CUDA-graph capture")
-    settings: ReplaySettings = owner._rs_settings
-    cache = bind_layer_cache(family, state, num_k_heads, settings.buffer_len,
-                             torch_dtype(settings.act_dtype, "act_dtype"))
-    owner.__dict__["_rs_cache"] = (state, cache)
-    return cache
+_SSU_ATTRS = ("selective_state_update_func", "_stp_ssu_func")
 
 
 class ReplayMamba2Mixer(Mamba2Mixer):
-    """Mamba2Mixer whose non-speculative decode SSU is ReplaySSM."""
+    """Mamba2Mixer whose single-token decode SSU is ReplaySSM."""
 
-    def _rs_setup(self, settings: ReplaySettings) -> None:
-        self._rs_settings = settings
-        self._rs_upstream_ssu = self.selective_state_update_func
-        self.selective_state_update_func = self._replay_ssu
+    @staticmethod
+    def _rs_cannot_hook(module: Any) -> str | None:
+        if not any(hasattr(module, name) for name in _SSU_ATTRS):
+            return f"Mamba2Mixer has no single-token SSU attribute ({' or '.join(_SSU_ATTRS)})"
+        return None
+
+    def _rs_num_k_heads(self) -> int:
+        return self.tp_ngroups
+
+    def _rs_setup(self, cache: Any) -> None:
+        self._rs_cache = cache
+        self._rs_ssu_attr = next(name for name in _SSU_ATTRS if hasattr(self, name))
+        self._rs_upstream_ssu = getattr(self, self._rs_ssu_attr)
+        setattr(self, self._rs_ssu_attr, self._replay_ssu)
+
+    def _rs_teardown(self) -> None:
+        setattr(self, self._rs_ssu_attr, self._rs_upstream_ssu)
 
     def forward(self, hidden_states: torch.Tensor, attn_metadata: Any, mamba_metadata: Any,
                 spec_metadata: Any = None, lora_params: dict | None = None, **kwargs: Any) -> torch.Tensor:
-        cached = self.__dict__.get("_rs_cache")
-        if cached is not None:
-            split = split_batch(mamba_metadata.state_indices, attn_metadata.num_contexts,
-                                attn_metadata.seq_lens.shape[0])
-            prefill_handoff(cached[1], split.prefill_slots)
+        self._rs_cache.layer_step(self.layer_idx, attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx),
+                                  mamba_metadata.state_indices, attn_metadata.num_contexts)
         return super().forward(hidden_states, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                                lora_params=lora_params, **kwargs)
 
-    def _replay_ssu(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                    B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, **kw: Any) -> Any:
+    def _replay_ssu(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
+                    B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, **kw: Any) -> Any:  # noqa: N803
         if not is_single_token_decode(x, kw) or kw.get("rand_seed") is not None:
             return self._rs_upstream_ssu(state, x, dt, A, B, C, D, **kw)
-        from trtllm_replayssm.core.ops import mamba2
-
-        layer = _layer_cache(self, "mamba2", state, self.tp_ngroups).layer(0)
-        slots = decode_slot_ids(kw["state_batch_indices"], state.shape[0])
+        layer = self._rs_cache.layer(self.layer_idx, state)
+        slots = self._rs_cache.decode_slots(kw["state_batch_indices"])
         return mamba2.replay_decode(layer, x, per_head(dt, 2, "dt"), per_head(A, 1, "A"), B, C,
                                     D=per_head(D, 1, "D"), z=kw.get("z"),
                                     dt_bias=per_head(kw.get("dt_bias"), 1, "dt_bias"),
@@ -95,20 +98,27 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
     """Qwen3NextGatedDeltaNet whose non-speculative decode is ReplaySSM."""
 
-    def _rs_setup(self, settings: ReplaySettings) -> None:
-        self._rs_settings = settings
+    @staticmethod
+    def _rs_cannot_hook(module: Any) -> str | None:
+        return None if hasattr(module, "layer_idx") else "Qwen3NextGatedDeltaNet has no layer_idx"
+
+    def _rs_num_k_heads(self) -> int:
+        return self.num_k_heads_per_tp
+
+    def _rs_setup(self, cache: Any) -> None:
+        self._rs_cache = cache
+
+    def _rs_teardown(self) -> None:
+        pass
 
     def forward_core(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, attn_metadata: Any,
                      mamba_metadata: Any, spec_metadata: Any = None, output: torch.Tensor | None = None) -> Any:
-        cached = self.__dict__.get("_rs_cache")
-        if cached is not None:
-            split = split_batch(mamba_metadata.state_indices, attn_metadata.num_contexts,
-                                attn_metadata.seq_lens.shape[0])
-            if split.num_contexts and split.num_decodes:
-                layer = cached[1].layer(0)
-                gdn_materialize_slots(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                                      split.decode_slots)
-            prefill_handoff(cached[1], split.prefill_slots)
+        state = attn_metadata.kv_cache_manager.mamba_layer_cache(self.layer_idx).temporal
+        num_contexts, num_seqs = attn_metadata.num_contexts, attn_metadata.seq_lens.shape[0]
+        layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, num_contexts)
+        if num_contexts and num_seqs > num_contexts:  # upstream's chunked kernel reads these rows' live state
+            gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
+                                  mamba_metadata.state_indices[num_contexts:num_seqs])
         return super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                                     output=output)
 
@@ -121,8 +131,6 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
                                           intermediate_conv_states=intermediate_conv_states,
                                           intermediate_ssm_states=intermediate_ssm_states,
                                           is_target_verify=is_target_verify, output=output, **kwargs)
-        from trtllm_replayssm.core.ops import gdn
-
         mixed = causal_conv1d_update(kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias,
                                      self.activation, conv_state_indices=kwargs["cache_indices"])
         q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
@@ -130,59 +138,55 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         rows = q.shape[0]
         out = (output.view(rows, self.num_v_heads_per_tp, self.head_v_dim) if output is not None
                else v.new_empty(rows, self.num_v_heads_per_tp, self.head_v_dim))
-        layer = _layer_cache(self, "gdn", ssm_states, self.num_k_heads_per_tp).layer(0)
-        slots = decode_slot_ids(kwargs["cache_indices"], ssm_states.shape[0])
+        layer = self._rs_cache.layer(self.layer_idx, ssm_states)
+        slots = self._rs_cache.decode_slots(kwargs["cache_indices"])
         gdn.replay_decode(layer, q, k, v, kwargs["a"], kwargs["b"], self.A_log, self.dt_bias, scale=None,
                           state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=out, mode="auto")
         return out.view(1, rows, self.num_v_heads_per_tp, self.head_v_dim)
 
 
-def _kimi_classes() -> tuple[type, type, type] | None:
-    """(KimiLinearForCausalLM, KimiKDALinearAttention, our KDA mixer), or None when this TensorRT-LLM has no
-    Kimi-Linear model (then only Mamba-2 / GDN models are registered)."""
-    try:
-        from tensorrt_llm._torch.models.modeling_kimi_linear import KimiLinearForCausalLM
-        from tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer import KimiKDALinearAttention
-    except ImportError as exc:
-        _log.warning("trtllm-replayssm: this TensorRT-LLM has no Kimi-Linear model (%s); KDA is not hooked", exc)
-        return None
-
+if KimiKDALinearAttention is not None:
     class ReplayKimiKDA(KimiKDALinearAttention):
         """KimiKDALinearAttention whose plain (non-speculative) decode is ReplaySSM."""
 
-        def _rs_setup(self, settings: ReplaySettings) -> None:
-            self._rs_settings = settings
+        @staticmethod
+        def _rs_cannot_hook(module: Any) -> str | None:
+            return None if hasattr(module, "layer_idx") else "KimiKDALinearAttention has no layer_idx"
+
+        def _rs_num_k_heads(self) -> int:
+            return self.num_heads
+
+        def _rs_setup(self, cache: Any) -> None:
+            self._rs_cache = cache
+            self._rs_param_cache = None
+
+        def _rs_teardown(self) -> None:
+            pass
 
         def _rs_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            """fp32 A_log, fp32 dt_bias and the packed conv weight, built on the first decode (before capture)."""
-            cached = self.__dict__.get("_rs_param_cache")
-            if cached is None:
-                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError("trtllm-replayssm: KDA decode constants must be built before CUDA-graph capture")
+            """fp32 A_log, fp32 dt_bias and the packed conv weight, built by the first (eager) forward."""
+            if self._rs_param_cache is None:
+                if capturing():
+                    raise RuntimeError("trtllm-replayssm: KDA decode constants must be built before CUDA-graph "
+                                       "capture")
                 a_log, dt_bias = kda_fp32_params(self.A_log, self.dt_bias, self.num_heads, self.head_k_dim)
                 conv_w = kda_packed_conv_weight(self.q_conv1d.weight.detach(), self.k_conv1d.weight.detach(),
                                                 self.v_conv1d.weight.detach())
-                cached = (a_log, dt_bias, conv_w)
-                self.__dict__["_rs_param_cache"] = cached
-            return cached
+                self._rs_param_cache = (a_log, dt_bias, conv_w)
+            return self._rs_param_cache
 
-        def forward_prefill(self, x2d: torch.Tensor, cu_seqlens: torch.Tensor, mamba_metadata: Any,
-                            num_prefills: int, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
-                            slot_indices: torch.Tensor, layer_cache: Any = None,
-                            output: torch.Tensor | None = None) -> torch.Tensor:
-            core = super().forward_prefill(x2d, cu_seqlens, mamba_metadata, num_prefills, conv_pool, ssm_pool,
-                                           slot_indices, layer_cache, output=output)
-            cached = self.__dict__.get("_rs_cache")
-            if cached is not None:
-                prefill_handoff(cached[1], slot_indices)
-            return core
+        def _forward_impl(self, hidden_states: torch.Tensor, attn_metadata: Any,
+                          output: torch.Tensor | None = None) -> torch.Tensor:
+            state = attn_metadata.kv_cache_manager.mamba_layer_cache(self.layer_idx).temporal
+            self._rs_cache.layer_step(self.layer_idx, state, attn_metadata.mamba_metadata.state_indices,
+                                      attn_metadata.num_contexts)
+            self._rs_params()
+            return super()._forward_impl(hidden_states, attn_metadata, output=output)
 
         def forward_decode(self, x2d: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
                            slot_indices: torch.Tensor, mamba_metadata: Any = None, layer_cache: Any = None,
                            ssm_state_indices: torch.Tensor | None = None,
                            output: torch.Tensor | None = None) -> torch.Tensor:
-            from trtllm_replayssm.core.ops import kda
-
             kda_check_conv_pool(conv_pool, self.proj_size, self.conv_size)
             a_log, dt_bias, conv_w = self._rs_params()
             mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
@@ -190,55 +194,111 @@ def _kimi_classes() -> tuple[type, type, type] | None:
             q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
             g, beta = kda_gate_inputs(self.f_b_proj(self.f_a_proj(x2d)), self.b_proj(x2d), self.num_heads,
                                       self.head_dim)
-            layer = _layer_cache(self, "kda", ssm_pool, self.num_heads).layer(0)
+            layer = self._rs_cache.layer(self.layer_idx, ssm_pool)
             o = v.new_empty(v.shape)
             kda.replay_decode(layer, q, k, v, g, beta, a_log, dt_bias, lower_bound=self.gate_lower_bound,
                               scale=self.head_k_dim ** -0.5,
-                              state_batch_indices=decode_slot_ids(slot_indices, ssm_pool.shape[0]),
+                              state_batch_indices=self._rs_cache.decode_slots(slot_indices),
                               pad_slot_id=PAD_SLOT_ID, out=o, mode="auto")
-            return self._store_core(self._output_gate(x2d, o), output)
+            # [B, 1, hidden], as upstream's decode fallback passes it
+            return self._store_core(self._output_gate(x2d.unsqueeze(1), o), output)
 
-    return KimiLinearForCausalLM, KimiKDALinearAttention, ReplayKimiKDA
+
+# ---------------------------------------------------------------------------------------------------- models
+_LLM_ARGS_REFUSALS: dict[str, list[str]] = {}  # per model class: what its llm_args configure that replay cannot serve
 
 
-def _install(model: torch.nn.Module, model_config: Any, arch: str, settings: ReplaySettings,
-             swaps: dict[type, type]) -> None:
-    """Swap the class of every upstream mixer of ``model`` (unless speculative decoding or the disable switch)."""
+class ReplaySSMModel:
+    """What every registered model class adds to its TensorRT-LLM base (first in the bases): the defaults hook, the
+    mixer swap after ``__init__`` and the per-forward replay step. ``_rs_family`` / ``_rs_swaps`` name the SSM
+    family and {upstream mixer class: replay mixer class}."""
+
+    _rs_family: str
+    _rs_swaps: dict[type, type]
+
+    @classmethod
+    def get_model_defaults(cls, llm_args: Any) -> dict:
+        base = getattr(super(), "get_model_defaults", None)
+        defaults = dict((base(llm_args) if base else None) or {})
+        kv_cache_config = dict(defaults.get("kv_cache_config") or {})
+        kv_cache_config.setdefault("enable_block_reuse", False)
+        defaults["kv_cache_config"] = kv_cache_config
+        _LLM_ARGS_REFUSALS[cls.__name__] = refusals_from_llm_args(llm_args)
+        return defaults
+
+    @classmethod
+    def get_preferred_kv_cache_manager_version(cls, pretrained_config: Any = None) -> str:
+        """V1, the C++ unified pool, for ``use_kv_cache_manager_v2: auto``: the V2 manager may move a live request
+        to another slot, which the rings would not follow."""
+        return "V1"
+
+    def __init__(self, model_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model_config, *args, **kwargs)
+        self._rs_model = _install(self, model_config)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        replay = self.__dict__.get("_rs_model")
+        attn_metadata = kwargs["attn_metadata"] if "attn_metadata" in kwargs else args[0]
+        if replay is None or not replay.begin_step(attn_metadata):
+            return super().forward(*args, **kwargs)
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            replay.end_step()
+
+
+def _install(model: Any, model_config: Any) -> ReplayModel | None:
+    """Check this TensorRT-LLM (once per process), then swap ``model``'s mixers unless replay is switched off or
+    the configuration has something replay cannot serve."""
+    arch = type(model).__name__.removeprefix("ReplaySSM")
     if replay_disabled():
-        return
-    if speculative_configured(getattr(model_config, "spec_config", None)):
-        warn_speculative_fallback(arch)
-        return
-    for module in model.modules():
-        new_cls = swaps.get(type(module))
-        if new_cls is not None:
-            module.__class__ = new_cls
-            module._rs_setup(settings)
+        _log.info("trtllm-replayssm: TRTLLM_REPLAYSSM_DISABLE=1: %s runs upstream TensorRT-LLM kernels", arch)
+        return None
+    check_installed_trtllm(tensorrt_llm.__version__, skip_kimi=KimiKDALinearAttention is None)
+    settings = settings_from_env()
+    if settings.family != model._rs_family:
+        raise RuntimeError(f"trtllm-replayssm: the bundle was built for a {settings.family} model, this is {arch} "
+                           f"({model._rs_family}): build a bundle for this model")
+    refusals = list(_LLM_ARGS_REFUSALS.get(type(model).__name__, []))
+    if getattr(model_config, "spec_config", None) is not None and not any("speculative" in r for r in refusals):
+        refusals.append("speculative decoding is configured: speculative decoding with ReplaySSM is not implemented yet")
+    return ReplayModel.install(model, arch, model._rs_family, model._rs_swaps, settings.buffer_len,
+                               torch_dtype(settings.act_dtype, "act_dtype"), refusals,
+                               (settings.planned_ring_bytes, settings.planned_slots))
 
 
-def _check_installed_signatures(version: str, skip_modules: tuple[str, ...]) -> None:
-    """Compare every recorded callable signature with the installed one (one RuntimeError listing all)."""
-    recorded = signature_check.recorded_signatures(json.loads(SYMBOLS_PATH.read_text()))
-    recorded = {name: sig for name, sig in recorded.items() if name.partition(":")[0] not in skip_modules}
-    signature_check.check_signatures(recorded, signature_check.resolve_all(recorded), version)
+_MAMBA2 = {Mamba2Mixer: ReplayMamba2Mixer}
+_GDN = {Qwen3NextGatedDeltaNet: ReplayGatedDeltaNet}
 
 
-def register_models(settings: ReplaySettings) -> list[str]:
-    """Check the recorded signatures, register one subclass per supported architecture; return the names."""
-    kimi = _kimi_classes()
-    _check_installed_signatures(tensorrt_llm.__version__, () if kimi else (
-        "tensorrt_llm._torch.models.modeling_kimi_linear", "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer"))
-    bases = {"NemotronHForCausalLM": NemotronHForCausalLM, "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
-             "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM, "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM}
-    swaps: dict[type, type] = {Mamba2Mixer: ReplayMamba2Mixer, Qwen3NextGatedDeltaNet: ReplayGatedDeltaNet}
-    if kimi is not None:
-        bases["KimiLinearForCausalLM"] = kimi[0]
-        swaps[kimi[1]] = kimi[2]
-    for arch, base in bases.items():
-        def __init__(self: Any, model_config: Any, _base: type = base, _arch: str = arch) -> None:
-            _base.__init__(self, model_config)
-            _install(self, model_config, _arch, settings, swaps)
+class ReplaySSMNemotronHForCausalLM(ReplaySSMModel, NemotronHForCausalLM):
+    _rs_family, _rs_swaps = "mamba2", _MAMBA2
 
-        cls = type(f"ReplaySSM{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__})
-        register_auto_model(arch)(cls)
-    return list(bases)
+
+class ReplaySSMQwen3NextForCausalLM(ReplaySSMModel, Qwen3NextForCausalLM):
+    _rs_family, _rs_swaps = "gdn", _GDN
+
+
+class ReplaySSMQwen3_5ForCausalLM(ReplaySSMModel, Qwen3_5ForCausalLM):
+    _rs_family, _rs_swaps = "gdn", _GDN
+
+
+class ReplaySSMQwen3_5MoeForCausalLM(ReplaySSMModel, Qwen3_5MoeForCausalLM):
+    _rs_family, _rs_swaps = "gdn", _GDN
+
+
+MODELS: dict[str, type] = {"NemotronHForCausalLM": ReplaySSMNemotronHForCausalLM,
+                           "Qwen3NextForCausalLM": ReplaySSMQwen3NextForCausalLM,
+                           "Qwen3_5ForCausalLM": ReplaySSMQwen3_5ForCausalLM,
+                           "Qwen3_5MoeForCausalLM": ReplaySSMQwen3_5MoeForCausalLM}
+
+if KimiKDALinearAttention is not None:
+    class ReplaySSMKimiLinearForCausalLM(ReplaySSMModel, KimiLinearForCausalLM):
+        _rs_family, _rs_swaps = "kda", {KimiKDALinearAttention: ReplayKimiKDA}
+
+    MODELS["KimiLinearForCausalLM"] = ReplaySSMKimiLinearForCausalLM
+else:
+    _log.warning("trtllm-replayssm: this TensorRT-LLM has no Kimi-Linear model (%s); KDA is not hooked", KIMI_MISSING)
+
+for _arch, _cls in MODELS.items():  # at import: workers find the classes by importing this module
+    register_auto_model(_arch)(_cls)

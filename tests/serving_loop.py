@@ -1,0 +1,242 @@
+"""A serving schedule driven through the glue's core (``ModelReplayCache``) the way TensorRT-LLM drives its mixers,
+checked against each request's own float64 recurrence.
+
+What is reproduced from TensorRT-LLM's source (see upstream_pools.py and docs/serving.md): a fresh state view per
+call from a strided unified pool, slot ids that are block ids in a pool larger than the batch, one persistent
+``state_indices`` buffer in batch order (context requests first), prefill writing the live state of context rows,
+mixed prefill + decode steps run eagerly and generation-only steps as CUDA graphs per padded batch size whose padding
+rows repeat one dummy request's block, eager warm-up before capture, and GDN's decode rows in mixed batches going
+through the chunked kernel (stood in for by the baseline step on the live state, which is what that kernel computes).
+Requests arrive, finish and their blocks are reused by requests with other prompts.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
+from trtllm_replayssm.core.families import Family, get_family
+from trtllm_replayssm.core.samples import step_rows, with_constants
+from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots
+from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
+
+from upstream_pools import UnifiedPool
+
+PADDED_SIZES = (1, 2, 4, 8)
+
+
+@dataclass
+class Request:
+    rid: int
+    block: int
+    remaining: int  # decode steps left
+    states: list[torch.Tensor] = field(default_factory=list)  # float64 live state per layer
+
+
+@dataclass
+class Report:
+    steps: int = 0
+    decode_rows: int = 0
+    mixed_steps: int = 0
+    graph_steps: int = 0
+    finished: int = 0
+    reused_blocks: int = 0
+    worst_rel_err: float = 0.0
+    graph_eager_checks: int = 0
+    memory: list[int] = field(default_factory=list)
+
+
+def dims_for(family: str, device: str) -> SSMDims:
+    """Small shapes the CPU reference runs quickly; kernel-supported shapes on the GPU."""
+    gpu = device != "cpu"
+    if family == "mamba2":
+        return Mamba2Dims(nheads=8, head_dim=64, d_state=128, n_groups=2) if gpu else Mamba2Dims(4, 16, 32, 2)
+    if family == "gdn":
+        return GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128) if gpu else GDNDims(1, 2, 64, 16)
+    return KDADims(num_heads=2, head_dim=128) if gpu else KDADims(2, 64)
+
+
+class ServingLoop:
+    def __init__(self, family: str, device: str, buffer_len: int, blocks: int = 16, max_running: int = 6,
+                 max_length: int = 40, seed: int = 0, graphs: bool = False) -> None:
+        self.fam: Family = get_family(family)
+        self.dims = dims_for(family, device)
+        self.device = torch.device(device)
+        self.layer_ids = [1, 4]  # global indices of the model's SSM layers
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.act = torch.float32
+        state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
+        self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, torch.float32, conv_bytes=3 * 16 * 64,
+                                device=self.device)
+        self.cache = ModelReplayCache(family, self.layer_ids, self.dims.key_heads, buffer_len, self.act)
+        self.constants = [self.fam.random_step(self.dims, 1, self.gen, self.device, self.act) for _ in self.layer_ids]
+        self.state_indices = torch.zeros(max(PADDED_SIZES), dtype=torch.int32, device=self.device)
+        self.dummy_block = blocks - 1  # the CUDA-graph padding dummy's own block
+        self.free = list(range(blocks - 1))
+        self.used_before: set[int] = set()
+        self.max_running = max_running
+        self.max_length = max_length
+        self.graphs = graphs
+        self.captured: dict[int, tuple[torch.cuda.CUDAGraph, list, list]] = {}
+        self.running: list[Request] = []
+        self.next_rid = 0
+        self.report = Report()
+
+    # ------------------------------------------------------------------ one model forward
+    def forward(self, num_contexts: int, num_seqs: int, steps: list, outs: list,
+                prefill_states: list | None = None) -> None:
+        """What the mixers do in one model forward: every layer binds its fresh view and hands prefills off, the
+        upstream prefill writes the context rows' states, the decode rows run the replay op."""
+        cache = self.cache
+        cache.begin_step()
+        try:
+            for i, layer_id in enumerate(self.layer_ids):
+                layer = cache.layer_step(layer_id, self.pool.get_ssm_states(layer_id), self.state_indices,
+                                         num_contexts)
+                if num_contexts:  # upstream prefill: the context rows' live state
+                    view = self.pool.get_ssm_states(layer_id)
+                    view.index_copy_(0, self.state_indices[:num_contexts].long(), prefill_states[i])
+                if num_seqs == num_contexts:
+                    continue
+                decode_idx = self.state_indices[num_contexts:num_seqs]
+                args, kwargs = steps[i].op_args()
+                if num_contexts and self.fam.name == "gdn":  # mixed batch: upstream's chunked kernel
+                    state = self.pool.get_ssm_states(layer_id)
+                    gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, decode_idx)
+                    self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
+                    continue
+                layer = cache.layer(layer_id, self.pool.get_ssm_states(layer_id))
+                self.fam.replay_decode(layer, *args, state_batch_indices=cache.decode_slots(decode_idx),
+                                       out=outs[i], **kwargs)
+        finally:
+            cache.end_step()
+
+    # ------------------------------------------------------------------ schedule
+    def _draw(self, batch: int) -> list:
+        return [with_constants(self.fam.random_step(self.dims, batch, self.gen, self.device, self.act), c)
+                for c in self.constants]
+
+    def _out(self, batch: int) -> list[torch.Tensor]:
+        shape = (batch, self.dims.heads, self.dims.rows)
+        return [torch.full(shape, float("nan"), dtype=self.act, device=self.device) for _ in self.layer_ids]
+
+    def warm_up_and_capture(self) -> None:
+        """TensorRT-LLM's order: eager warm-up steps (which bind the rings), then one graph per padded size."""
+        self.state_indices.fill_(self.dummy_block)
+        for size in PADDED_SIZES:
+            self.forward(0, size, self._draw(size), self._out(size))
+            if self.graphs:
+                steps, outs = self._draw(size), self._out(size)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.forward(0, size, steps, outs)
+                self.captured[size] = (graph, steps, outs)
+        if self.graphs:
+            torch.cuda.synchronize()
+            self.report.memory.append(torch.cuda.memory_allocated())
+
+    def step(self) -> None:
+        rep = self.report
+        for r in [r for r in self.running if r.remaining == 0]:
+            self.running.remove(r)
+            self.free.append(r.block)
+            rep.finished += 1
+        decodes = list(self.running)
+        contexts = []
+        while (len(self.running) + len(contexts) < self.max_running and self.free
+               and self.rng.random() < (0.9 if not decodes else 0.35)):
+            block = self.free.pop(self.rng.randrange(len(self.free)))
+            rep.reused_blocks += block in self.used_before
+            self.used_before.add(block)
+            contexts.append(Request(self.next_rid, block, remaining=self.rng.randrange(2, self.max_length)))
+            self.next_rid += 1
+        num_contexts, n_dec = len(contexts), len(decodes)
+        if num_contexts == 0 and n_dec == 0:
+            return
+        padded = n_dec if num_contexts or not self.graphs else next(s for s in PADDED_SIZES if s >= n_dec)
+        num_seqs = num_contexts + padded
+        ids = [r.block for r in contexts] + [r.block for r in decodes] + [self.dummy_block] * (padded - n_dec)
+        self.state_indices[:num_seqs].copy_(torch.tensor(ids, dtype=torch.int32))
+        prefill = None
+        if num_contexts:
+            prefill = [0.1 * torch.randn(num_contexts, *self.pool.all_ssm_states.shape[2:], generator=self.gen)
+                       for _ in self.layer_ids]
+            prefill = [p.to(self.device) for p in prefill]
+            for c, req in enumerate(contexts):
+                req.states = [p[c].double() for p in prefill]
+        steps, outs = self._draw(padded), self._out(padded)
+        if num_contexts or not self.graphs:
+            self.forward(num_contexts, num_seqs, steps, outs, prefill)
+            rep.mixed_steps += num_contexts > 0
+        else:
+            self._replay_graph(padded, steps, outs)
+        self._check(decodes, steps, outs, padded)
+        for r in decodes:
+            r.remaining -= 1
+        self.running.extend(contexts)
+        rep.steps += 1
+        if self.graphs:
+            torch.cuda.synchronize()
+            rep.memory.append(torch.cuda.memory_allocated())
+
+    def _replay_graph(self, size: int, steps: list, outs: list) -> None:
+        graph, static_steps, static_outs = self.captured[size]
+        for static, fresh in zip(static_steps, steps):
+            for name in vars(fresh):
+                getattr(static, name).copy_(getattr(fresh, name))
+        if self.report.graph_eager_checks < len(PADDED_SIZES):  # graph replay equals the eager step, bit for bit
+            saved = self._snapshot()
+            eager_outs = self._out(size)
+            self.forward(0, size, static_steps, eager_outs)
+            eager_after = self._snapshot()
+            self._restore(saved)
+            graph.replay()
+            assert all(torch.equal(a, b) for a, b in zip(eager_outs, static_outs)), "graph output != eager output"
+            assert all(torch.equal(a, b) for a, b in zip(eager_after, self._snapshot())), "graph state != eager state"
+            self.report.graph_eager_checks += 1
+        else:
+            graph.replay()
+        for out, static in zip(outs, static_outs):
+            out.copy_(static)
+        self.report.graph_steps += 1
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        cache = self.cache.cache
+        tensors = [self.pool.pool, cache.cursor, cache.arrive]
+        for i in range(cache.num_layers):
+            tensors += [t for name, t in cache.layer(i).tensors().items() if name not in ("cursor", "arrive")]
+        return [t.clone() for t in tensors]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        cache = self.cache.cache
+        tensors = [self.pool.pool, cache.cursor, cache.arrive]
+        for i in range(cache.num_layers):
+            tensors += [t for name, t in cache.layer(i).tensors().items() if name not in ("cursor", "arrive")]
+        for t, s in zip(tensors, saved):
+            t.copy_(s)
+
+    def _check(self, decodes: list[Request], steps: list, outs: list, padded: int) -> None:
+        rep = self.report
+        for i in range(len(self.layer_ids)):
+            for row, req in enumerate(decodes):
+                out_ref, new_state = self.fam.reference_step(req.states[i][None], step_rows(steps[i], [row]))
+                req.states[i] = new_state[0]
+                got = outs[i][row].double()
+                err = float((got - out_ref[0]).norm() / out_ref[0].norm().clamp_min(1e-30))
+                rep.worst_rel_err = max(rep.worst_rel_err, err)
+            pad = outs[i][len(decodes):]
+            assert torch.isfinite(pad).all() and (pad == 0).all(), "padding rows must be written with zeros"
+        rep.decode_rows += len(decodes)
+
+
+def run(family: str, device: str, buffer_len: int, steps: int, graphs: bool, max_length: int = 40,
+        seed: int = 0) -> Report:
+    loop = ServingLoop(family, device, buffer_len, max_length=max_length, seed=seed, graphs=graphs)
+    loop.warm_up_and_capture()
+    for _ in range(steps):
+        loop.step()
+    assert loop.cache.binds == 1, "the rings were reallocated during serving"
+    return loop.report

@@ -1,0 +1,28 @@
+"""A serving schedule through the TensorRT-LLM glue's core against each request's float64 recurrence (see
+serving_loop.py): CPU (the fallback ops) in CI; the H200 runs the kernels, CUDA graphs per padded batch size, 200
+steps, with flat memory."""
+import pytest
+import torch
+
+from serving_loop import run
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_serving_loop_cpu(family):
+    rep = run(family, "cpu", buffer_len=4, steps=40, graphs=False, max_length=10, seed=3)
+    print(rep)
+    assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
+    assert rep.worst_rel_err < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_serving_loop_gpu_graphs(family):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rep = run(family, "cuda", buffer_len=16, steps=200, graphs=True, seed=4)
+    print(rep)
+    assert rep.decode_rows > 200 * 2 and rep.finished >= 5 and rep.reused_blocks >= 3
+    assert rep.graph_steps >= 50 and rep.mixed_steps >= 5 and rep.graph_eager_checks == 4
+    assert rep.worst_rel_err < 1e-4
+    assert len(set(rep.memory)) == 1, f"memory not flat across the steps: {sorted(set(rep.memory))}"

@@ -1,0 +1,243 @@
+"""The model-level replay cache, the all-or-nothing mixer swap and the refusals (TensorRT-LLM-free core of the
+serving glue). Upstream's pools are rebuilt from its source in upstream_pools.py; the mixer stand-ins below are plain
+torch modules that test the swap logic only, not TensorRT-LLM's mixers."""
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.serving.trtllm.core import refusals_from_cache_manager, refusals_from_llm_args
+from trtllm_replayssm.serving.trtllm.install import ReplayModel
+from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
+
+from upstream_pools import PythonPool, UnifiedPool
+
+STATE = (4, 16, 32)  # Mamba-2 [H, P, N]
+
+
+def _unified(blocks=9):
+    return UnifiedPool([2, 5, 7], blocks, STATE, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
+
+
+def test_unified_pool_views_are_fresh_and_strided():
+    pool = _unified()
+    a, b = pool.get_ssm_states(5), pool.get_ssm_states(5)
+    assert a is not b and a.data_ptr() == b.data_ptr()
+    assert a.shape == (9, *STATE) and a.stride(0) == (pool.ssm_bytes + 3 * 16 * 8) // 4 and not a.is_contiguous()
+
+
+def test_one_bind_for_all_layers_across_fresh_views():
+    pool = _unified()
+    cache = ModelReplayCache("mamba2", [2, 5, 7], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    for _ in range(3):
+        for layer_id in (2, 5, 7):
+            layer = cache.layer(layer_id, pool.get_ssm_states(layer_id))
+            assert layer.state.data_ptr() == pool.get_ssm_states(layer_id).data_ptr()
+    assert cache.binds == 1 and cache.cache.num_layers == 3 and cache.cache.slots == 9
+    assert layer.x_ring.shape == (9, 4, 4, 16) and layer.B_ring.shape == (9, 2, 4, 32)
+    # no second checkpoint copy: the cache's own layers hold no state
+    assert all(cache.cache.layer(i).state is None for i in range(3))
+    assert cache.ring_bytes() == cache.cache.bytes_per_slot() * 9 > 0
+
+
+def test_shared_scratch_and_per_layer_rings():
+    pool = PythonPool([0, 1], 5, STATE, torch.float32, "cpu")
+    cache = ModelReplayCache("mamba2", [0, 1], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    a, b = cache.layer(0, pool.get_ssm_states(0)), cache.layer(1, pool.get_ssm_states(1))
+    assert a.coef is b.coef and a.step is b.step
+    assert a.x_ring.data_ptr() != b.x_ring.data_ptr() and a.cursor.data_ptr() != b.cursor.data_ptr()
+
+
+def test_new_pool_rebinds_and_capture_is_refused(monkeypatch):
+    cache = ModelReplayCache("mamba2", [2, 5, 7], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    cache.layer(2, _unified().get_ssm_states(2))
+    bigger = _unified(blocks=13)  # the serving manager after the estimation one: another pool, more blocks
+    assert cache.layer(2, bigger.get_ssm_states(2)).slots == 13 and cache.binds == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
+        cache.layer(2, _unified(blocks=11).get_ssm_states(2))
+
+
+def test_layer_and_state_checks():
+    cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    pool = _unified()
+    with pytest.raises(ValueError, match="layer_id: expected one of"):
+        cache.layer(3, pool.get_ssm_states(2))
+    cache.layer(2, pool.get_ssm_states(2))
+    with pytest.raises(ValueError, match="state: expected"):
+        cache.cache.with_checkpoint(0, torch.zeros(9, 4, 16, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="layer_ids"):
+        ModelReplayCache("mamba2", [1, 1], 2, 4, torch.bfloat16)
+    with pytest.raises(ValueError, match="no checkpoint bound"):
+        cache.cache.layer(0).require_state()
+
+
+def test_prefill_handoff_once_per_step_in_every_layer():
+    pool = _unified()
+    cache = ModelReplayCache("mamba2", [2, 5, 7], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    state_indices = torch.tensor([6, 1, 3, 8], dtype=torch.int32)  # contexts first
+    cache.begin_step()
+    cache.layer_step(2, pool.get_ssm_states(2), state_indices, num_contexts=0)
+    cache.end_step()
+    cache.cache.cursor.fill_(2)
+    cache.begin_step()
+    for layer_id in (2, 5, 7):
+        cache.layer_step(layer_id, pool.get_ssm_states(layer_id), state_indices, num_contexts=2)
+        cache.cache.cursor[:, 3] = 3  # a decode row's cursor moving within the step is not reset again
+    cache.end_step()
+    assert cache.cache.cursor[:, 6].tolist() == [0, 0, 0] and cache.cache.cursor[:, 1].tolist() == [0, 0, 0]
+    assert cache.cache.cursor[:, 3].tolist() == [3, 3, 3] and cache.cache.cursor[:, 8].tolist() == [2, 2, 2]
+
+
+def test_decode_slots_once_per_step_and_only_inside_one():
+    pool = _unified()
+    cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="outside a model forward"):
+        cache.decode_slots(torch.tensor([1], dtype=torch.int32))
+    cache.begin_step()
+    cache.layer(2, pool.get_ssm_states(2))
+    first = cache.decode_slots(torch.tensor([4, 8, 8], dtype=torch.int32))  # graph padding repeats the dummy
+    assert first.tolist() == [4, 8, -1] and cache.decode_slots(torch.tensor([0, 0, 0])) is first
+    cache.end_step()
+    cache.begin_step()
+    assert cache.decode_slots(torch.tensor([0, 1, 2], dtype=torch.int32)).tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------------------------------- the swap
+class Upstream(torch.nn.Module):
+    def __init__(self, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.weight = torch.nn.Parameter(torch.ones(1))
+
+
+class Replay(Upstream):
+    setups = 0
+
+    @staticmethod
+    def _rs_cannot_hook(module):
+        return None if module.layer_idx >= 0 else "layer_idx is negative"
+
+    def _rs_num_k_heads(self):
+        return 2
+
+    def _rs_setup(self, cache):
+        self._rs_cache = cache
+
+    def _rs_teardown(self):
+        del self._rs_cache
+
+
+class Toy(torch.nn.Module):
+    def __init__(self, ids):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Upstream(i) for i in ids] + [torch.nn.Linear(2, 2)])
+
+
+def _install(model, refusals=()):
+    return ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 4, torch.bfloat16, refusals)
+
+
+def test_install_swaps_every_mixer_and_keeps_parameters():
+    model = Toy([1, 3])
+    params = [p for p in model.parameters()]
+    replay = _install(model)
+    assert [type(m) for m in model.layers[:2]] == [Replay, Replay] and list(model.parameters()) == params
+    assert replay.cache.layer_ids == (1, 3) and model.layers[0]._rs_cache is replay.cache
+    manager = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False)
+    assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    replay.end_step()
+
+
+def test_refusals_keep_or_restore_upstream_as_a_whole(caplog):
+    caplog.set_level(logging.WARNING, "trtllm_replayssm")
+    model = Toy([1, 3])
+    assert _install(model, ["speculative_config is set: x"]) is None
+    assert all(type(m) is Upstream for m in model.layers[:2])
+    replay = _install(model)
+    manager = SimpleNamespace(enable_block_reuse=True, kv_connector_manager=None)
+    assert not replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    assert all(type(m) is Upstream and not hasattr(m, "_rs_cache") for m in model.layers[:2])
+    assert not replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("speculative_config" in line for line in lines) and any("enable_block_reuse" in line for line in lines)
+
+
+def test_no_matching_mixer_or_no_hook_point_is_an_error():
+    with pytest.raises(RuntimeError, match="has no Upstream layer"):
+        _install(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    model = Toy([1, -1])
+    with pytest.raises(RuntimeError, match="layer_idx is negative"):
+        _install(model)
+    assert all(type(m) is Upstream for m in model.layers[:2])  # nothing swapped
+
+
+def test_refusals_from_llm_args():
+    ok = SimpleNamespace(kv_cache_config=SimpleNamespace(use_kv_cache_manager_v2="auto"),
+                         cache_transceiver_config=None, kv_connector_config=None, max_beam_width=1,
+                         speculative_config=None)
+    assert refusals_from_llm_args(ok) == []
+    bad = SimpleNamespace(kv_cache_config=SimpleNamespace(use_kv_cache_manager_v2=True),
+                          cache_transceiver_config=object(), kv_connector_config=object(), max_beam_width=4,
+                          speculative_config=object())
+    reasons = refusals_from_llm_args(bad)
+    for key in ("use_kv_cache_manager_v2", "cache_transceiver_config", "kv_connector_config", "max_beam_width",
+                "speculative_config"):
+        assert sum(key in r for r in reasons) == 1, key
+
+
+def test_refusals_from_cache_manager():
+    class MambaHybridCacheManagerV2:
+        enable_block_reuse = False
+        kv_connector_manager = None
+
+    ok = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False)
+    assert refusals_from_cache_manager(ok, 1) == []
+    assert len(refusals_from_cache_manager(MambaHybridCacheManagerV2(), 1)) == 1
+    bad = SimpleNamespace(enable_block_reuse=True, kv_connector_manager=object(), is_speculative=lambda: True)
+    assert len(refusals_from_cache_manager(bad, 2)) == 4
+
+
+def test_checkpointless_cache_factories():
+    cache = ReplayStateCache.gdn(2, 5, 2, 4, 64, 16, buffer_len=4, checkpoints=False, device="cpu")
+    assert cache.layer(0).state is None and cache.state_shape == (4, 16, 64)
+    layer = cache.with_checkpoint(1, torch.zeros(5, 4, 16, 64))
+    assert layer.u_ring is cache.layer(1).u_ring and layer.state.shape == (5, 4, 16, 64)
+
+
+def test_rings_beyond_the_bundle_plan_are_reported(caplog):
+    caplog.set_level(logging.INFO, "trtllm_replayssm")
+    pool = _unified(blocks=9)
+    per_slot = ModelReplayCache("mamba2", [2, 5, 7], 2, 4, torch.bfloat16)
+    per_slot.layer(2, pool.get_ssm_states(2))
+    planned_for_5 = per_slot.cache.bytes_per_slot() * 5
+    cache = ModelReplayCache("mamba2", [2, 5, 7], 2, 4, torch.bfloat16, planned=(planned_for_5, 5))
+    cache.layer(2, pool.get_ssm_states(2))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "has 9 slots, the bundle planned the rings for 5" in warnings[0]
+    assert "--max-batch-size 8" in warnings[0]
+
+
+def test_settings_from_a_bundle_manifest(tmp_path, monkeypatch):
+    from trtllm_replayssm.serving.bundle import manifest_dict
+    from trtllm_replayssm.serving.memory_plan import plan
+    from trtllm_replayssm.serving.presets import get_preset
+    from trtllm_replayssm.serving.trtllm import MANIFEST_ENV, load_settings, settings_from_env
+
+    spec = get_preset("qwen3.5-4b")
+    mp = plan(spec, "h200", buffer_len=8, max_batch_size=64)
+    path = tmp_path / "manifest.json"
+    path.write_text(__import__("json").dumps(manifest_dict(spec, mp, "sm_90a", [], None)))
+    settings = load_settings(path)
+    assert (settings.family, settings.buffer_len, settings.act_dtype) == ("gdn", 8, "bf16")
+    assert (settings.planned_ring_bytes, settings.planned_slots) == (mp.ring_bytes_per_gpu, 65)
+    monkeypatch.delenv(MANIFEST_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="TRTLLM_REPLAYSSM_MANIFEST is not set"):
+        settings_from_env()
+    monkeypatch.setenv(MANIFEST_ENV, str(path))
+    assert settings_from_env() == settings
+    with pytest.raises(ValueError, match="manifest_path: cannot read"):
+        load_settings(tmp_path / "missing.json")

@@ -1,0 +1,150 @@
+"""One model's replay state inside TensorRT-LLM: rings, cursors and one shared scratch for all of its SSM layers,
+keyed by TensorRT-LLM's layer index and bound to TensorRT-LLM's SSM-state pool (TensorRT-LLM-free, CPU-tested).
+
+The checkpoints are TensorRT-LLM's own state tensors: the cache managers hand out a fresh view of the same pool on
+every call (strided, in the unified C++ pool), so a layer's checkpoint is whatever view this step's call brings, and
+the rings stay bound to the pool that view belongs to (its address, shape, strides, dtype and device). The rings are
+allocated once per pool, for every SSM layer at once, sized by the pool's slot count; a new pool (TensorRT-LLM replaces
+its memory-estimation cache manager before serving) reallocates them, which is refused inside CUDA-graph capture.
+
+A decode step's slot ids (one per batch row, each slot once, CUDA-graph padding rows as ``PAD_SLOT_ID``) are computed
+once per model forward, by the first SSM layer, and reused by the others.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.families import get_family
+from trtllm_replayssm.serving.trtllm.core import decode_slot_ids
+
+_log = logging.getLogger("trtllm_replayssm")
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What ties a state view to the pool the rings were sized for: same memory, same slot geometry."""
+
+    data_ptr: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, state: torch.Tensor) -> "PoolKey":
+        return cls(state.data_ptr(), tuple(state.shape), tuple(state.stride()), state.dtype, state.device)
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream records a graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class ModelReplayCache:
+    """Replay state of one model's SSM layers of one family (``layer_ids``: TensorRT-LLM's global layer indices).
+
+    ``num_k_heads``: TP-local group count (Mamba-2 ``n_groups``, GDN key heads; KDA ignores it). Per model forward:
+    :meth:`begin_step`, then per layer :meth:`layer` and :meth:`decode_slots`, and :meth:`end_step`.
+    """
+
+    def __init__(self, family: str, layer_ids: Sequence[int], num_k_heads: int, buffer_len: int,
+                 act_dtype: torch.dtype, planned: tuple[int, int] | None = None) -> None:
+        ids = tuple(int(i) for i in layer_ids)
+        if not ids or len(set(ids)) != len(ids):
+            raise ValueError(f"layer_ids: expected distinct layer indices, got {list(layer_ids)}")
+        self.family = get_family(family)
+        self.layer_ids = ids
+        self._index = {layer_id: i for i, layer_id in enumerate(ids)}
+        self.num_k_heads = num_k_heads
+        self.buffer_len = buffer_len
+        self.act_dtype = act_dtype
+        self.planned = planned  # (bytes, slots) the bundle's memory plan set aside for the rings
+        self.cache: ReplayStateCache | None = None
+        self.binds = 0  # ring allocations so far (one per upstream pool)
+        self._pools: dict[int, PoolKey] = {}
+        self._in_step = self._handed_off = False
+        self._step_slots: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ binding
+    def layer(self, layer_id: int, state: torch.Tensor):
+        """Layer ``layer_id``'s ring cache with this call's ``state`` view as its checkpoint; allocates the rings
+        for every layer when ``state`` belongs to a pool they are not bound to."""
+        if layer_id not in self._index:
+            raise ValueError(f"layer_id: expected one of the model's SSM layers {list(self.layer_ids)}, got {layer_id}")
+        key = PoolKey.of(state)
+        if self.cache is None or self._pools.get(layer_id, key) != key or not self._fits(state):
+            self._bind(state)
+        self._pools[layer_id] = key
+        return self.cache.with_checkpoint(self._index[layer_id], state)
+
+    def _fits(self, state: torch.Tensor) -> bool:
+        cache = self.cache
+        return (state.shape[0] == cache.slots and tuple(state.shape[1:]) == cache.state_shape
+                and state.dtype == cache.state_dtype and state.device == cache.cursor.device)
+
+    def _bind(self, state: torch.Tensor) -> None:
+        if capturing():
+            raise RuntimeError("trtllm-replayssm: the SSM-state pool changed during CUDA-graph capture; the rings "
+                               "must be bound by an eager step first (TensorRT-LLM runs eager warm-up steps before "
+                               "capturing, so this TensorRT-LLM does something the module does not support)")
+        self.cache = None  # free the old rings before allocating the new ones
+        dims = self.family.dims.of_state(tuple(state.shape), self.num_k_heads)
+        self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.buffer_len,
+                                           state_dtype=state.dtype, act_dtype=self.act_dtype, device=state.device,
+                                           checkpoints=False)
+        self._pools.clear()
+        self.binds += 1
+        gib, slots = self.ring_bytes() / (1 << 30), state.shape[0]
+        _log.info("trtllm-replayssm: %s rings for %d layers x %d slots: %.3f GiB", self.family.name,
+                  len(self.layer_ids), slots, gib)
+        if self.planned is not None and self.ring_bytes() > self.planned[0]:
+            _log.warning("trtllm-replayssm: TensorRT-LLM's SSM-state pool has %d slots, the bundle planned the rings "
+                         "for %d (%.3f GiB): the %.3f GiB they take now are outside TensorRT-LLM's memory budget "
+                         "beyond what the bundle's free_gpu_memory_fraction keeps free; rebuild the bundle with "
+                         "--max-batch-size %d to plan for them", slots, self.planned[1],
+                         self.planned[0] / (1 << 30), gib, slots - 1)
+
+    def ring_bytes(self) -> int:
+        """Bytes of the rings, cursors and scratch allocated now (0 before the first bind)."""
+        return 0 if self.cache is None else self.cache.bytes_per_slot() * self.cache.slots
+
+    # ------------------------------------------------------------------ steps
+    def begin_step(self) -> None:
+        """A model forward starts: the first layer's :meth:`layer_step` hands prefills off, the first
+        :meth:`decode_slots` computes the step's slot ids."""
+        self._in_step, self._handed_off, self._step_slots = True, False, None
+
+    def end_step(self) -> None:
+        self._in_step, self._step_slots = False, None
+
+    def _check_in_step(self, what: str) -> None:
+        if not self._in_step:
+            raise RuntimeError(f"trtllm-replayssm: {what} outside a model forward (begin_step not called)")
+
+    def layer_step(self, layer_id: int, state: torch.Tensor, state_indices: torch.Tensor, num_contexts: int):
+        """Called by every SSM layer's forward with its state view: binds the rings to the view's pool (as
+        :meth:`layer`), and the first call of a step empties the rings (cursor 0, every layer) of the context
+        requests, whose prefill writes their checkpoints this step (first chunks, later chunks and a new request on a
+        reused slot alike). Decided on the host from ``num_contexts``; device-side index writes only, no sync.
+        Returns the layer, as :meth:`layer`."""
+        self._check_in_step("layer_step")
+        layer = self.layer(layer_id, state)
+        if not self._handed_off:
+            self._handed_off = True
+            if num_contexts:
+                self.cache.reset_slots(state_indices[:num_contexts])
+        return layer
+
+    def decode_slots(self, decode_state_indices: torch.Tensor) -> torch.Tensor:
+        """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks)."""
+        self._check_in_step("decode_slots")
+        if self.cache is None:
+            raise RuntimeError("trtllm-replayssm: decode_slots before any layer bound the rings")
+        if self._step_slots is None:
+            self._step_slots = decode_slot_ids(decode_state_indices, self.cache.slots)
+        return self._step_slots
