@@ -12,6 +12,7 @@ def test_serving_loop_cpu(family):
     rep = run(family, "cpu", buffer_len=4, steps=40, graphs=False, max_length=10, seed=3)
     print(rep)
     assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
+    assert rep.pad_rows >= 4
     assert rep.worst_rel_err < 1e-4
 
 
@@ -23,6 +24,9 @@ def test_serving_loop_gpu_graphs(family):
     rep = run(family, "cuda", buffer_len=16, steps=200, graphs=True, seed=4)
     print(rep)
     assert rep.decode_rows > 200 * 2 and rep.finished >= 5 and rep.reused_blocks >= 3
-    assert rep.graph_steps >= 50 and rep.mixed_steps >= 5 and rep.graph_eager_checks == 4
+    assert rep.graph_steps >= 50 and rep.mixed_steps >= 5 and rep.graph_eager_checks == 4 and rep.pad_rows >= 20
     assert rep.worst_rel_err < 1e-4
-    assert len(set(rep.memory)) == 1, f"memory not flat across the steps: {sorted(set(rep.memory))}"
+    # from the first mixed step on: GDN's mixed steps fold rings with an einsum, whose first call makes PyTorch
+    # allocate its cuBLAS workspace once
+    steady = rep.memory[rep.first_mixed_step + 1:]
+    assert len(steady) > 150 and len(set(steady)) == 1, f"memory not flat across the steps: {sorted(set(steady))}"

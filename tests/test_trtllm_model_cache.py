@@ -173,6 +173,9 @@ def test_no_matching_mixer_or_no_hook_point_is_an_error():
     with pytest.raises(RuntimeError, match="layer_idx is negative"):
         _install(model)
     assert all(type(m) is Upstream for m in model.layers[:2])  # nothing swapped
+    model.layers[1].layer_idx = None
+    with pytest.raises(RuntimeError, match="Upstream has no integer layer_idx"):
+        _install(model)
 
 
 def test_refusals_from_llm_args():

@@ -25,6 +25,13 @@ class Swap:
     original: type
 
 
+def _cannot_hook(module: torch.nn.Module, replay_cls: type) -> str | None:
+    if not isinstance(getattr(module, "layer_idx", None), int):
+        return f"{type(module).__name__} has no integer layer_idx"
+    check = getattr(replay_cls, "_rs_cannot_hook", None)
+    return check(module) if check else None
+
+
 def log_refusals(arch: str, reasons: Sequence[str]) -> None:
     for reason in reasons:
         _log.warning("trtllm-replayssm: %s runs upstream TensorRT-LLM kernels: %s", arch, reason)
@@ -45,9 +52,9 @@ class ReplayModel:
                 planned: tuple[int, int] | None = None) -> "ReplayModel | None":
         """Swap every mixer of ``model`` whose exact class is a key of ``swap_classes``; None (upstream kernels,
         one warning per reason) when ``refusals`` is not empty; ``planned``: (bytes, slots) of the bundle's ring
-        plan, to warn when TensorRT-LLM's pool needs more. Replay mixer classes provide
-        ``_rs_cannot_hook(module) -> str | None``, ``_rs_num_k_heads()``, ``_rs_setup(cache)`` and
-        ``_rs_teardown()``."""
+        plan, to warn when TensorRT-LLM's pool needs more. Every upstream mixer needs a ``layer_idx``; replay mixer
+        classes provide ``_rs_num_k_heads()`` and ``_rs_setup(cache)``, optionally ``_rs_cannot_hook(module) -> str |
+        None`` (what an upstream mixer lacks) and ``_rs_teardown()`` (undo ``_rs_setup`` beyond the class swap)."""
         if refusals:
             log_refusals(arch, refusals)
             return None
@@ -57,7 +64,7 @@ class ReplayModel:
             raise RuntimeError(f"trtllm-replayssm: {arch} has no {names} layer: this TensorRT-LLM builds its "
                                f"{family} layers from another class, so ReplaySSM would change nothing "
                                "(TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
-        problems = sorted({p for m in found if (p := swap_classes[type(m)]._rs_cannot_hook(m))})
+        problems = sorted({p for m in found if (p := _cannot_hook(m, swap_classes[type(m)]))})
         if problems:
             raise RuntimeError(f"trtllm-replayssm: {arch}: cannot hook this TensorRT-LLM's mixers: "
                                + "; ".join(problems) + " (TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
@@ -76,7 +83,8 @@ class ReplayModel:
         """Give every swapped mixer back its upstream class (before any replay step)."""
         log_refusals(self.arch, reasons)
         for s in self.swaps:
-            s.module._rs_teardown()
+            if hasattr(s.module, "_rs_teardown"):
+                s.module._rs_teardown()
             s.module.__class__ = s.original
         self.swaps = []
 

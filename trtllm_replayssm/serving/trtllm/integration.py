@@ -98,18 +98,11 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
     """Qwen3NextGatedDeltaNet whose non-speculative decode is ReplaySSM."""
 
-    @staticmethod
-    def _rs_cannot_hook(module: Any) -> str | None:
-        return None if hasattr(module, "layer_idx") else "Qwen3NextGatedDeltaNet has no layer_idx"
-
     def _rs_num_k_heads(self) -> int:
         return self.num_k_heads_per_tp
 
     def _rs_setup(self, cache: Any) -> None:
         self._rs_cache = cache
-
-    def _rs_teardown(self) -> None:
-        pass
 
     def forward_core(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, attn_metadata: Any,
                      mamba_metadata: Any, spec_metadata: Any = None, output: torch.Tensor | None = None) -> Any:
@@ -149,19 +142,12 @@ if KimiKDALinearAttention is not None:
     class ReplayKimiKDA(KimiKDALinearAttention):
         """KimiKDALinearAttention whose plain (non-speculative) decode is ReplaySSM."""
 
-        @staticmethod
-        def _rs_cannot_hook(module: Any) -> str | None:
-            return None if hasattr(module, "layer_idx") else "KimiKDALinearAttention has no layer_idx"
-
         def _rs_num_k_heads(self) -> int:
             return self.num_heads
 
         def _rs_setup(self, cache: Any) -> None:
             self._rs_cache = cache
             self._rs_param_cache = None
-
-        def _rs_teardown(self) -> None:
-            pass
 
         def _rs_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             """fp32 A_log, fp32 dt_bias and the packed conv weight, built by the first (eager) forward."""
