@@ -169,3 +169,10 @@ def test_kda_hook_composition_matches_baseline_step_on_cpu():
             torch.testing.assert_close(replay_state[[0, 2]], base_state[[0, 2]], rtol=1e-4, atol=1e-4)
     assert cache.layer(0, replay_state).cursor.tolist() == [2, 0, 2, 0]  # 5 steps, L=3: 1, 2, flush->0, 1, 2
     assert cache.binds == 1  # a fresh view of the same pool every step
+
+
+def test_decode_slot_ids_takes_int64_indices():
+    """Some revisions hand KDA int64 slot indices (``state_indices_long``); the ops get int32 either way."""
+    idx = torch.tensor([5, 2, 2], dtype=torch.int64)
+    out = decode_slot_ids(idx, num_slots=8)
+    assert out.dtype == torch.int32 and out.tolist() == [5, 2, PAD_SLOT_ID]
