@@ -19,7 +19,7 @@ import torch
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
 from trtllm_replayssm.core.families import Family, get_family
 from trtllm_replayssm.core.samples import step_rows, with_constants
-from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots
+from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots, split_batch
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 from upstream_pools import UnifiedPool
@@ -103,7 +103,7 @@ class ServingLoop:
                     view.index_copy_(0, self.state_indices[:num_contexts].long(), prefill_states[i])
                 if num_seqs == num_contexts:
                     continue
-                decode_idx = self.state_indices[num_contexts:num_seqs]
+                decode_idx = split_batch(self.state_indices, num_contexts, num_seqs).decode_slots
                 args, kwargs = steps[i].op_args()
                 if num_contexts and self.fam.name == "gdn":  # mixed batch: upstream's chunked kernel
                     state = self.pool.get_ssm_states(layer_id)
@@ -204,19 +204,19 @@ class ServingLoop:
             out.copy_(static)
         self.report.graph_steps += 1
 
-    def _snapshot(self) -> list[torch.Tensor]:
+    def _tensors(self) -> list[torch.Tensor]:
+        """Everything a step writes: the pool, the cursors, every layer's rings and the scratch."""
         cache = self.cache.cache
         tensors = [self.pool.pool, cache.cursor, cache.arrive]
         for i in range(cache.num_layers):
             tensors += [t for name, t in cache.layer(i).tensors().items() if name not in ("cursor", "arrive")]
-        return [t.clone() for t in tensors]
+        return tensors
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self._tensors()]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
-        cache = self.cache.cache
-        tensors = [self.pool.pool, cache.cursor, cache.arrive]
-        for i in range(cache.num_layers):
-            tensors += [t for name, t in cache.layer(i).tensors().items() if name not in ("cursor", "arrive")]
-        for t, s in zip(tensors, saved):
+        for t, s in zip(self._tensors(), saved):
             t.copy_(s)
 
     def _check(self, decodes: list[Request], steps: list, outs: list, padded: int) -> None:

@@ -7,6 +7,8 @@ without a GPU. Each op module has ``replay_plan`` / ``state_update_plan``; its o
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import functools
 import os
 from dataclasses import asdict, dataclass
@@ -180,6 +182,21 @@ def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, de
     if not replay_state or not device.replay_capable:
         return "flush"
     return "flush" if work_items < adaptive_threshold(per_sm, device, tuning) else "replay"
+
+
+def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
+                    device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"]) -> "LaunchPlan | None":
+    """The plan of a replay op's call that launches no replay kernels: on a CPU (the reference step of the resolved
+    mode) or the flush kernel (``flush_plan()``); None when the replay kernels run. ``mode='replay'`` on a GPU
+    without bulk async copies is a RuntimeError naming ``op``."""
+    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning)
+    if not device.is_cuda:
+        return LaunchPlan(resolved, key, 0, (0, 0, 0))
+    if resolved == "flush":
+        return flush_plan()
+    if not device.replay_capable:
+        raise RuntimeError(f"{op}: mode='replay' needs an sm_90+ GPU (bulk async copies); use mode='auto' or 'flush'")
+    return None
 
 
 def adaptive_threshold(per_sm: int, device: Device, tuning: Tuning) -> int:

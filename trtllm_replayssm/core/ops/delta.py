@@ -17,7 +17,7 @@ from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops.launch import ptr, run_plan, step_rows, stride
 from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, device_of,
-                                         fitting_tiles, persistent_plan, programmatic_prep, resolve_mode,
+                                         fitting_tiles, non_replay_plan, persistent_plan, programmatic_prep,
                                          resolved_tail_fraction, stages_for, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
@@ -88,15 +88,11 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     L, act = layer.buffer_len, layer.u_ring.dtype
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
-    resolved = resolve_mode(mode, batch * HV, layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev,
-                            tuning)
-    if not dev.is_cuda:
-        return LaunchPlan(resolved, key, 0, (0, 0, 0))
-    if resolved == "flush":
-        return _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning)
-    if not dev.replay_capable:
-        raise RuntimeError("delta-rule replay decode: mode='replay' needs an sm_90+ GPU (bulk async copies); use "
-                           "mode='auto' or 'flush'")
+    other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
+                            layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev, tuning,
+                            lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning))
+    if other is not None:
+        return other
     state_elem, act_elem = layer.state.element_size(), get_dtype(act).bytes
     key_elem = key_ring_dtype(act, per_channel_gate).itemsize
     tile = _row_tile(V, K, batch * HV, dev, tuning)

@@ -22,7 +22,7 @@ from trtllm_replayssm.core.layouts import MAMBA2_PARAMS, mamba2_fold_bytes, mamb
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stride
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
-                                         persistent_plan, programmatic_prep, resolve_mode, resolved_tail_fraction,
+                                         non_replay_plan, persistent_plan, programmatic_prep, resolved_tail_fraction,
                                          state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
@@ -67,15 +67,11 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     G, L = layer.B_ring.shape[1], layer.buffer_len
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch)
-    resolved = resolve_mode(mode, batch * H, layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev,
-                            tuning)
-    if not dev.is_cuda:
-        return LaunchPlan(resolved, key, 0, (0, 0, 0))
-    if resolved == "flush":
-        return _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning)
-    if not dev.replay_capable:
-        raise RuntimeError("mamba2_replay_decode: mode='replay' needs an sm_90+ GPU (bulk async copies); use "
-                           "mode='auto' or 'flush'")
+    other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, layer.state.dtype in REPLAY_STATE_DTYPES,
+                            REPLAY_MIN_WORK_PER_SM, dev, tuning,
+                            lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning))
+    if other is not None:
+        return other
     state_elem, act_elem = layer.state.element_size(), layer.x_ring.element_size()
     tile = state_tile(P, N, batch * H, dev, tuning)
     if tuning.rows_per_cta is None:

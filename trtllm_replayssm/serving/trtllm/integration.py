@@ -39,7 +39,7 @@ from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_fro
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_split_qkv,
                                                   is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
-                                                  refusals_from_llm_args, replay_disabled)
+                                                  refusals_from_llm_args, replay_disabled, split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 from trtllm_replayssm.serving.trtllm.model_cache import capturing
 
@@ -107,11 +107,10 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
     def forward_core(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, attn_metadata: Any,
                      mamba_metadata: Any, spec_metadata: Any = None, output: torch.Tensor | None = None) -> Any:
         state = attn_metadata.kv_cache_manager.mamba_layer_cache(self.layer_idx).temporal
-        num_contexts, num_seqs = attn_metadata.num_contexts, attn_metadata.seq_lens.shape[0]
-        layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, num_contexts)
-        if num_contexts and num_seqs > num_contexts:  # upstream's chunked kernel reads these rows' live state
-            gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                                  mamba_metadata.state_indices[num_contexts:num_seqs])
+        batch = split_batch(mamba_metadata.state_indices, attn_metadata.num_contexts, attn_metadata.seq_lens.shape[0])
+        layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, batch.num_contexts)
+        if batch.num_contexts and batch.num_decodes:  # upstream's chunked kernel reads these rows' live state
+            gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, batch.decode_slots)
         return super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                                     output=output)
 

@@ -77,15 +77,10 @@ class ModelReplayCache:
         if layer_id not in self._index:
             raise ValueError(f"layer_id: expected one of the model's SSM layers {list(self.layer_ids)}, got {layer_id}")
         key = PoolKey.of(state)
-        if self.cache is None or self._pools.get(layer_id, key) != key or not self._fits(state):
+        if self.cache is None or self._pools.get(layer_id, key) != key:
             self._bind(state)
         self._pools[layer_id] = key
-        return self.cache.with_checkpoint(self._index[layer_id], state)
-
-    def _fits(self, state: torch.Tensor) -> bool:
-        cache = self.cache
-        return (state.shape[0] == cache.slots and tuple(state.shape[1:]) == cache.state_shape
-                and state.dtype == cache.state_dtype and state.device == cache.cursor.device)
+        return self.cache.with_checkpoint(self._index[layer_id], state)  # a layer of another geometry: ValueError
 
     def _bind(self, state: torch.Tensor) -> None:
         if capturing():
