@@ -2,7 +2,8 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [sanitize] [bench] [compare]      (default: tests sanitize bench compare)
+#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [compare]
+#   (default: tests contract sanitize bench compare)
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
 # peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
@@ -12,7 +13,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRTLLM_REPLAYSSM_CACHE=${TRTLLM_REPLAYSSM_CACHE:-/tmp/trtllm_replayssm_cache}
-steps="${*:-tests sanitize bench compare}"
+steps="${*:-tests contract sanitize bench compare}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 results=()
 record() {  # record NAME RC DETAIL
@@ -25,11 +26,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c "import torch, cuda.bindings; from trtllm_replayssm.core.jit.compiler import nvrtc_version; \
 print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc_version())"
 
-if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-core, mamba-ssm's Triton SSU
+if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-core, mamba-ssm's Triton SSU; and
+  # hypothesis for the GPU property tests (tests/test_properties.py)
   PEERS=/tmp/replayssm_peers
   rm -rf "$PEERS"  # pip --target skips packages whose folder exists: install first, then add the AOT modules
   python3 -m pip install --quiet --no-index --no-deps --target "$PEERS" .whl/flashinfer_python-*.whl \
-    .whl/apache_tvm_ffi-*.whl .whl/fla_core-*.whl
+    .whl/apache_tvm_ffi-*.whl .whl/fla_core-*.whl .whl/hypothesis-*.whl .whl/sortedcontainers-*.whl
   mkdir -p "$PEERS/flashinfer/data/aot"
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
     .whl/flashinfer_aot.tar.xz "$PEERS/flashinfer/data/aot"
@@ -40,6 +42,12 @@ fi
 if has tests; then
   timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels'" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
+fi
+if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)
+  log="$OUT/sanitizer-memcheck-row-contract.log"
+  timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    python3 -m pytest -q -m gpu tests/test_row_contract.py > "$log" 2>&1
+  rc=$?; record "memcheck corrupted ids and cursors" $rc "$(grep -h 'ERROR SUMMARY' "$log" | tail -n 1) $(tail -n 1 "$log")"
 fi
 if has sanitize; then  # every tool on the smoke tests; racecheck also on the protocol kernel (docs/decisions.md)
   # racecheck reports hazards on the mbarrier stage protocol that it cannot model ("Racecheck reports on the

@@ -261,14 +261,17 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
 template <bool kReplay>
 __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const int b = blockIdx.z;
-  const int slot = p.slot_idx[b];
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
   const int row0 = blockIdx.x * kTile;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int col0 = lane * kEpl, wrow0 = warp * kRows;  // wrow0: first tile row of this warp
-  if (slot == p.pad_slot_id) {  // a pad row's outputs are zeros; its state, ring and cursor are not touched
+  auto zero_output = [&] {  // a skipped row's outputs are zeros; its state, ring and cursor are not touched
     if (lane < kRows)
       static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(0.f);
+  };
+  if (slot == p.pad_slot_id) {
+    zero_output();
     return;
   }
   state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
@@ -278,13 +281,21 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
 
+  // rssm::row_slot, flush kernel only (the baseline reads no cursor and does not detect repeated ids: docs/decisions.md,
+  // rows a step skips): a skipped row is computed like one with an empty ring (every read in its slot) and tested
+  // before the first write, so that no branch separates the state loads from the input loads.
   int w = 0;
-  if constexpr (kReplay) w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
-  auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA
+  bool bad_cursor = false;
+  if constexpr (kReplay) {
+    w = p.cursor[slot];
+    bad_cursor = !rssm::cursor_in_ring(w, p.L);
+    if (bad_cursor) w = 0;
+  }
+  const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
+  auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA (the cursor advances below)
     if (w == 0) return;
     fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, w, col0, acc);
     __syncthreads();  // every thread has read the cursor
-    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
   };
   // The fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the faster order
   // for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel).
@@ -299,6 +310,15 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
   if constexpr (kReplay && kPerChannel) fold_pending_ring();
+  if constexpr (kReplay) {
+    if (bad_cursor ||
+        __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id))) {
+      zero_output();  // the same answer in every warp
+      return;
+    }
+    if (w != 0 && threadIdx.x == 0)  // after the fold's barrier: every thread has read the cursor
+      rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
+  }
 
   // Per row: a_q = S·(e^{g} ⊙ q~), a_k likewise with k; then u and o.
   float decay[kGates];
@@ -514,9 +534,16 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) 
   const int item = blockIdx.x * rssm::kNumWarps + threadIdx.x / rssm::kWarpSize;
   if (item >= p.batch * heads) return;
   const int b = item / heads, head = item % heads;
-  const int slot = p.slot_idx[b];
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   if (slot == p.pad_slot_id) return;
-  const int w = min(max(p.cursor[slot], 0), p.L - 1);  // clamped: never indexes outside the ring
+  const int w = p.cursor[slot];
+  const int first_id = rssm::preload_row_id(p.slot_idx, b, lane);
+  if (!rssm::cursor_in_ring(w, p.L) ||
+      __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id))) {
+    // a skipped row (rssm::row_slot): the main kernel reads its step word
+    if (lane == 0 && head == 0) p.step[b] = rssm::kSkipStep;
+    return;
+  }
   const bool flush = p.force_flush || w == p.L - 1;
   if constexpr (kPerChannel) kda_prep_item(p, b, head, slot, w, flush);
   else gdn_prep_item(p, b, head, slot, w, flush);
@@ -626,10 +653,11 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
   auto coord = [&](int t) { return tile_coord(p, t); };
   if constexpr (kTailClaims) {
     rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
-                                      p.step, p.pad_slot_id, p.tail_start, p.step - 1, coord, state_src, copy_inputs);
+                                      p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
+                                      copy_inputs);
   } else {
     rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
-                        p.pad_slot_id, coord, state_src, copy_inputs);
+                        p.pad_slot_id, p.slots, coord, state_src, copy_inputs);
   }
 }
 
@@ -712,8 +740,8 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
-  const int slot = info_words[0], info = info_words[1];
-  if (slot == p.pad_slot_id) {
+  const int slot = info_words[0], info = info_words[1];  // info: stale for a pad row (not read then)
+  if (rssm::skipped_stage_row(slot, info, p.pad_slot_id, p.slots)) {
     rssm::release_stage(pipe, s);
     if (lane < kRows)
       static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.hv * p.s_out_h + c.row0 + warp * kRows + lane] =

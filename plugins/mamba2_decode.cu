@@ -56,7 +56,7 @@ __device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, in
 
 __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   t.b = blockIdx.z;
-  t.slot = p.slot_idx[t.b];
+  t.slot = rssm::row_slot(p.slot_idx, t.b, p.pad_slot_id, p.slots);
   if (t.slot == p.pad_slot_id) {
     zero_pad_output(p, t.b, blockIdx.y, blockIdx.x * PT);
     return false;
@@ -69,6 +69,18 @@ __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   t.state = static_cast<state_t*>(p.state) + t.slot * p.s_state_slot + t.head * p.s_state_head +
             (long long)(t.row0 + t.warp * kRowsPerWarp) * N + t.lane * kEpl;
   return true;
+}
+
+// Whether the tile's row repeats an earlier row's slot (rssm::row_slot; warp-uniform, the same in every warp).
+// `first_id`: rssm::preload_row_id(p.slot_idx, t.b, t.lane), loaded with the tile's first loads.
+__device__ __forceinline__ bool repeats_earlier_row(const Mamba2Params& p, const Tile& t, int first_id) {
+  return __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, t.b, t.slot, t.lane, rssm::kWarpSize, first_id));
+}
+
+// The exponent A Σ Δ of a decay, with 0 when either factor is 0 (no time elapsed, or no decay: A = -inf with Δ = 0
+// and A = 0 with Δ = inf give no decay, as a sum of such terms does in the baseline).
+__device__ __forceinline__ float decay_exponent(float a, float delta_sum) {
+  return a == 0.f || delta_sum == 0.f ? 0.f : a * delta_sum;
 }
 
 __device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int h) {
@@ -141,16 +153,23 @@ __device__ __forceinline__ void store_row(const Tile& t, int r, const float (&v)
   rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
 }
 
-// One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged.
-__device__ __forceinline__ void single_step_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
-                                                 OutStage& st) {
+// One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged. With
+// kSkipRepeats, returns false, with zero outputs and nothing stored, for a row that is `skipped` or repeats an
+// earlier row's slot (`first_id`: repeats_earlier_row). Every thread of the CTA calls it (it synchronises).
+template <bool kSkipRepeats>
+__device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
+                                                 OutStage& st, int first_id, bool skipped) {
   float bv[kEpl], cv[kEpl];
   rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
   rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
   const float delta = current_delta(p, t.b, t.head);
-  const float decay = __expf(p.A[t.head] * delta);
+  const float decay = __expf(decay_exponent(p.A[t.head], delta));
   stage_extras(p, t, st);
   __syncthreads();  // st.x ready
+  if (kSkipRepeats && (skipped || repeats_earlier_row(p, t, first_id))) {
+    zero_pad_output(p, t.b, t.head, t.row0);
+    return false;
+  }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float v[kEpl];
@@ -161,6 +180,7 @@ __device__ __forceinline__ void single_step_rows(const Mamba2Params& p, const Ti
     store_row(t, r, v);
     stage_row_dot(t, r, v, cv, st);
   }
+  return true;
 }
 
 // Fold ring entries 0..w-1 plus the current token (entry w): S = decay S + Σ_j s_j x_j B_jᵀ; stores S, stages S·C
@@ -207,21 +227,23 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
 __device__ __forceinline__ float decay_weights(float delta_lane, float a, float& decay) {
   const float incl = rssm::warp_suffix_sum(delta_lane);                 // Σ_{i>=lane} Δ_i
   const float excl = __shfl_down_sync(0xffffffffu, incl, 1);            // Σ_{i>lane} Δ_i (lane 31: own, fixed below)
-  decay = __expf(a * __shfl_sync(0xffffffffu, incl, 0));
+  decay = __expf(decay_exponent(a, __shfl_sync(0xffffffffu, incl, 0)));
   const int lane = threadIdx.x % rssm::kWarpSize;
-  return delta_lane * __expf(a * (lane == rssm::kWarpSize - 1 ? 0.f : excl));
+  return delta_lane * __expf(decay_exponent(a, lane == rssm::kWarpSize - 1 ? 0.f : excl));
 }
 
 }  // namespace
 
 // Baseline: S = exp(A Δ) S + Δ x Bᵀ ; y = S C + D x (⊙ silu z). Reads and writes the whole state every step.
+// Repeated slot ids are not detected here (the rows race on their slot, within it): the per-CTA scan of the batch's
+// ids cost up to 18% at batch 256 (docs/decisions.md, rows a step skips).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
   load_raw(t, raw);
   __shared__ OutStage st;
-  single_step_rows(p, t, raw, st);
+  single_step_rows<false>(p, t, raw, st, 0, false);
   finish_output(p, t, st);
 }
 
@@ -232,10 +254,15 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
   if (!setup_tile(p, t)) return;
   RawTile raw;
   load_raw(t, raw);
-  const int w = p.cursor[t.slot];
+  // rssm::row_slot: a row with a cursor outside the ring is computed like one with an empty ring (every read in its
+  // slot) and skipped before the first write, so that no branch separates the state loads from the input loads.
+  const int cursor = p.cursor[t.slot];
+  const bool bad_cursor = !rssm::cursor_in_ring(cursor, p.L);
+  const int w = bad_cursor ? 0 : cursor;
+  const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
   __shared__ OutStage st;
   if (w == 0) {
-    single_step_rows(p, t, raw, st);
+    if (!single_step_rows<true>(p, t, raw, st, first_id, bad_cursor)) return;
   } else {
     __shared__ float s_w[rssm::kMaxL];
     __shared__ float s_decay;
@@ -248,6 +275,10 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
       if (t.lane == 0) s_decay = decay;
     }
     __syncthreads();
+    if (repeats_earlier_row(p, t, first_id)) {
+      zero_pad_output(p, t.b, t.head, t.row0);
+      return;
+    }
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0);
     fold_rows(p, t, raw, s_w, s_decay, w, st);
   }
@@ -263,11 +294,16 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
   constexpr int kEntriesPerWarp = rssm::kMaxL / rssm::kNumWarps;  // B·C products per warp (>= 4 warps)
   constexpr int kHeadsAhead = 4;                                  // heads per warp whose Δ loads are hoisted
   const int b = blockIdx.x, g = blockIdx.y;
-  const int slot = p.slot_idx[b];
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   if (slot == p.pad_slot_id) return;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int nwarps = blockDim.x / rssm::kWarpSize;
   const int w = p.cursor[slot];
+  const int first_id = rssm::preload_row_id(p.slot_idx, b, threadIdx.x);
+  auto skip_row = [&] {  // rssm::row_slot: the main kernel reads the step word
+    if (threadIdx.x == 0 && g == 0) p.step[b] = rssm::kSkipStep;
+  };
+  if (!rssm::cursor_in_ring(w, p.L)) return skip_row();
   const bool flush = p.force_flush || w >= p.L - 1;
   const int heads_per_group = p.nheads / p.ngroups;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
@@ -305,19 +341,17 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
       dot = rssm::warp_sum(dot);
       if (lane == 0) s_bc[j] = dot;
     }
+  }
+  // s_bc ready; every thread has read the cursor
+  if (__syncthreads_or(rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, blockDim.x, first_id))) {
+    return skip_row();
+  }
+  if (!flush) {
     act_t* B_dst = static_cast<act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group + (long long)w * N;
     for (int i = threadIdx.x; i < N; i += blockDim.x) B_dst[i] = B_cur[i];
   }
-  __syncthreads();  // s_bc ready; every thread has read the cursor
 
-  for (int m = 0, hh = warp; hh < heads_per_group; ++m, hh += nwarps) {
-    float d, delta_w;
-    if (m < kHeadsAhead) {
-      d = d_ahead[m];
-      delta_w = dw_ahead[m];
-    } else {
-      head_delta(hh, d, delta_w);
-    }
+  auto head_weights = [&](int hh, float d, float delta_w) {  // head hh's weights and decay into the scratch
     const int h = g * heads_per_group + hh;
     if (lane == w) d = delta_w;
     float decay;
@@ -328,6 +362,14 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
       coef[p.L] = decay;
       if (!flush) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head + w] = delta_w;
     }
+  };
+#pragma unroll
+  for (int m = 0; m < kHeadsAhead; ++m)  // static indices: the hoisted loads stay in registers
+    if (warp + m * nwarps < heads_per_group) head_weights(warp + m * nwarps, d_ahead[m], dw_ahead[m]);
+  for (int hh = warp + kHeadsAhead * nwarps; hh < heads_per_group; hh += nwarps) {
+    float d, delta_w;
+    head_delta(hh, d, delta_w);
+    head_weights(hh, d, delta_w);
   }
   if (threadIdx.x == 0) {
     if (g == 0) p.step[b] = flush ? -(w + 1) : w;
@@ -427,7 +469,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     }
   };
   rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
-                                    p.step, p.pad_slot_id, p.tail_start, p.step - 1,
+                                    p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1,
                                     [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
 }
 
@@ -511,8 +553,8 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
-  const int slot = info_words[0], info = info_words[1];
-  if (slot == p.pad_slot_id) {
+  const int slot = info_words[0], info = info_words[1];  // info: stale for a pad row (not read then)
+  if (rssm::skipped_stage_row(slot, info, p.pad_slot_id, p.slots)) {
     rssm::release_stage(pipe, s);
     if (lane < kRowsPerWarp)
       static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.head * p.s_out_h + c.row0 + warp * kRowsPerWarp + lane] =

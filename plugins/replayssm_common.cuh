@@ -168,6 +168,44 @@ __device__ __forceinline__ float softplus_thr20(float v) { return v > 20.f ? v :
 __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
 __device__ __forceinline__ float siluf(float v) { return v * sigmoidf(v); }
 
+// ---------------------------------------------------------------------------------------------- rows a step skips
+// The row contract of every kernel (docs/design.md, "Rows a step skips"): a row whose slot id is pad_slot_id, outside
+// [0, slots), repeats the id of an earlier row of the batch, or (replay kernels) whose slot's cursor is outside
+// [0, L) writes zero outputs and touches no slot: no state, ring, cursor or counter write, no read outside a slot.
+
+// A prep kernel's step word for a row it skips (flush steps are -(w + 1) < 0, others w < L <= kMaxL).
+constexpr int kSkipStep = 0x7fffffff;
+
+// Row b's slot, or pad_slot_id when its id is outside [0, slots) (read as a pad row from here on).
+__device__ __forceinline__ int row_slot(const int* slot_idx, int b, int pad_slot_id, int slots) {
+  const int slot = slot_idx[b];
+  return static_cast<unsigned>(slot) < static_cast<unsigned>(slots) ? slot : pad_slot_id;
+}
+
+__device__ __forceinline__ bool cursor_in_ring(int w, int L) {
+  return static_cast<unsigned>(w) < static_cast<unsigned>(L);
+}
+
+// The repeated-slot test, in two parts so that its one load per thread for batches up to `stride` rows overlaps the
+// caller's other loads: preload_row_id early (row `first`'s id), earlier_row_has where the answer is needed (this
+// thread's share: rows first, first + stride, ... < b; the caller reduces it over the warp with __any_sync or over
+// the CTA with __syncthreads_or, never a CTA barrier right after state loads: it would wait for them).
+__device__ __forceinline__ int preload_row_id(const int* slot_idx, int b, int first) {
+  return first < b ? slot_idx[first] : 0;
+}
+
+__device__ __forceinline__ bool earlier_row_has(const int* slot_idx, int b, int slot, int first, int stride,
+                                                int first_id) {
+  bool found = first < b && first_id == slot;
+  for (int i = first + stride; i < b; i += stride) found |= slot_idx[i] == slot;
+  return found;
+}
+
+// Whether a stage's (slot, step) words, as the producer copied them, name a row the consumers skip.
+__device__ __forceinline__ bool skipped_stage_row(int slot, int step, int pad_slot_id, int slots) {
+  return slot == pad_slot_id || static_cast<unsigned>(slot) >= static_cast<unsigned>(slots) || step == kSkipStep;
+}
+
 // ---------------------------------------------------------------------------------------------- cursor advance
 // Called once per CTA (or warp) by one thread after every thread of it has read `cursor[slot]` (i.e. after a
 // __syncthreads / __syncwarp that follows the read). The arrival that comes last among `ctas_per_slot` writes the new
@@ -322,7 +360,9 @@ __device__ __forceinline__ int preload_states(TilePipe& pipe, unsigned char* sta
 }
 
 // Producer: after a tile's checkpoint copy into stage s, its slot and step into the stage's info words and, for a
-// non-pad row, `copy_inputs(stage, c, slot, info)`, all completing on the stage's `full` barrier.
+// row the step does not skip, `copy_inputs(stage, c, slot, info)`, all completing on the stage's `full` barrier.
+// `slot`: rssm::row_slot's (pad_slot_id for an id outside the pool); the consumers test the copied words with
+// skipped_stage_row.
 template <class Coord, class InputsFn>
 __device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigned char* stage, int tile_bytes,
                                                   const int* slot_idx, const int* step, int pad_slot_id,
@@ -331,7 +371,7 @@ __device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigne
     cp_async4(stage + tile_bytes, slot_idx + c.b);
     if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
   }
-  if (slot != pad_slot_id) copy_inputs(stage, c, slot, info);
+  if (slot != pad_slot_id && info != kSkipStep) copy_inputs(stage, c, slot, info);
   cp_async_arrive(&pipe.full[s]);
 }
 
@@ -344,12 +384,12 @@ __device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigne
 template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int num_tiles, int tile_bytes, const int* slot_idx, const int* step,
-                                              int pad_slot_id, CoordFn coord, StateSrcFn state_src,
+                                              int pad_slot_id, int slots, CoordFn coord, StateSrcFn state_src,
                                               InputsFn copy_inputs) {
   const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
   auto lane_slot = [&](int base) {
     const int t = base + lane * stride;
-    return t < num_tiles ? slot_idx[coord(t).b] : pad_slot_id;
+    return t < num_tiles ? row_slot(slot_idx, coord(t).b, pad_slot_id, slots) : pad_slot_id;
   };
   int slot_lane = lane_slot(blockIdx.x);
   const int preloaded =
@@ -393,13 +433,13 @@ template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
                                                             int stage_bytes, int num_tiles, int tile_bytes,
                                                             const int* slot_idx, const int* step, int pad_slot_id,
-                                                            int tail_start, int* claims, CoordFn coord,
+                                                            int slots, int tail_start, int* claims, CoordFn coord,
                                                             StateSrcFn state_src, InputsFn copy_inputs) {
   const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
   const int static_end = min(tail_start, num_tiles);
   auto lane_slot = [&](int base) {
     const int t = base + lane * stride;
-    return t < static_end ? slot_idx[coord(t).b] : pad_slot_id;
+    return t < static_end ? row_slot(slot_idx, coord(t).b, pad_slot_id, slots) : pad_slot_id;
   };
   int slot_lane = lane_slot(blockIdx.x), step_lane = 0;
   const int preloaded =
@@ -426,7 +466,7 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
       t = tail_start + __shfl_sync(0xffffffffu, claim, 0);
       if (t >= num_tiles) break;
       const int b = coord(t).b;
-      slot = slot_idx[b];
+      slot = row_slot(slot_idx, b, pad_slot_id, slots);
       info = slot == pad_slot_id ? 0 : step[b];
       claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
     }

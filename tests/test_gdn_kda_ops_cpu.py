@@ -88,13 +88,13 @@ def test_gdn_bad_input_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"^q: key heads \(dim 1\) must divide"):
         gdn_ops.replay_decode(layer, **{**x, "q": x["q"][:, :1].expand(BATCH, 3, K).contiguous(),
                                          "k": x["k"][:, :1].expand(BATCH, 3, K).contiguous()})
-    with pytest.raises(TypeError, match=r"^k: expected dtype"):
+    with pytest.raises(TypeError, match=r"^k: expected the dtype of q \(torch.bfloat16\), got"):
         gdn_ops.replay_decode(layer, **{**x, "k": x["k"].half()})
     with pytest.raises(TypeError, match=r"^A_log: expected dtype"):
         gdn_ops.replay_decode(layer, **{**x, "A_log": x["A_log"].double()})
     with pytest.raises(ValueError, match=r"^dt_bias: expected shape \[4\]"):
         gdn_ops.replay_decode(layer, **{**x, "dt_bias": torch.zeros(3)})
-    with pytest.raises(TypeError, match=r"^a: expected dtype"):
+    with pytest.raises(TypeError, match=r"^a: expected the dtype of q \(torch.bfloat16\) or torch.float32, got"):
         gdn_ops.replay_decode(layer, **{**x, "a": x["a"].half()})
     with pytest.raises(ValueError, match=r"^state_batch_indices: values must be in \[0, 5\)"):
         gdn_ops.replay_decode(layer, **x, state_batch_indices=torch.tensor([0, 1, 7], dtype=torch.int32))
@@ -124,7 +124,7 @@ def test_kda_bad_input_errors_name_the_argument():
         kda_ops.replay_decode(layer, **{**x, "g": x["g"][:, :, :1]})
     with pytest.raises(ValueError, match=r"^dt_bias: expected shape \[4, 64\]"):
         kda_ops.replay_decode(layer, **{**x, "dt_bias": torch.zeros(HV, 32)})
-    with pytest.raises(TypeError, match=r"^beta: expected dtype"):
+    with pytest.raises(TypeError, match=r"^beta: expected the dtype of q \(torch.bfloat16\) or torch.float32, got"):
         kda_ops.replay_decode(layer, **{**x, "beta": x["beta"].half()})
     with pytest.raises(ValueError, match=r"^v: expected shape"):
         kda_ops.state_update(layer.state, **{**x, "v": x["v"][:, :, :16]})

@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_structs_follow_their_layouts():
     m = layouts.MAMBA2_PARAMS.struct
     assert [f for f, _ in m._fields_][:3] == ["state", "x_ring", "dt_ring"]
-    assert ctypes.sizeof(m) == 18 * 8 + 21 * 8 + 12 * 4  # 18 pointers, 21 strides, 12 ints
+    assert ctypes.sizeof(m) == 18 * 8 + 21 * 8 + 13 * 4 + 4  # 18 pointers, 21 strides, 13 ints, tail padding
     d = layouts.DELTA_PARAMS.struct
-    assert ctypes.sizeof(d) == 17 * 8 + 21 * 8 + 2 * 4 + 13 * 4 + 4  # + 4 bytes of tail padding to 8
+    assert ctypes.sizeof(d) == 17 * 8 + 21 * 8 + 2 * 4 + 14 * 4  # 17 pointers, 21 strides, 2 floats, 14 ints
     assert d.scale.offset == 17 * 8 + 21 * 8
     assert layouts.DELTA_PARAMS.fields[-5:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
                                                 ("fold_bytes", "int"), ("tail_start", "int"))

@@ -3,7 +3,7 @@ replay case (cold-L2 pools, staggered cursors, the shipped plan) timed with the 
 sources of DIR_A and DIR_B (ABAB...), medians per source and their ratio; JSON of every timing to OUT.
 
   PYTHONPATH=. python3 benchmarks/dev/ab_kernels.py DIR_A DIR_B OUT.json [--batches 8,256] [--state-dtypes fp32,bf16]
-      [--models m1,m2] [--rounds 3] [--mode replay]
+      [--models m1,m2] [--rounds 3] [--mode replay|flush|auto|baseline]
 """
 import argparse
 import json
@@ -34,7 +34,10 @@ for model in args.models.split(","):
     for sd in args.state_dtypes.split(","):
         for batch in map(int, args.batches.split(",")):
             gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
-            case = ours.replay_case(shape, batch, sd, step, pools, L, args.mode, gen, dev)
+            if args.mode == "baseline":
+                case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
+            else:
+                case = ours.replay_case(shape, batch, sd, step, pools, L, args.mode, gen, dev)
             calls = [f for _ in range(L) for f in case.calls]
             times = {"A": [], "B": []}
             for _ in range(args.rounds):

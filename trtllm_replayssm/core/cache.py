@@ -25,6 +25,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from trtllm_replayssm.core.checks import check_slot_values
 from trtllm_replayssm.core.formats import get_state_format
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.layouts import delta_record_len, key_ring_dtype
@@ -237,8 +238,9 @@ class ReplayStateCache:
             self.cursor.index_fill_(1, ids, 0)
             self.arrive.index_fill_(1, ids, 0)
             return
+        for i in layers:  # every index valid before any write
+            self.layer(i)
         for i in layers:
-            self.layer(i)  # validates the index
             self.cursor[i].index_fill_(0, ids, 0)
             self.arrive[i].index_fill_(0, ids, 0)
 
@@ -255,9 +257,16 @@ class ReplayStateCache:
         self.reset_slots(ids, layers=[layer_index])
 
     def _slot_ids(self, slot_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """``slot_ids`` as int64 on the cache's device: integers (no bool or float) in [0, slots), each once (checked
+        for ids on the CPU; on CUDA an id outside the pool fails in the index kernel)."""
+        if isinstance(slot_ids, torch.Tensor):
+            if slot_ids.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"slot_ids: expected an int32 or int64 tensor, got {slot_ids.dtype}")
+        elif any(isinstance(i, bool) or not isinstance(i, int) for i in slot_ids):
+            raise TypeError(f"slot_ids: expected ints, got {list(slot_ids)!r}")
         ids = torch.as_tensor(slot_ids, dtype=torch.long, device=self.cursor.device).reshape(-1)
-        if not ids.is_cuda and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.slots):
-            raise ValueError(f"slot_ids: expected values in [0, {self.slots}), got {ids.tolist()}")
+        if not ids.is_cuda:
+            check_slot_values("slot_ids", ids, self.slots)
         return ids
 
 
@@ -268,5 +277,5 @@ def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[t
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")

@@ -11,14 +11,19 @@ FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
 
 
 def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],
-                 device: torch.device | None = None, inner_contiguous: int = 1) -> torch.Tensor:
-    """Check type, rank/shape (None = any), dtype, device, and that the last ``inner_contiguous`` dims are dense."""
+                 device: torch.device | None = None, inner_contiguous: int = 1,
+                 dtype_of: str | None = None) -> torch.Tensor:
+    """Check type, rank/shape (None = any), dtype, device, and that the last ``inner_contiguous`` dims are dense.
+    ``dtype_of``: the argument whose dtype ``dtypes[0]`` is (named in the error: the two must match)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != len(shape) or any(e is not None and e != a for e, a in zip(shape, t.shape)):
         want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
     if t.dtype not in dtypes:
+        if dtype_of is not None:
+            others = "".join(f" or {d}" for d in dtypes[1:])
+            raise TypeError(f"{name}: expected the dtype of {dtype_of} ({dtypes[0]}){others}, got {t.dtype}")
         raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
@@ -32,8 +37,9 @@ def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequ
 
 
 def check_optional(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],
-                   device: torch.device | None = None, inner_contiguous: int = 1) -> torch.Tensor | None:
-    return None if t is None else check_tensor(name, t, shape, dtypes, device, inner_contiguous)
+                   device: torch.device | None = None, inner_contiguous: int = 1,
+                   dtype_of: str | None = None) -> torch.Tensor | None:
+    return None if t is None else check_tensor(name, t, shape, dtypes, device, inner_contiguous, dtype_of)
 
 
 def check_aligned(name: str, t: torch.Tensor, elems: int) -> None:
@@ -51,20 +57,77 @@ def check_scratch_rows(batch: int, slots: int) -> None:
         raise ValueError(f"x: batch {batch} exceeds the cache's {slots} slots (the replay scratch has one row per slot)")
 
 
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """``value`` as an int (bool is rejected, it is not an id or a length), at least ``minimum`` when given."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
 def slot_indices(name: str, idx: torch.Tensor | None, batch: int, slots: int, pad_slot_id: int,
                  device: torch.device) -> torch.Tensor:
     """Validate ``state_batch_indices`` ([batch] int32); default: rows 0..batch-1 map to slots 0..batch-1.
 
-    Values are range-checked on the host only for CPU tensors (a device check would need a sync).
+    The contract of every op (docs/design.md, "Rows a step skips"): each id is ``pad_slot_id`` or a slot in
+    ``[0, slots)``, and no slot appears twice. Checked here for CPU tensors (a device check would need a sync, see
+    :func:`check_step_values`); on CUDA the kernels skip a row that breaks it.
     """
+    check_int("pad_slot_id", pad_slot_id)
     if idx is None:
         if batch > slots:
             raise ValueError(f"{name}: batch {batch} exceeds the {slots} cache slots; pass explicit slot indices")
         return torch.arange(batch, dtype=torch.int32, device=device)
     check_tensor(name, idx, (batch,), (torch.int32,), device)
-    if idx.device.type == "cpu" and batch:
-        bad = ((idx < 0) | (idx >= slots)) & (idx != pad_slot_id)
-        if bool(bad.any()):
-            raise ValueError(f"{name}: values must be in [0, {slots}) or pad_slot_id={pad_slot_id}, "
-                             f"got {idx[bad].tolist()}")
+    if idx.device.type == "cpu":
+        check_slot_values(name, idx, slots, pad_slot_id)
     return idx
+
+
+def check_slot_values(name: str, idx: torch.Tensor, slots: int, pad_slot_id: int | None = None) -> None:
+    """Every id of ``idx`` is in ``[0, slots)`` (or ``pad_slot_id``) and none but the pad id appears twice."""
+    ids = idx.long().cpu()
+    live = ids[ids != pad_slot_id] if pad_slot_id is not None else ids
+    bad = (live < 0) | (live >= slots)
+    if bool(bad.any()):
+        pad = f" or pad_slot_id={pad_slot_id}" if pad_slot_id is not None else ""
+        raise ValueError(f"{name}: values must be in [0, {slots}){pad}, got {live[bad].tolist()}")
+    uniq, counts = torch.unique(live, return_counts=True)
+    if bool((counts > 1).any()):
+        raise ValueError(f"{name}: each slot at most once per call, got repeated ids {uniq[counts > 1].tolist()}")
+
+
+def check_cursors(cursor: torch.Tensor, idx: torch.Tensor, pad_slot_id: int, ring_len: int,
+                  name: str = "layer.cursor") -> None:
+    """The cursors of the batch's slots are in ``[0, ring_len)`` (a cursor outside was corrupted by a caller)."""
+    ids = idx.long().cpu()
+    ids = ids[ids != pad_slot_id]
+    w = cursor.cpu()[ids]
+    bad = (w < 0) | (w >= ring_len)
+    if bool(bad.any()):
+        raise ValueError(f"{name}: expected values in [0, {ring_len}) for the batch's slots, got "
+                         f"{dict(zip(ids[bad].tolist(), w[bad].tolist()))} (slot: cursor); reset_slots() empties a "
+                         f"slot's ring")
+
+
+def check_step_values(idx: torch.Tensor, slots: int, pad_slot_id: int, cursor: torch.Tensor | None, ring_len: int,
+                      rows: dict[str, torch.Tensor | None], params: dict[str, torch.Tensor | None]) -> None:
+    """The debugging check (``check_values=True``, any device, syncs): slot ids and cursors as on the CPU, and every
+    input finite: ``rows`` (batch-major; pad rows are not checked) and ``params`` (per head). A NaN or Inf stays in
+    its slot until a prefill hand-off (docs/design.md, "NaN and Inf")."""
+    check_slot_values("state_batch_indices", idx, slots, pad_slot_id)
+    if cursor is not None:
+        check_cursors(cursor, idx, pad_slot_id, ring_len)
+    pad = (idx == pad_slot_id).cpu()
+    for group, tensors in (("rows", rows), ("params", params)):
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            finite = torch.isfinite(t.detach().float().cpu())
+            if group == "rows":
+                finite |= pad.view(-1, *([1] * (finite.dim() - 1)))
+            if not bool(finite.all()):
+                where = torch.nonzero(~finite)[0].tolist()
+                value = t[tuple(where)].item()
+                raise ValueError(f"{name}: expected finite values, got {value} at index {where}")

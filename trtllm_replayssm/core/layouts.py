@@ -109,6 +109,7 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   long long s_coef_row;
   long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
   int nheads, ngroups, L, pad_slot_id;
+  int slots;              // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
@@ -138,6 +139,7 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
+  int slots;       // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold

@@ -165,7 +165,7 @@ def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g
         s_beta_h=beta.stride(1), s_out_b=out.stride(0), s_out_h=out.stride(1),
         scale=float(scale), lower_bound=0.0 if lower_bound is None else float(lower_bound),
         num_k_heads=q.shape[1], num_v_heads=v.shape[1], L=u_ring.shape[2] if u_ring is not None else 1,
-        pad_slot_id=pad_slot_id, gate_is_f32=int(gate.dtype == torch.float32),
+        pad_slot_id=pad_slot_id, slots=state.shape[0], gate_is_f32=int(gate.dtype == torch.float32),
         beta_is_f32=int(beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
         force_flush=int(force_flush), batch=q.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
 
@@ -200,17 +200,15 @@ def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_
         raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
     if V % NUM_WARPS:
         raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
-    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
-        raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
     chk.check_tensor("q", q, (None, None, K), chk.FLOAT_DTYPES, dev)
     batch, H = q.shape[:2]
     if H == 0 or HV % H:
         raise ValueError(f"q: key heads (dim 1) must divide the value heads of the state ({HV}), got {H}")
-    chk.check_tensor("k", k, (batch, H, K), (q.dtype,), dev)
-    chk.check_tensor("v", v, (batch, HV, V), (q.dtype,), dev)
+    chk.check_tensor("k", k, (batch, H, K), (q.dtype,), dev, dtype_of="q")
+    chk.check_tensor("v", v, (batch, HV, V), (q.dtype,), dev, dtype_of="q")
     if out is None:
         out = torch.empty_like(v)
-    chk.check_tensor("out", out, (batch, HV, V), (q.dtype,), dev)
+    chk.check_tensor("out", out, (batch, HV, V), (q.dtype,), dev, dtype_of="q")
     if dev.type == "cuda":
         epl = K // 32
         for name, t in (("state", state), ("q", q), ("k", k)):
@@ -220,8 +218,10 @@ def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_
 
 
 def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool,
-                   batch: int) -> None:
-    """Ring/cursor/scratch tensors of ``layer`` against the step's dims (slots, H, HV, V, K) and batch."""
+                   idx: torch.Tensor, pad_slot_id: int) -> None:
+    """Ring/cursor/scratch tensors of ``layer`` against the step's dims (slots, H, HV, V, K) and slot ids ``idx``
+    (on CPU: the cursors of their slots)."""
+    batch = idx.shape[0]
     slots, H, HV, V, K = dims
     chk.check_scratch_rows(batch, slots)
     L, dev = layer.buffer_len, layer.state.device
@@ -236,6 +236,8 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K, per_channel_gate)),
                      (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
+    if dev.type == "cpu":
+        chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())

@@ -81,29 +81,37 @@ def _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indice
     idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
     _, _, HV, _, _ = dims
     dev, batch = state.device, q.shape[0]
-    chk.check_tensor("a", a, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0)
-    chk.check_tensor("b", b, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0)
+    chk.check_tensor("a", a, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
+    chk.check_tensor("b", b, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
     chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
     chk.check_tensor("dt_bias", dt_bias, (HV,), (torch.float32,), dev)
     return idx, out, dims
+
+
+def _check_values(idx, state, cursor, L, q, k, v, a, b, A_log, dt_bias, pad_slot_id) -> None:  # noqa: N803
+    chk.check_step_values(idx, state.shape[0], pad_slot_id, cursor, L, rows={"q": q, "k": k, "v": v, "a": a, "b": b},
+                          params={"A_log": A_log, "dt_bias": dt_bias})
 
 
 def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                   b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                   out: torch.Tensor | None = None, mode: str = "auto",
-                  plan: LaunchPlan | None = None) -> torch.Tensor:
+                  plan: LaunchPlan | None = None, check_values: bool = False) -> torch.Tensor:
     """One ReplaySSM GDN decode step for a batch of rows at their own cursors; returns ``out`` [b, HV, V].
 
     ``layer``: a :class:`~trtllm_replayssm.core.cache.GDNLayerCache`. ``q, k`` [b,H,K], ``v`` [b,HV,V] (activation
     dtype), raw ``a, b`` [b,HV] (activation dtype or fp32), ``A_log, dt_bias`` [HV] fp32. ``mode``: ``auto`` (flush
     every step when the batch cannot fill the GPU), ``replay`` or ``flush``. ``plan``: what to launch (default
-    ``replay_plan(layer, batch, mode=mode)``).
+    ``replay_plan(layer, batch, mode=mode)``). ``check_values``: also check slot ids, cursors and finite inputs on
+    CUDA (syncs; debugging). Rows the step skips and the NaN/Inf policy: docs/design.md.
     """
     if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
     idx, out, dims = _validate_step(layer.require_state(), q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
-    delta.validate_rings(layer, dims, q.dtype, per_channel_gate=False, batch=q.shape[0])
+    delta.validate_rings(layer, dims, q.dtype, False, idx, pad_slot_id)
+    if check_values:
+        _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:
@@ -117,10 +125,14 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
 def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                  b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
+                 check_values: bool = False) -> torch.Tensor:
     """Baseline GDN step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``.
-    ``plan``: what to launch (default ``state_update_plan(state, batch, q.dtype)``)."""
+    ``plan``: what to launch (default ``state_update_plan(state, batch, q.dtype)``); ``check_values`` as
+    :func:`replay_decode`."""
     idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    if check_values:
+        _check_values(idx, state, None, 1, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = state_update_plan(state, q.shape[0], q.dtype)
     else:

@@ -85,8 +85,9 @@ def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, st
     idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
     _, _, HV, _, K = dims
     dev, batch = state.device, q.shape[0]
-    chk.check_tensor("g", g, (batch, HV, K), (q.dtype, torch.float32), dev)
-    chk.check_tensor("beta", beta, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0)
+    chk.check_tensor("g", g, (batch, HV, K), (q.dtype, torch.float32), dev, dtype_of="q")
+    chk.check_tensor("beta", beta, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0,
+                     dtype_of="q")
     chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
     bias_shape = (HV * K,) if isinstance(dt_bias, torch.Tensor) and dt_bias.dim() == 1 else (HV, K)
     chk.check_tensor("dt_bias", dt_bias, bias_shape, (torch.float32,), dev, inner_contiguous=len(bias_shape))
@@ -96,24 +97,33 @@ def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, st
     return idx, out, dims
 
 
+def _check_values(idx, state, cursor, L, q, k, v, g, beta, A_log, dt_bias, pad_slot_id) -> None:  # noqa: N803
+    chk.check_step_values(idx, state.shape[0], pad_slot_id, cursor, L,
+                          rows={"q": q, "k": k, "v": v, "g": g, "beta": beta},
+                          params={"A_log": A_log, "dt_bias": dt_bias})
+
+
 def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                   lower_bound: float | None = None, scale: float | None = None,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                   out: torch.Tensor | None = None, mode: str = "auto",
-                  plan: LaunchPlan | None = None) -> torch.Tensor:
+                  plan: LaunchPlan | None = None, check_values: bool = False) -> torch.Tensor:
     """One ReplaySSM KDA decode step for a batch of rows at their own cursors; returns ``out`` [b, HV, V].
 
     ``layer``: a :class:`~trtllm_replayssm.core.cache.KDALayerCache`. ``q, k`` [b,H,K], ``v`` [b,HV,V] (activation
     dtype), raw gate ``g`` [b,HV,K] and beta logits ``beta`` [b,HV] (activation dtype or fp32), ``A_log`` [HV] fp32,
     ``dt_bias`` [HV,K] (or [HV*K]) fp32, ``lower_bound`` (None: plain gate; else a negative log-gate bound).
-    ``mode`` and ``plan`` as ``gdn.replay_decode``.
+    ``mode``, ``plan`` and ``check_values`` as ``gdn.replay_decode``.
     """
     if not isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
     idx, out, dims = _validate_step(layer.require_state(), q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
-    delta.validate_rings(layer, dims, q.dtype, per_channel_gate=True, batch=q.shape[0])
+    delta.validate_rings(layer, dims, q.dtype, True, idx, pad_slot_id)
+    if check_values:
+        _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, g, beta, A_log, dt_bias,
+                      pad_slot_id)
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:
@@ -128,10 +138,14 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                  beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                  lower_bound: float | None = None, scale: float | None = None,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None) -> torch.Tensor:
-    """Baseline KDA step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``."""
+                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
+                 check_values: bool = False) -> torch.Tensor:
+    """Baseline KDA step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``.
+    ``check_values`` as :func:`replay_decode`."""
     idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,
                                     pad_slot_id)
+    if check_values:
+        _check_values(idx, state, None, 1, q, k, v, g, beta, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = state_update_plan(state, q.shape[0], q.dtype)
     else:

@@ -143,7 +143,8 @@ def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A
         s_B_g=B.stride(1), s_C_b=C.stride(0), s_C_g=C.stride(1), s_z_b=stride(z, 0), s_z_h=stride(z, 1),
         s_out_b=out.stride(0), s_out_h=out.stride(1),
         nheads=x.shape[1], ngroups=B.shape[1], L=x_ring.shape[2] if x_ring is not None else 1,
-        pad_slot_id=pad_slot_id, dt_softplus=int(dt_softplus), dt_is_f32=int(dt.dtype == torch.float32),
+        pad_slot_id=pad_slot_id, slots=state.shape[0], dt_softplus=int(dt_softplus),
+        dt_is_f32=int(dt.dtype == torch.float32),
         force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
 
 
@@ -205,19 +206,19 @@ def _validate_step(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, stat
         raise ValueError(f"state: head_dim (dim 2) must be a multiple of 4, got {P}")
     chk.check_tensor("x", x, (None, H, P), chk.FLOAT_DTYPES, dev)
     batch = x.shape[0]
-    chk.check_tensor("B", B, (batch, None, N), (x.dtype,), dev)
+    chk.check_tensor("B", B, (batch, None, N), (x.dtype,), dev, dtype_of="x")
     G = B.shape[1]
     if G == 0 or H % G:
         raise ValueError(f"B: ngroups (dim 1) must divide nheads={H}, got {G}")
-    chk.check_tensor("C", C, (batch, G, N), (x.dtype,), dev)
-    chk.check_tensor("dt", dt, (batch, H), (x.dtype, torch.float32), dev, inner_contiguous=0)
+    chk.check_tensor("C", C, (batch, G, N), (x.dtype,), dev, dtype_of="x")
+    chk.check_tensor("dt", dt, (batch, H), (x.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="x")
     chk.check_tensor("A", A, (H,), (torch.float32,), dev)
     chk.check_optional("D", D, (H,), (torch.float32,), dev)
     chk.check_optional("dt_bias", dt_bias, (H,), (torch.float32,), dev)
-    chk.check_optional("z", z, (batch, H, P), (x.dtype,), dev)
+    chk.check_optional("z", z, (batch, H, P), (x.dtype,), dev, dtype_of="x")
     if out is None:
         out = torch.empty_like(x)
-    chk.check_tensor("out", out, (batch, H, P), (x.dtype,), dev)
+    chk.check_tensor("out", out, (batch, H, P), (x.dtype,), dev, dtype_of="x")
     if dev.type == "cuda":
         epl = N // 32
         chk.check_aligned("state", state, epl)
@@ -227,18 +228,24 @@ def _validate_step(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, stat
     return idx, out
 
 
+def _check_values(idx, slots, pad_slot_id, cursor, L, x, dt, A, B, C, D, z, dt_bias) -> None:  # noqa: N803
+    chk.check_step_values(idx, slots, pad_slot_id, cursor, L, rows={"x": x, "dt": dt, "B": B, "C": C, "z": z},
+                          params={"A": A, "D": D, "dt_bias": dt_bias})
+
+
 def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                   C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                   dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                   out: torch.Tensor | None = None, mode: str = "auto",
-                  plan: LaunchPlan | None = None) -> torch.Tensor:
+                  plan: LaunchPlan | None = None, check_values: bool = False) -> torch.Tensor:
     """One ReplaySSM decode step for a batch of rows at their own cursors; returns ``out`` [b, H, P].
 
     ``layer``: a :class:`~trtllm_replayssm.core.cache.Mamba2LayerCache`. ``x`` [b,H,P], ``dt`` [b,H], ``A`` [H] fp32,
     ``B``/``C`` [b,G,N], ``D``/``dt_bias`` [H] fp32, ``z`` [b,H,P]. ``mode``: ``auto`` (flush every step when the
     batch cannot fill the GPU), ``replay`` or ``flush``. ``plan``: what to launch (default ``replay_plan(layer,
-    batch, mode)``).
+    batch, mode)``). ``check_values``: also check slot ids, cursors and finite inputs on CUDA (syncs; debugging).
+    Rows the step skips and the NaN/Inf policy: docs/design.md.
     """
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
@@ -254,6 +261,10 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.coef", layer.coef, (slots, H, L + 1), (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     chk.check_scratch_rows(x.shape[0], slots)
+    if check_values:
+        _check_values(idx, slots, pad_slot_id, layer.cursor, L, x, dt, A, B, C, D, z, dt_bias)
+    elif dev.type == "cpu":
+        chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
@@ -272,10 +283,14 @@ def state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
                  C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                  dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
+                 check_values: bool = False) -> torch.Tensor:
     """Baseline single-token state update (read state, update, write state) on a slot pool; returns ``out``.
-    ``plan``: what to launch (default ``state_update_plan(state, batch, x.dtype)``)."""
+    ``plan``: what to launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as
+    :func:`replay_decode`."""
     idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    if check_values:
+        _check_values(idx, state.shape[0], pad_slot_id, None, 1, x, dt, A, B, C, D, z, dt_bias)
     if plan is None:
         plan = state_update_plan(state, x.shape[0], x.dtype)
     else:

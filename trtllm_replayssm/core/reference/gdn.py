@@ -80,8 +80,7 @@ def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]
 
 def check_scalars(pad_slot_id: object, force_flush: object | None = None) -> None:
     """``pad_slot_id`` must be an int and ``force_flush`` (when given) a bool."""
-    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
-        raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
+    checks.check_int("pad_slot_id", pad_slot_id)
     if force_flush is not None and not isinstance(force_flush, bool):
         raise TypeError(f"force_flush: expected a bool, got {type(force_flush).__name__}")
 
@@ -90,19 +89,10 @@ def active_rows(
     state_batch_indices: torch.Tensor, pad_slot_id: int, num_slots: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch rows whose slot is not ``pad_slot_id`` and their slots (int64); slots must be in range and distinct."""
+    checks.check_slot_values("state_batch_indices", state_batch_indices, num_slots, pad_slot_id)
     idx = state_batch_indices.long()
     rows = torch.nonzero(idx != pad_slot_id).squeeze(1)
-    slots = idx[rows]
-    if slots.numel():
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= num_slots:
-            raise ValueError(
-                f"state_batch_indices: expected slot ids in [0, {num_slots}) or pad_slot_id={pad_slot_id}, "
-                f"got {lo}..{hi}"
-            )
-        if torch.unique(slots).numel() != slots.numel():
-            raise ValueError("state_batch_indices: expected each slot id at most once per batch, got duplicates")
-    return rows, slots
+    return rows, idx[rows]
 
 
 def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
@@ -240,11 +230,8 @@ def delta_rule_replay_(
         return
     f32 = torch.float32
     num_v_heads, ring_len = v.shape[1], u_ring.shape[2]
+    checks.check_cursors(cursor, slots, pad_slot_id, ring_len, name="cursor")
     w = cursor[slots].long()
-    if int(w.min()) < 0 or int(w.max()) >= ring_len:
-        raise ValueError(
-            f"cursor: expected values in [0, {ring_len - 1}] for the batch's slots, got {int(w.min())}..{int(w.max())}"
-        )
     q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, num_v_heads, f32)
     v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
     alpha = torch.exp(g)

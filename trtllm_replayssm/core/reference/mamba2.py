@@ -21,6 +21,13 @@ def _delta(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt
     return softplus_thr20(d) if dt_softplus else d
 
 
+def decay_exponent(A: torch.Tensor, delta_sum: torch.Tensor) -> torch.Tensor:
+    """``A · ΣΔ``, 0 where either factor is 0 (no elapsed time or no decay: ``A = -inf`` with ``Δ = 0`` and ``A = 0``
+    with ``Δ = inf`` give no decay instead of NaN), as the kernels compute it."""
+    prod = A * delta_sum
+    return torch.where((A == 0) | (delta_sum == 0), torch.zeros_like(prod), prod)
+
+
 def _heads_to_groups(t: torch.Tensor, nheads: int) -> torch.Tensor:
     """[..., G, N] -> [..., H, N] (head h uses group h // (H/G))."""
     return t.repeat_interleave(nheads // t.shape[-2], dim=-2)
@@ -38,7 +45,7 @@ def sequential_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
     S = state.to(dtype)
     delta = _delta(dt, dt_bias, dt_softplus, dtype)                                   # [b, H]
     Bh, Ch = _heads_to_groups(B.to(dtype), H), _heads_to_groups(C.to(dtype), H)       # [b, H, N]
-    decay = torch.exp(A.to(dtype)[None, :] * delta)                                   # [b, H]
+    decay = torch.exp(decay_exponent(A.to(dtype)[None, :], delta))                    # [b, H]
     xs = x.to(dtype)
     S = decay[..., None, None] * S + (delta[..., None] * xs)[..., None] * Bh[:, :, None, :]
     y = torch.einsum("bhpn,bhn->bhp", S, Ch)
@@ -89,10 +96,11 @@ def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tenso
         w = int(cursor[slot])
         flush = force_flush or w >= L - 1
         deltas = torch.cat([dt_ring[slot, :, :w].to(f32), delta_all[b, :, None]], dim=1)        # [H, w+1]
-        excl = deltas.flip(1).cumsum(1).flip(1) - deltas                                         # Σ_{i>j} Δ_i
+        suffix = deltas.flip(1).cumsum(1).flip(1)                                                # Σ_{i>=j} Δ_i
+        excl = torch.cat([suffix[:, 1:], torch.zeros_like(suffix[:, :1])], dim=1)                # Σ_{i>j} Δ_i
         tot = deltas.sum(1)                                                                       # [H]
-        s = deltas * torch.exp(A32[:, None] * excl)                                              # [H, w+1]
-        decay = torch.exp(A32 * tot)                                                              # [H]
+        s = deltas * torch.exp(decay_exponent(A32[:, None], excl))                               # [H, w+1]
+        decay = torch.exp(decay_exponent(A32, tot))                                               # [H]
         xs = torch.cat([x_ring[slot, :, :w].to(f32), x[b, :, None].to(f32)], dim=1)              # [H, w+1, P]
         Bs = torch.cat([B_ring[slot, :, :w].to(f32), B[b, :, None].to(f32)], dim=1)              # [G, w+1, N]
         Bs = Bs.repeat_interleave(heads_per_group, dim=0)                                         # [H, w+1, N]

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.serving import signature_check
 from trtllm_replayssm.serving.trtllm.core import check_trtllm_version
 
@@ -42,7 +43,7 @@ def load_settings(manifest_path: str | Path) -> ReplaySettings:
     except (OSError, ValueError) as exc:
         raise ValueError(f"manifest_path: cannot read a bundle manifest at {path}: {exc}") from None
     try:
-        return ReplaySettings(buffer_len=int(data["buffer_len"]), act_dtype=data["dtypes"]["activation"],
+        return ReplaySettings(buffer_len=check_buffer_len(data["buffer_len"]), act_dtype=data["dtypes"]["activation"],
                               family=data["plan"]["family"],
                               planned_ring_bytes=int(data["memory"]["ring_bytes_per_gpu"]),
                               planned_slots=int(data["memory"]["max_batch_size"]) + 1)

@@ -20,6 +20,7 @@ import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.families import get_family
+from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.serving.trtllm.core import decode_slot_ids
 
 _log = logging.getLogger("trtllm_replayssm")
@@ -61,7 +62,7 @@ class ModelReplayCache:
         self.layer_ids = ids
         self._index = {layer_id: i for i, layer_id in enumerate(ids)}
         self.num_k_heads = num_k_heads
-        self.buffer_len = buffer_len
+        self.buffer_len = check_buffer_len(buffer_len)
         self.act_dtype = act_dtype
         self.planned = planned  # (bytes, slots) the bundle's memory plan set aside for the rings
         self.cache: ReplayStateCache | None = None
