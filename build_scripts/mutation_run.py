@@ -4,8 +4,9 @@ modules, each run against the tests of its module; reports killed / survived and
     python3 build_scripts/mutation_run.py [-o benchmarks/results/mutation-cpu.json] [--modules cache,checks]
         [--jobs 2] [--limit N] [--merge PREVIOUS.json]
 
-``--merge``: the modules not run now keep their mutants from a previous report (re-run only the modules whose code
-or tests changed).
+``--merge``: the modules not run now keep their mutants from a previous report. ``--resume``: a module whose mutants
+are those of a previous report (same lines and operators, in order: its code is unchanged) keeps the killed ones and
+re-runs only its survivors (after tests were added).
 
 Operators: comparison swaps (< <=, > >=, == !=, in / not in, is / is not), + -, and / or, dropping a ``not``,
 integer constants n -> n + 1, True / False, a call statement removed, a guard ``if ...: raise`` removed. Strings and
@@ -34,15 +35,17 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "cache": ("trtllm_replayssm/core/cache.py",
               ["tests/test_cache_slots.py", "tests/test_row_contract.py", "tests/test_trtllm_model_cache.py"]),
     "checks": ("trtllm_replayssm/core/checks.py",
-               ["tests/test_row_contract.py", "tests/test_cache_slots.py",
+               ["tests/test_checks.py", "tests/test_row_contract.py", "tests/test_cache_slots.py",
                 "tests/test_gdn_kda_ops_cpu.py::test_gdn_bad_input_errors_name_the_argument",
                 "tests/test_gdn_kda_ops_cpu.py::test_kda_bad_input_errors_name_the_argument",
                 "tests/test_reference_mamba2.py::test_bad_input_errors_name_the_argument"]),
     "serving_core": ("trtllm_replayssm/serving/trtllm/core.py",
-                     ["tests/test_trtllm_core.py", "tests/test_trtllm_model_cache.py", "tests/test_serving_loop.py"]),
+                     ["tests/test_trtllm_core_contract.py", "tests/test_cache_slots.py", "tests/test_trtllm_core.py",
+                      "tests/test_trtllm_model_cache.py", "tests/test_serving_loop.py"]),
     "memory_plan": ("trtllm_replayssm/serving/memory_plan.py",
                     ["tests/test_memory_plan.py", "tests/test_cache_slots.py", "tests/test_bundle_cli.py"]),
-    "bundle": ("trtllm_replayssm/serving/bundle.py", ["tests/test_bundle_cli.py", "tests/test_cache_slots.py"]),
+    "bundle": ("trtllm_replayssm/serving/bundle.py",
+               ["tests/test_bundle_parts.py", "tests/test_bundle_cli.py", "tests/test_cache_slots.py"]),
 }
 DESELECT = ["tests/test_bundle_cli.py::test_compile_prints_the_kernel_cache"]  # compiles kernels: 35 s, no plan logic
 EQUIVALENT_FILE = REPO / "build_scripts" / "mutation_equivalent.txt"
@@ -180,6 +183,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="at most this many mutants per module (0: all)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--merge", help="a previous report: its modules not run now are kept")
+    ap.add_argument("--resume", help="a previous report: unchanged modules re-run only their survivors")
     args = ap.parse_args()
     equivalent = _equivalent()
     work = Path(tempfile.mkdtemp(prefix="mutation-"))
@@ -194,13 +198,27 @@ def main() -> int:
         rel, tests = TARGETS[module]
         found = mutants_of(module, REPO / rel)
         mutants += [(m, tests, rel) for m in (found[:args.limit] if args.limit else found)]
+    if args.resume:
+        before: dict[str, list[dict]] = {}
+        for row in json.loads(Path(args.resume).read_text())["mutants"]:
+            before.setdefault(row["module"], []).append(row)
+        for module, rows in before.items():
+            now = [m for m, _, _ in mutants if m.module == module]
+            if [(r["line"], r["operator"]) for r in rows] == [(m.line, m.operator) for m in now]:
+                for m, r in zip(now, rows):
+                    if r["status"] == "killed":
+                        m.status = "killed"
     todo = []
     for m, tests, rel in mutants:
+        if m.status == "killed":
+            continue
         if m.key in equivalent:
             m.status = "equivalent"
         else:
             todo.append((m, tests, rel))
-    print(f"{len(mutants)} mutants, {len(mutants) - len(todo)} marked equivalent, {len(todo)} to run", flush=True)
+    marked = sum(m.status == "equivalent" for m, _, _ in mutants)
+    print(f"{len(mutants)} mutants, {marked} marked equivalent, {len(mutants) - marked - len(todo)} killed before, "
+          f"{len(todo)} to run", flush=True)
     free = list(workers)
 
     def job(item):

@@ -269,3 +269,12 @@ def test_serving_rejects_a_bool_ring_length(tmp_path):
                         '"memory": {"ring_bytes_per_gpu": 1, "max_batch_size": 8}}')
     with pytest.raises(ValueError, match=r"^buffer_len: expected an integer in \[1, 32\], got True"):
         load_settings(manifest)
+
+
+def test_bytes_per_slot_of_a_one_layer_one_slot_cache():
+    cache = ReplayStateCache.gdn(1, 1, 2, 4, 64, 16, buffer_len=4, act_dtype=torch.float32, device="cpu")
+    # by hand per layer: state 4x16x64 fp32, u ring 4x4x16, k ring 2x4x64, g ring 4x4 (fp32), cursor + arrive
+    own = 4 * (4 * 16 * 64 + 4 * 4 * 16 + 2 * 4 * 64 + 4 * 4 + 2)
+    layer = cache.layer(0)
+    shared = 4 * layer.coef[0].numel() + 4 * layer.step[0].numel()
+    assert cache.bytes_per_slot() == own + shared

@@ -69,3 +69,37 @@ def test_bad_inputs():
         plan(spec, "h100", state_dtype="fp8")
     with pytest.raises(ValueError, match="max_batch_size: rings"):
         plan(spec, "h100", max_batch_size=100000, gpu_memory_gib=10)
+
+
+def test_only_kv_heads_may_be_replicated():
+    # TP 16 is a multiple of Super's 8 groups, but groups are split, never replicated (unlike KV heads)
+    with pytest.raises(ValueError, match="tp_size: 16 does not divide n_groups=8"):
+        check_tp(get_preset("nemotron-3-super-120b"), 16)
+    with pytest.raises(ValueError, match="tp_size: 3 does not divide"):
+        local_dims(get_preset("qwen3.5-4b"), 3)
+
+
+def test_plan_defaults_and_rounding():
+    spec = get_preset("qwen3.5-4b")
+    p = plan(spec, "h200")
+    assert p.max_batch_size == 256 and p.buffer_len == 16 and p.tp_size == 1 and p.act_dtype == "bf16"
+    exact = 0.9 - p.ring_bytes_per_gpu / (0.5 * p.gpu_memory_bytes)
+    assert p.free_gpu_memory_fraction == round(exact, 3) != round(exact, 4)
+    with pytest.raises(ValueError, match=r"^gpu_memory_gib: expected a positive number, got 0"):
+        plan(spec, "h200", gpu_memory_gib=0)
+    with pytest.raises(ValueError, match=r"^gpu_memory_gib: expected a positive number, got True"):
+        plan(spec, "h200", gpu_memory_gib=True)
+    with pytest.raises(ValueError, match=r"^max_batch_size: expected a positive integer, got True"):
+        plan(spec, "h200", max_batch_size=True)
+    with pytest.raises(AttributeError):
+        p.max_batch_size = 3  # plans are frozen
+    with pytest.raises(AttributeError):
+        p.layer.ring = 3
+
+
+def test_local_dims_checks_attention_heads_too():
+    import dataclasses
+    spec = get_preset("qwen3.5-4b")
+    odd = dataclasses.replace(spec, attention=dataclasses.replace(spec.attention, num_heads=12))
+    with pytest.raises(ValueError, match=r"^tp_size: 8 does not divide num_attention_heads=12 of qwen3.5-4b"):
+        local_dims(odd, 8)

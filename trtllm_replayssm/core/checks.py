@@ -57,12 +57,10 @@ def check_scratch_rows(batch: int, slots: int) -> None:
         raise ValueError(f"x: batch {batch} exceeds the cache's {slots} slots (the replay scratch has one row per slot)")
 
 
-def check_int(name: str, value: object, minimum: int | None = None) -> int:
-    """``value`` as an int (bool is rejected, it is not an id or a length), at least ``minimum`` when given."""
+def check_int(name: str, value: object) -> int:
+    """``value`` as an int (bool is rejected: it is not an id)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return value
 
 
