@@ -43,9 +43,9 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     mag = x.abs().nan_to_num(nan=0.0).clamp(max=E2M1_MAX)
     # Thresholds between neighbours; at a tie the even code (the lower one here for odd->even steps) wins.
     bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=x.device)
-    code = torch.bucketize(mag, bounds, right=False)  # mag <= bound -> lower code
-    tie_to_upper = (mag[..., None] == bounds).any(-1) & (code % 2 == 1)  # the lower code is odd: take the even one
-    code = code + tie_to_upper.to(code.dtype)
+    code = torch.bucketize(mag, bounds, right=False)  # mag <= bounds[i] -> code i, the lower neighbour at a tie
+    tie = (code < len(bounds)) & (bounds[code.clamp(max=len(bounds) - 1)] == mag)
+    code = code + (tie & (code % 2 == 1)).to(code.dtype)  # an odd lower neighbour: the even upper one wins
     sign = (x < 0) | ((x == 0) & torch.signbit(x))
     return (code + 8 * sign.to(code.dtype)).to(torch.uint8)
 
