@@ -103,7 +103,7 @@ def test_impl_formulas():
 @pytest.mark.parametrize("call,match", [
     (lambda: bm.step_bytes("nope", NH64, "fp32", 16), "impl"),
     (lambda: bm.step_bytes("replay", NH64, "fp32", 16, "auto"), "mode"),
-    (lambda: core.state_bytes(NH64.dims, "fp9"), "state_dtype"),
+    (lambda: core.state_bytes(NH64.dims, "fp9"), "state_format"),
     (lambda: core.replay_bytes(NH64.dims, "fp32", BF16, 0), "buffer_len"),
     (lambda: bm.checkpointing_ssu_bytes(NH64, "fp32", 0), "window"),
 ])

@@ -99,7 +99,13 @@ def test_build_from_model_dir_with_tp(tmp_path):
     (["--gpu", "h100", "--tp_size", "3"], "--tp-size", "3 does not divide"),
     (["--gpu", "h100", "--buffer-len", "0"], "--buffer-len", "1<=x<=32"),
     (["--gpu", "h100", "--buffer-len", "33"], "--buffer-len", "1<=x<=32"),
-    (["--gpu", "h100", "--state-dtype", "fp8"], "--state-dtype", "fp8"),
+    (["--gpu", "h100", "--state-dtype", "fp64"], "--state-format", "'fp64' is not one of"),
+    (["--gpu", "h100", "--state-mode", "dual"], "--state-format", "dual mode keeps a quantized read copy"),
+    (["--gpu", "h100", "--master-format", "fp16"], "--master-format", "only dual mode has a master"),
+    (["--gpu", "h100", "--state-format", "fp8", "--state-mode", "dual", "--master-format", "fp8"], "--master-format",
+     "expected one of fp32, fp16, bf16 for a fp8 read copy"),
+    (["--gpu", "h100", "--stochastic-rounding"], "--stochastic-rounding", "an fp32 checkpoint has no rounded writes"),
+    (["--gpu", "h100", "--state-format", "nvfp4", "--tp-size", "3"], "--tp-size", "3 does not divide"),
     (["--gpu", "h100", "--max_batch_size", "0"], "--max-batch-size", "positive integer"),
     (["--gpu", "h100", "--max-batch-size", "100000", "--gpu-memory-gib", "1"], "--max-batch-size", "of 1.0 GiB"),
     (["--gpu", "h100", "--gpu-memory-gib", "-1"], "--gpu-memory-gib", "positive number"),
@@ -255,6 +261,9 @@ def test_help_shows_defaults_limits_and_aliases():
     for cmd in ("compile", "inspect", "serve", "compare"):
         assert run(cmd, "--help").exit_code == 0
     assert "[default: h100]" in run("inspect", "--help").output
+    for cmd in ("build", "inspect"):
+        text = run(cmd, "--help").output
+        assert "--state-format, --state-dtype" in text and "--stochastic-rounding / --no-stochastic-rounding" in text
     compile_help = " ".join(run("compile", "--help").output.split())
     assert "TRTLLM_REPLAYSSM_CACHE" in compile_help and "layer kernels are not included" in compile_help
 
@@ -264,7 +273,10 @@ def test_usage_errors_are_one_line():
     r = run("build", MODEL, "--no-such-option")
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: ")
     one_error_line(run("bench", "kernels", "--family", "mamba3"), "--family")
-    one_error_line(run("bench", "kernels", "--state-dtype", "fp8"), "--state-dtype")
+    assert "no quantized-state kernels yet" in one_error_line(run("bench", "kernels", "--state-dtype", "fp8"),
+                                                             "--state-dtype")
+    assert "nvfp4: no quantized-state kernels yet" in one_error_line(
+        run("bench", "kernels", "--state-format", "bf16,nvfp4"), "--state-dtype")
     one_error_line(run("bench", "kernels", "--batch", "x"), "--batch")
 
 
@@ -274,3 +286,73 @@ def test_compile_prints_the_kernel_cache(tmp_path):
     assert f"kernel cache: {tmp_path / 'kc' / 'sm_90a'}" in r.output
     assert "compiled" in r.output and len(list((tmp_path / "kc" / "sm_90a").glob("*.cubin"))) > 0
     assert "unknown preset" in one_error_line(run("compile", "--gpu", "h100", "--preset", "nope"), "--preset")
+
+
+# ---------------------------------------------------------------------------------------------------- state specs
+def test_state_option_names_match_core_formats():
+    from trtllm_replayssm.cli import options
+    from trtllm_replayssm.core import formats
+
+    assert options.STATE_FORMATS == tuple(formats.STATE_FORMATS)
+    assert (options.STATE_MODES, options.MASTER_FORMATS) == (formats.STATE_MODES, formats.MASTER_FORMATS)
+    assert options.QUANT_FORMATS == formats.QUANT_FORMATS
+
+
+@pytest.mark.parametrize("args,label", [
+    (["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16"], "nvfp4/dual/fp16"),
+    (["--state-dtype", "fp8"], "fp8"),
+    (["--state-format", "fp8", "--state-mode", "shared", "--stochastic-rounding"], "fp8+sr"),
+    (["--state-format", "bf16", "--stochastic-rounding"], "bf16+sr"),
+])
+def test_build_refuses_states_without_kernels(tmp_path, args, label):
+    r = run("build", "nemotron-3-nano-4b", "--gpu", "h100", "-o", str(tmp_path / "o"), *args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {label} state: ") and "not implemented yet" in lines[0]
+    assert ("quantized-state kernels" in lines[0]) == ("fp8" in label or "nvfp4" in label)
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even beside the target
+
+
+def test_write_bundle_refuses_before_writing(tmp_path):
+    from trtllm_replayssm.core.formats import state_spec
+    spec = get_preset(MODEL)
+    mp = memory_plan.plan(spec, "h100", state=state_spec("nvfp4", "dual", "fp16"))
+    with pytest.raises(NotImplementedError, match="quantized-state kernels .* not implemented yet"):
+        bundle.write_bundle(spec, mp, "sm_90a", tmp_path / "o")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_records_the_state_spec(tmp_path):
+    m = make_bundle(tmp_path / "b", "--state-dtype", "bf16")
+    assert m["dtypes"]["state"] == "bf16"
+    assert m["state"] == {"state_format": "bf16", "state_mode": "plain", "master_format": None,
+                          "stochastic_rounding": False, "label": "bf16", "summary": "plain bf16 checkpoint",
+                          "trtllm_pool_dtype": "bf16", "trtllm_pool_holds": "checkpoint", "trtllm_note": None}
+    per = m["memory"]["per_layer_per_seq"]
+    assert per["upstream_state"] == per["checkpoint"] == 4 * 64 * 128 * 2 and per["our_state"] == 0
+    assert m["memory"]["reserve_bytes_per_gpu"] == m["memory"]["ring_bytes_per_gpu"]
+
+
+def test_inspect_plans_and_prints_every_state():
+    r = run("inspect", "nemotron-3-nano-4b", "--gpu", "h200", "--state-format", "nvfp4", "--state-mode", "dual",
+            "--master-format", "fp16", env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "16 / nvfp4/dual/fp16 / bf16" in r.output
+    assert "dual: nvfp4 read copy for non-flush steps, fp16 master for flushes" in r.output
+    assert "fp16, holds our master" in r.output and "TensorRT-LLM note" not in r.output
+    assert "1.88 MiB / 0.56 MiB" in r.output  # 96 x 80 rows: fp16 master 256 B, nvfp4 read copy 76 B per row
+    r = run("inspect", "qwen3.5-4b", "--state-format", "fp8", "--json")
+    m = json.loads(r.output)
+    assert (m["state"]["state_format"], m["state"]["state_mode"], m["state"]["master_format"]) == ("fp8", "shared",
+                                                                                                  None)
+    assert m["state"]["trtllm_pool_holds"] is None and "saves no memory" in m["state"]["trtllm_note"]
+    per = m["memory"]["per_layer_per_seq"]
+    assert (per["upstream_state"], per["our_state"]) == (32 * 128 * 512, 32 * 128 * 132)
+    r = run("inspect", "qwen3.5-4b", "--state-format", "fp8", env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "TensorRT-LLM note" in r.output and "fp32, holds none of our state" in r.output
+
+
+def test_inspect_bundle_warns_about_state_options(tmp_path):
+    make_bundle(tmp_path / "b")
+    r = run("inspect", str(tmp_path / "b"), "--state-format", "fp8", "--no-stochastic-rounding")
+    assert r.exit_code == 0 and "warning: --state-format, --stochastic-rounding ignored" in r.output

@@ -106,3 +106,29 @@ def test_build_into_missing_parents_and_manifest_format(tmp_path):
     assert m["prediction"]["ssm_layer_speedup"] == round(mp.step.speedup, 4) != round(mp.step.speedup, 5)
     ring_gib = mp.ring_bytes_per_gpu / 2**30
     assert f"the rings ({ring_gib:.2f} GiB for 256+1 slots on each GPU)" in (out / "trtllm-serve.yaml").read_text()
+
+
+def test_manifest_and_yaml_of_a_dual_state():
+    from trtllm_replayssm.core.formats import state_spec
+    spec = get_preset("qwen3.5-4b")
+    mp = plan(spec, "h200", state=state_spec("nvfp4", "dual", "fp16"), max_batch_size=64)
+    m = bundle.manifest_dict(spec, mp, "sm_90a", [], None)
+    assert {k: m["state"][k] for k in ("state_format", "state_mode", "master_format", "stochastic_rounding")} == {
+        "state_format": "nvfp4", "state_mode": "dual", "master_format": "fp16", "stochastic_rounding": False}
+    assert (m["state"]["trtllm_pool_dtype"], m["state"]["trtllm_pool_holds"]) == ("fp16", "master")
+    per = m["memory"]["per_layer_per_seq"]
+    assert (per["upstream_state"], per["our_state"]) == (32 * 128 * 256, 32 * 128 * 76)
+    assert per["checkpoint"] == per["upstream_state"] + per["our_state"]
+    assert m["memory"]["reserve_bytes_per_gpu"] == 24 * (per["ring"] + 8 + per["our_state"]) * 65
+    assert "M master, R read copy" in m["prediction"]["model"]
+    text = bundle.serve_yaml(spec, mp)
+    assert "  mamba_ssm_cache_dtype: float16\n" in text and "the nvfp4 read copy is in our cache" in text
+    gib = mp.reserve_bytes_per_gpu / 2**30
+    assert f"the rings and our state ({gib:.2f} GiB for 64+1 slots on each GPU)" in text
+
+
+def test_missing_kernels():
+    from trtllm_replayssm.core.formats import state_spec
+    assert bundle.missing_kernels(state_spec("fp16")) is None
+    assert "quantized-state kernels" in bundle.missing_kernels(state_spec("nvfp4", "dual", "fp32"))
+    assert "stochastic rounding" in bundle.missing_kernels(state_spec("bf16", stochastic_rounding=True))

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import click
 
-from trtllm_replayssm.cli.errors import bad_value
-from trtllm_replayssm.cli.options import buffer_len_option, gpu_option, state_dtype_option, tp_size_option
+from trtllm_replayssm.cli.errors import RunError, bad_value
+from trtllm_replayssm.cli.options import (buffer_len_option, gpu_option, state_from_options, state_options,
+                                          tp_size_option)
 
 
 def _progress_display():
@@ -23,16 +24,18 @@ def _progress_display():
               help="Bundle directory (must not exist, or be a bundle replaced with --force).")
 @tp_size_option
 @buffer_len_option
-@state_dtype_option
+@state_options
 @click.option("--max-batch-size", "--max_batch_size", "max_batch_size", default=256, type=int,
               help="Max concurrent sequences.")
 @click.option("--gpu-memory-gib", "gpu_memory_gib", default=None, type=float,
               help="GPU memory for the plan in GiB [default: the GPU's].")
 @click.option("--force", is_flag=True,
               help="Replace an existing bundle at OUTPUT (never a directory that is not a bundle).")
-def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int, state_dtype: str | None,
-              max_batch_size: int, gpu_memory_gib: float | None, force: bool) -> None:
-    """Build a serving bundle for MODEL (a preset name or a local HF model directory)."""
+def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int, state_format: str | None,
+              state_mode: str | None, master_format: str | None, stochastic_rounding: bool, max_batch_size: int,
+              gpu_memory_gib: float | None, force: bool) -> None:
+    """Build a serving bundle for MODEL (a preset name or a local HF model directory). Kernels exist for plain
+    fp32/fp16/bf16 state: any other state options are checked, then refused (exit status 1)."""
     from trtllm_replayssm.serving import bundle, memory_plan
     from trtllm_replayssm.serving.hf_config import resolve_model
     from trtllm_replayssm.core.targets import resolve_gpu
@@ -41,10 +44,13 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
         key, arch = resolve_gpu(gpu)
         bundle.check_output_dir(output, force)
         spec = resolve_model(model)
-        plan = memory_plan.plan(spec, key, tp_size=tp_size, buffer_len=buffer_len, state_dtype=state_dtype,
+        state = state_from_options(spec.ssm_state_dtype, state_format, state_mode, master_format, stochastic_rounding)
+        plan = memory_plan.plan(spec, key, tp_size=tp_size, buffer_len=buffer_len, state=state,
                                 max_batch_size=max_batch_size, gpu_memory_gib=gpu_memory_gib)
     except ValueError as exc:
         bad_value(exc)
+    if reason := bundle.missing_kernels(plan.state):
+        raise RunError(reason)
     model_path = str(Path(model).resolve()) if Path(model).is_dir() else None
     with _progress_display() as progress:
         task = progress.add_task("kernels", total=None)

@@ -15,6 +15,10 @@ The baseline reads and writes the state: ``2|S| + io``. Replay, averaged over a 
 w = 0 .. L-1): every step reads S and the w filled ring entries (mean (L-1)/2; with KDA's pre-decayed keys their
 values and keys and, for w >= 1, one gate row), the L-1 non-flush steps append a record, the flush step writes S:
 ``|S|(1 + 1/L) + ring read + (L-1)/L record + io``. With L = 1 both are equal.
+
+State bytes follow the layer's StateSpec (core/formats.py): a quantized checkpoint counts its scales. In dual mode
+the L-1 non-flush steps read the read copy R and the flush reads the master M and writes M and R:
+``(L-1)/L |R| + (2|M| + |R|)/L`` in place of ``|S|(1 + 1/L)``.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_replayssm.core.dims import SSMDims
-from trtllm_replayssm.core.formats import get_dtype, get_state_format
+from trtllm_replayssm.core.formats import StateFormat, StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.layouts import key_ring_dtype
 from trtllm_replayssm.core.limits import check_buffer_len
 
@@ -31,9 +35,18 @@ GATE_BYTES = 4  # fp32 gate ring entries and Mamba-2's dt input
 INDEX_BYTES = 4
 
 
-def state_bytes(dims: SSMDims, state_dtype: str | torch.dtype) -> float:
-    """|S|: bytes of one sequence's state in ``state_dtype`` (a state format name or dtype)."""
-    return dims.state_elems * get_state_format(state_dtype).bytes_per_element
+StateLike = str | torch.dtype | StateSpec
+
+
+def format_bytes(dims: SSMDims, fmt: StateFormat) -> int:
+    """Bytes of one sequence's state (all heads) stored in ``fmt``, scales included."""
+    return dims.heads * dims.rows * fmt.row_bytes(dims.cols)
+
+
+def state_bytes(dims: SSMDims, state: StateLike) -> int:
+    """|S|: bytes one sequence's checkpoint occupies (``state``: a StateSpec, a format name or dtype); in dual mode
+    the master plus the read copy."""
+    return dims.heads * dims.rows * state_spec(state).row_bytes(dims.cols)
 
 
 def gate_elems(dims: SSMDims) -> int:
@@ -79,21 +92,40 @@ class StepBytes:
         return self.baseline / self.replay
 
 
-def baseline_bytes(dims: SSMDims, state_dtype: str | torch.dtype, act_dtype: str | torch.dtype) -> float:
-    """Read S, write S, plus I/O."""
-    return 2 * state_bytes(dims, state_dtype) + io_bytes(dims, act_dtype)
+def baseline_bytes(dims: SSMDims, state: StateLike, act_dtype: str | torch.dtype) -> float:
+    """Read S, write S, plus I/O (S in the checkpoint format: the master in dual mode)."""
+    return 2 * format_bytes(dims, state_spec(state).checkpoint_format) + io_bytes(dims, act_dtype)
 
 
-def replay_bytes(dims: SSMDims, state_dtype: str | torch.dtype, act_dtype: str | torch.dtype,
-                 buffer_len: int) -> float:
+def _checkpoint_traffic(dims: SSMDims, spec: StateSpec, L: int) -> float:
+    """State bytes per step over a cycle: L-1 non-flush reads of the read copy, one flush read and write."""
+    read, ckpt = format_bytes(dims, spec.read_format), format_bytes(dims, spec.checkpoint_format)
+    flush_write = ckpt + (read if spec.dual else 0)
+    return (read * (L - 1) + ckpt + flush_write) / L
+
+
+def replay_bytes(dims: SSMDims, state: StateLike, act_dtype: str | torch.dtype, buffer_len: int) -> float:
     """Our replay step averaged over a whole L-cycle (module docstring)."""
-    s, L = state_bytes(dims, state_dtype), check_buffer_len(buffer_len)
-    return (s + ring_read_bytes(dims, act_dtype, L) + record_bytes(dims, act_dtype) * (L - 1) / L + s / L
-            + io_bytes(dims, act_dtype))
+    spec, L = state_spec(state), check_buffer_len(buffer_len)
+    return (_checkpoint_traffic(dims, spec, L) + ring_read_bytes(dims, act_dtype, L)
+            + record_bytes(dims, act_dtype) * (L - 1) / L + io_bytes(dims, act_dtype))
 
 
-def step_bytes(dims: SSMDims, state_dtype: str | torch.dtype, act_dtype: str | torch.dtype,
-               buffer_len: int) -> StepBytes:
+def nonflush_bytes(dims: SSMDims, state: StateLike, act_dtype: str | torch.dtype, buffer_len: int) -> float:
+    """A non-flush replay step averaged over cursors 0 .. L-2: the read copy, the filled ring entries, the appended
+    record and I/O (L >= 2)."""
+    spec, L = state_spec(state), check_buffer_len(buffer_len)
+    if L < 2:
+        raise ValueError("buffer_len: a ring of length 1 has no non-flush steps")
+    rec = record_bytes(dims, act_dtype)
+    if dims.per_channel_gate:  # pre-decayed keys: values and keys of w entries, one gate row for w >= 1
+        gate_row = gate_elems(dims) * GATE_BYTES
+        ring = (rec - gate_row) * (L - 2) / 2 + gate_row * (L - 2) / (L - 1)
+    else:
+        ring = rec * (L - 2) / 2
+    return format_bytes(dims, spec.read_format) + ring + rec + io_bytes(dims, act_dtype)
+
+
+def step_bytes(dims: SSMDims, state: StateLike, act_dtype: str | torch.dtype, buffer_len: int) -> StepBytes:
     """Baseline and replay bytes per step."""
-    return StepBytes(baseline_bytes(dims, state_dtype, act_dtype),
-                     replay_bytes(dims, state_dtype, act_dtype, buffer_len))
+    return StepBytes(baseline_bytes(dims, state, act_dtype), replay_bytes(dims, state, act_dtype, buffer_len))

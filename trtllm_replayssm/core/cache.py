@@ -17,16 +17,22 @@ are device-side index writes: no host sync, safe to call between CUDA-graph repl
 A cache built with ``checkpoints=False`` holds rings, cursors and scratch only: the checkpoint of each layer is a
 tensor someone else owns (a serving engine's SSM-state pool, possibly strided), handed in per call with
 :meth:`ReplayStateCache.with_checkpoint`.
+
+The checkpoint storage follows a StateSpec (core/formats.py, core/checkpoint.py): ``state`` holds the plain
+checkpoint, the quantized checkpoint's codes (shared mode) or the master (dual mode); ``storage`` holds everything
+else (scales, the read copy, the stochastic-rounding flush counters) and is None for a plain spec without stochastic
+rounding.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar, Sequence
 
 import torch
 
+from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.checks import check_slot_values
-from trtllm_replayssm.core.formats import get_state_format
+from trtllm_replayssm.core.formats import StateSpec, state_spec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.layouts import delta_record_len, key_ring_dtype
 
@@ -39,10 +45,23 @@ class _LayerCache:
     state: torch.Tensor | None
     cursor: torch.Tensor
     arrive: torch.Tensor
+    storage: Checkpoint | None = field(default=None, kw_only=True)
 
     @property
     def slots(self) -> int:
         return self.cursor.shape[0]
+
+    @property
+    def spec(self) -> StateSpec:
+        """How the checkpoint is stored."""
+        return self.storage.spec if self.storage is not None else state_spec(self.require_state().dtype, arg="state")
+
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint storage the references read and write (its master data is ``state``)."""
+        state = self.require_state()
+        if self.storage is None:
+            return Checkpoint.of_tensor(state)
+        return replace(self.storage, master=replace(self.storage.master, data=state))
 
     def require_state(self) -> torch.Tensor:
         """The checkpoint; ValueError when none is bound (a ``checkpoints=False`` cache's own layers)."""
@@ -52,7 +71,10 @@ class _LayerCache:
         return self.state
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: t for f in fields(self) if (t := getattr(self, f.name)) is not None}
+        out = {f.name: t for f in fields(self) if isinstance(t := getattr(self, f.name), torch.Tensor)}
+        if self.storage is not None:
+            out.update(_storage_tensors(self.storage))
+        return out
 
     shared_scratch: ClassVar[tuple[str, ...]] = ()  # fields shared by all layers (counted once per cache)
 
@@ -112,8 +134,7 @@ class ReplayStateCache:
     """Checkpoint + ring buffers + cursors for ``num_layers`` SSM layers of one family; build with a factory."""
 
     def __init__(self, family: str, layers: list[_LayerCache], cursor: torch.Tensor, arrive: torch.Tensor,
-                 act_dtype: torch.dtype, buffer_len: int, state_shape: tuple[int, ...],
-                 state_dtype: torch.dtype) -> None:
+                 act_dtype: torch.dtype, buffer_len: int, state_shape: tuple[int, ...], spec: StateSpec) -> None:
         self.family = family
         self._layers = layers
         self.cursor = cursor
@@ -121,45 +142,48 @@ class ReplayStateCache:
         self.act_dtype = act_dtype
         self.buffer_len = buffer_len
         self.state_shape = state_shape  # one slot's checkpoint
-        self.state_dtype = state_dtype
+        self.spec = spec
+        self.state_dtype = spec.checkpoint_format.storage_dtype  # of ``state`` (dual mode: the master)
 
     # ------------------------------------------------------------------ factories
     @classmethod
     def mamba2(cls, num_layers: int, slots: int, nheads: int, head_dim: int, d_state: int, ngroups: int,
-               buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32",
+               buffer_len: int = 16, state_dtype: str | torch.dtype | StateSpec = "fp32",
                act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
                checkpoints: bool = True) -> "ReplayStateCache":
-        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``); ``checkpoints=False``: rings only."""
+        """Cache for Mamba-2 layers (TP-local ``nheads``/``ngroups``); ``checkpoints=False``: rings only.
+        ``state_dtype``: a format name, dtype or StateSpec (quantized checkpoints, dual mode, stochastic rounding)."""
         _check_positive(num_layers=num_layers, slots=slots, nheads=nheads, head_dim=head_dim, d_state=d_state,
                         ngroups=ngroups)
         if nheads % ngroups:
             raise ValueError(f"ngroups: must divide nheads={nheads}, got {ngroups}")
-        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        L, spec = check_buffer_len(buffer_len), state_spec(state_dtype, arg="state_dtype")
         cursor, arrive = _cursors(num_layers, slots, device)
         coef = torch.zeros(slots, nheads, L + 1, dtype=torch.float32, device=device)
         step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         state_shape = (nheads, head_dim, d_state)
         layers = [Mamba2LayerCache(
-            state=fmt.allocate((slots, *state_shape), device) if checkpoints else None,
+            **_checkpoint(spec, slots, state_shape, device, checkpoints, i),
             cursor=cursor[i], arrive=arrive[i],
             x_ring=torch.zeros(slots, nheads, L, head_dim, dtype=act_dtype, device=device),
             dt_ring=torch.zeros(slots, nheads, L, dtype=torch.float32, device=device),
             B_ring=torch.zeros(slots, ngroups, L, d_state, dtype=act_dtype, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls("mamba2", layers, cursor, arrive, act_dtype, L, state_shape, fmt.storage_dtype)
+        return cls("mamba2", layers, cursor, arrive, act_dtype, L, state_shape, spec)
 
     @classmethod
     def gdn(cls, num_layers: int, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-            buffer_len: int = 16, state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
-            device: torch.device | str = "cuda", checkpoints: bool = True) -> "ReplayStateCache":
+            buffer_len: int = 16, state_dtype: str | torch.dtype | StateSpec = "fp32",
+            act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+            checkpoints: bool = True) -> "ReplayStateCache":
         """Cache for Gated DeltaNet layers (state [HV, V, K]; one key ring per key head)."""
         return cls._delta(GDNLayerCache, "gdn", num_layers, slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
                           buffer_len, state_dtype, act_dtype, device, checkpoints)
 
     @classmethod
     def kda(cls, num_layers: int, slots: int, num_heads: int, head_dim: int, buffer_len: int = 16,
-            state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
+            state_dtype: str | torch.dtype | StateSpec = "fp32", act_dtype: torch.dtype = torch.bfloat16,
             device: torch.device | str = "cuda", checkpoints: bool = True) -> "ReplayStateCache":
         """Cache for Kimi Delta Attention layers (per-channel gate ring)."""
         return cls._delta(KDALayerCache, "kda", num_layers, slots, num_heads, num_heads, head_dim, head_dim,
@@ -167,13 +191,14 @@ class ReplayStateCache:
 
     @classmethod
     def _delta(cls, layer_cls: type[GDNLayerCache], family: str, num_layers: int, slots: int, num_k_heads: int,
-               num_v_heads: int, head_k_dim: int, head_v_dim: int, buffer_len: int, state_dtype: str | torch.dtype,
+               num_v_heads: int, head_k_dim: int, head_v_dim: int, buffer_len: int,
+               state_dtype: str | torch.dtype | StateSpec,
                act_dtype: torch.dtype, device: torch.device | str, checkpoints: bool) -> "ReplayStateCache":
         _check_positive(num_layers=num_layers, slots=slots, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
                         head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_k_heads: must divide num_v_heads={num_v_heads}, got {num_k_heads}")
-        L, fmt = check_buffer_len(buffer_len), get_state_format(state_dtype)
+        L, spec = check_buffer_len(buffer_len), state_spec(state_dtype, arg="state_dtype")
         cursor, arrive = _cursors(num_layers, slots, device)
         kda = family == "kda"
         gate_shape = (slots, num_v_heads, L, head_k_dim) if kda else (slots, num_v_heads, L)
@@ -182,14 +207,14 @@ class ReplayStateCache:
         step = torch.zeros(slots + 1, dtype=torch.int32, device=device)
         state_shape = (num_v_heads, head_v_dim, head_k_dim)
         layers = [layer_cls(
-            state=fmt.allocate((slots, *state_shape), device) if checkpoints else None,
+            **_checkpoint(spec, slots, state_shape, device, checkpoints, i),
             cursor=cursor[i], arrive=arrive[i],
             u_ring=torch.zeros(slots, num_v_heads, L, head_v_dim, dtype=act_dtype, device=device),
             k_ring=torch.zeros(slots, key_heads, L, head_k_dim, dtype=key_ring_dtype(act_dtype, kda), device=device),
             g_ring=torch.zeros(gate_shape, dtype=torch.float32, device=device),
             coef=coef, step=step,
         ) for i in range(num_layers)]
-        return cls(family, layers, cursor, arrive, act_dtype, L, state_shape, fmt.storage_dtype)
+        return cls(family, layers, cursor, arrive, act_dtype, L, state_shape, spec)
 
     # ------------------------------------------------------------------ access
     @property
@@ -208,8 +233,12 @@ class ReplayStateCache:
     def with_checkpoint(self, index: int, state: torch.Tensor) -> _LayerCache:
         """Layer ``index`` with ``state`` as its checkpoint, for one call (a cheap host-side view; the rings are this
         cache's). ``state`` [slots, *state_shape] in the cache's state dtype on its device, slot and head dims of
-        any stride (the kernels read them from the tensor), the rest dense."""
+        any stride (the kernels read them from the tensor), the rest dense. In dual mode ``state`` is the master; a
+        shared-mode (quantized) checkpoint is this cache's own and cannot be handed in."""
         layer = self.layer(index)
+        if self.spec.mode == "shared":
+            raise ValueError(f"state: a {self.spec.label} checkpoint is stored in this cache; build it with "
+                             "checkpoints=True instead of binding another state")
         expected = (self.slots, *self.state_shape)
         if not isinstance(state, torch.Tensor) or tuple(state.shape) != expected:
             got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
@@ -250,10 +279,13 @@ class ReplayStateCache:
         layer, ids = self.layer(layer_index), self._slot_ids(slot_ids)
         if layer.state is None:
             raise ValueError("load_prefill_state: this cache holds no checkpoints (built with checkpoints=False)")
-        expected = (ids.numel(), *layer.state.shape[1:])
+        expected = (ids.numel(), *self.state_shape)
         if tuple(states.shape) != expected:
             raise ValueError(f"states: expected shape {expected}, got {tuple(states.shape)}")
-        layer.state.index_copy_(0, ids, states.to(device=layer.state.device, dtype=layer.state.dtype))
+        if layer.storage is None:
+            layer.state.index_copy_(0, ids, states.to(device=layer.state.device, dtype=layer.state.dtype))
+        else:  # encoded like a flush's write (quantized, dual, stochastic rounding)
+            layer.checkpoint().store_(ids, states.to(device=layer.state.device, dtype=torch.float32))
         self.reset_slots(ids, layers=[layer_index])
 
     def _slot_ids(self, slot_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
@@ -268,6 +300,31 @@ class ReplayStateCache:
         if not ids.is_cuda:
             check_slot_values("slot_ids", ids, self.slots)
         return ids
+
+
+def _checkpoint(spec: StateSpec, slots: int, shape: tuple[int, int, int], device: torch.device | str,
+                checkpoints: bool, seed: int) -> dict[str, torch.Tensor | Checkpoint | None]:
+    """``state`` and ``storage`` of one layer: the plain pool alone, or the storage of a quantized / dual / stochastically
+    rounded spec with its master data as ``state``. ``checkpoints=False`` leaves out the plain pool or the master
+    (someone else's fp32/fp16/bf16 tensor, bound per call)."""
+    fmt = spec.checkpoint_format
+    if not checkpoints and fmt.quantized:
+        raise ValueError(f"checkpoints: a {spec.label} checkpoint ({fmt.name}) is stored in the cache, so it needs "
+                         "checkpoints=True")
+    if spec.mode == "plain" and not spec.stochastic_rounding:
+        return {"state": torch.zeros(slots, *shape, dtype=fmt.storage_dtype, device=device) if checkpoints else None}
+    storage = Checkpoint.allocate(spec, slots, shape, device, seed=seed, master_slots=slots if checkpoints else 0)
+    return {"state": storage.master.data if checkpoints else None, "storage": storage}
+
+
+def _storage_tensors(storage: Checkpoint) -> dict[str, torch.Tensor]:
+    """The tensors of a layer's storage besides the master data (which is the layer's ``state``)."""
+    out = {f"state_{name}": t for name, t in storage.master.tensors().items() if name != "data"}
+    if storage.read is not None:
+        out.update({f"read_{name}": t for name, t in storage.read.tensors().items()})
+    if storage.flushes is not None:
+        out["flushes"] = storage.flushes
+    return out
 
 
 def _cursors(num_layers: int, slots: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:

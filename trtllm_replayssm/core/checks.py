@@ -5,9 +5,32 @@ from typing import Sequence
 
 import torch
 
+from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import DTYPES
 
 FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
+
+
+def check_state(state: torch.Tensor | Checkpoint) -> tuple[tuple[int, int, int, int], torch.device]:
+    """``[slots, heads, rows, cols]`` and device of a state pool (fp32/fp16/bf16, the last two dims dense) or of a
+    Checkpoint (allocated consistently by the cache)."""
+    if isinstance(state, Checkpoint):
+        return state.shape, state.device
+    check_tensor("state", state, (None, None, None, None), FLOAT_DTYPES, inner_contiguous=2)
+    return tuple(state.shape), state.device
+
+
+def stored_checkpoint_mode(op: str, spec_label: str, device: torch.device, mode: str, plan: object) -> bool:
+    """The CPU reference step of a layer with quantized, dual or stochastically rounded storage: whether it flushes
+    every row (``mode='flush'``). No CUDA kernels exist for such storage yet: RuntimeError on a CUDA device; launch
+    plans do not apply (ValueError)."""
+    if device.type == "cuda":
+        raise RuntimeError(f"{op}: {spec_label} checkpoints have no CUDA kernels yet; CPU tensors run the reference")
+    if plan is not None:
+        raise ValueError(f"plan: {spec_label} checkpoints run the CPU reference, which takes no launch plan")
+    if mode not in ("auto", "replay", "flush"):
+        raise ValueError(f"mode: expected one of ('auto', 'replay', 'flush'), got {mode!r}")
+    return mode == "flush"
 
 
 def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],

@@ -1,8 +1,8 @@
 """The one table of element types: the float dtypes of states and activations (names, torch dtype, bytes, the C++
 type the kernels are compiled with) and the checkpoint state formats built on them.
 
-fp32 / fp16 / bf16 states are plain tensors. Quantized formats are listed so memory plans can price them;
-allocating one raises until its kernels exist.
+A layer's checkpoint is described by a :class:`StateSpec`: a plain fp32 / fp16 / bf16 tensor, one quantized (FP8 or
+NVFP4) checkpoint, or a master checkpoint plus a quantized read copy (docs/design.md, quantized state).
 """
 from __future__ import annotations
 
@@ -58,27 +58,37 @@ def dtype_name(value: str | torch.dtype | DType, arg: str = "dtype") -> str:
 
 @dataclass(frozen=True)
 class StateFormat:
-    """Storage of one checkpoint element: the data tensor's dtype and bytes per element, scales included."""
+    """Storage of one checkpoint row of ``cols`` elements (the contiguous state axis): the data tensor's dtype and
+    bits per element, an fp32 scale per row (FP8's scale, NVFP4's second-level scale) and one E4M3 scale per
+    ``block`` elements (NVFP4)."""
 
     name: str
     storage_dtype: torch.dtype
-    bytes_per_element: float
-    implemented: bool = True
+    elem_bits: int
+    row_scale: bool = False
+    block: int = 0
 
-    def allocate(self, shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
-        """A zero-initialised state tensor of this format."""
-        if not self.implemented:
-            raise NotImplementedError(f"state format {self.name!r} is planned but not implemented yet")
-        return torch.zeros(shape, dtype=self.storage_dtype, device=device)
+    @property
+    def quantized(self) -> bool:
+        return self.row_scale
+
+    def row_bytes(self, cols: int) -> int:
+        """Bytes of one state row of ``cols`` elements, scales included."""
+        if self.block and cols % self.block:
+            raise ValueError(f"cols: {self.name} needs a multiple of {self.block} columns, got {cols}")
+        return cols * self.elem_bits // 8 + (cols // self.block if self.block else 0) + (4 if self.row_scale else 0)
 
 
 STATE_FORMATS: dict[str, StateFormat] = {
-    **{d.name: StateFormat(d.name, d.torch, float(d.bytes)) for d in DTYPES},
-    # Planned quantized checkpoints: FP8-E4M3 with one fp32 scale per state row; NVFP4 (E2M1 codes, one E4M3 scale
-    # per 16 elements along the last axis).
-    "fp8": StateFormat("fp8", torch.float8_e4m3fn, 1.0, implemented=False),
-    "nvfp4": StateFormat("nvfp4", torch.uint8, 0.5625, implemented=False),
+    **{d.name: StateFormat(d.name, d.torch, 8 * d.bytes) for d in DTYPES},
+    # FP8-E4M3 codes with one fp32 scale per state row; NVFP4: E2M1 codes two per byte, one E4M3 scale per 16
+    # elements along the row and an fp32 second-level scale per row (core/quant.py, docs/design.md).
+    "fp8": StateFormat("fp8", torch.float8_e4m3fn, 8, row_scale=True),
+    "nvfp4": StateFormat("nvfp4", torch.uint8, 4, row_scale=True, block=16),
 }
+QUANT_FORMATS: tuple[str, ...] = ("fp8", "nvfp4")
+MASTER_FORMATS: tuple[str, ...] = (*DTYPE_NAMES, "fp8")
+STATE_MODES: tuple[str, ...] = ("plain", "shared", "dual")
 
 
 def get_state_format(value: str | torch.dtype | StateFormat, arg: str = "state_dtype") -> StateFormat:
@@ -93,3 +103,91 @@ def get_state_format(value: str | torch.dtype | StateFormat, arg: str = "state_d
         return STATE_FORMATS[get_dtype(value, arg).name]
     except ValueError:
         raise ValueError(f"{arg}: unknown state format {value!r}; expected one of {sorted(STATE_FORMATS)}") from None
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """How a layer stores its checkpoint.
+
+    * ``plain``: one fp32/fp16/bf16 checkpoint (``format``).
+    * ``shared``: one quantized checkpoint (``format`` fp8 or nvfp4): every flush decodes it, folds in fp32 and
+      re-encodes it, and non-flush steps read it.
+    * ``dual``: a ``master`` checkpoint (fp32/fp16/bf16/fp8) that only flushes read and write, and a read copy in
+      ``format`` (fp8 or nvfp4) that each flush rewrites from the same fp32 fold and that non-flush steps read.
+
+    ``stochastic_rounding``: every rounded checkpoint write rounds stochastically (core/quant.py); otherwise to
+    nearest, ties to even. Build one with :func:`state_spec`.
+    """
+
+    format: str = "fp32"
+    mode: str = "plain"
+    master: str | None = None
+    stochastic_rounding: bool = False
+
+    @property
+    def read_format(self) -> StateFormat:
+        """What a non-flush step reads."""
+        return STATE_FORMATS[self.format]
+
+    @property
+    def checkpoint_format(self) -> StateFormat:
+        """What a flush folds from and writes back (the master in dual mode)."""
+        return STATE_FORMATS[self.master if self.mode == "dual" else self.format]
+
+    @property
+    def dual(self) -> bool:
+        return self.mode == "dual"
+
+    @property
+    def quantized(self) -> bool:
+        return self.mode != "plain"
+
+    def row_bytes(self, cols: int) -> int:
+        """Bytes one state row occupies: the checkpoint plus, in dual mode, the read copy."""
+        extra = self.read_format.row_bytes(cols) if self.dual else 0
+        return self.checkpoint_format.row_bytes(cols) + extra
+
+    @property
+    def label(self) -> str:
+        """``fp32``, ``nvfp4``, ``nvfp4/dual/fp16``, with ``+sr`` for stochastic rounding."""
+        name = f"{self.format}/dual/{self.master}" if self.dual else self.format
+        return name + ("+sr" if self.stochastic_rounding else "")
+
+    def to_dict(self) -> dict:
+        return {"state_format": self.format, "state_mode": self.mode, "master_format": self.master,
+                "stochastic_rounding": self.stochastic_rounding}
+
+
+def state_spec(value: str | torch.dtype | StateSpec = "fp32", mode: str | None = None, master: str | None = None,
+               stochastic_rounding: bool = False, arg: str = "state_format") -> StateSpec:
+    """A checked StateSpec. ``value``: a StateSpec (returned as it is when no other argument is given), a format name
+    or torch dtype. ``mode`` defaults to ``plain`` for fp32/fp16/bf16 (where ``shared`` means the same) and ``shared``
+    for fp8/nvfp4; ``master`` (dual only) defaults to fp32. Errors name the argument and what is accepted."""
+    if isinstance(value, StateSpec):
+        if mode is None and master is None and not stochastic_rounding:
+            return value
+        value = value.format
+    fmt = get_state_format(value, arg).name
+    if mode is not None and (not isinstance(mode, str) or mode.lower() not in STATE_MODES):
+        raise ValueError(f"state_mode: expected one of {', '.join(STATE_MODES)}, got {mode!r}")
+    mode = (mode or ("shared" if fmt in QUANT_FORMATS else "plain")).lower()
+    if not isinstance(stochastic_rounding, bool):
+        raise TypeError(f"stochastic_rounding: expected a bool, got {type(stochastic_rounding).__name__}")
+    if mode == "dual":
+        if fmt not in QUANT_FORMATS:
+            raise ValueError(f"{arg}: dual mode keeps a quantized read copy, expected one of "
+                             f"{', '.join(QUANT_FORMATS)}, got {fmt}")
+        master = get_state_format(master or "fp32", "master_format").name
+        if master not in MASTER_FORMATS or master == fmt:
+            allowed = ", ".join(m for m in MASTER_FORMATS if m != fmt)
+            raise ValueError(f"master_format: expected one of {allowed} for a {fmt} read copy, got {master}")
+    elif master is not None:
+        raise ValueError(f"master_format: only dual mode has a master checkpoint (state_mode is {mode})")
+    elif mode == "plain" and fmt in QUANT_FORMATS:
+        raise ValueError(f"state_mode: plain keeps an {'/'.join(DTYPE_NAMES)} checkpoint; {fmt} is shared or dual")
+    else:
+        mode = "shared" if fmt in QUANT_FORMATS else "plain"
+    spec = StateSpec(fmt, mode, master, stochastic_rounding)
+    if stochastic_rounding and spec.checkpoint_format.name == "fp32" and not spec.dual:
+        raise ValueError("stochastic_rounding: an fp32 checkpoint has no rounded writes")
+    return spec

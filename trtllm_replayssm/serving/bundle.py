@@ -14,7 +14,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from trtllm_replayssm.serving.memory_plan import MemoryPlan
+from trtllm_replayssm.core.formats import StateSpec
+from trtllm_replayssm.serving.memory_plan import MemoryPlan, state_summary
 from trtllm_replayssm.serving.presets import ModelSpec
 from trtllm_replayssm.serving.trtllm.core import SUPPORTED_TRTLLM_VERSIONS
 
@@ -25,6 +26,7 @@ KERNEL_DIR = "kernels"
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Families whose mixers the TensorRT-LLM module replaces (KDA where the TensorRT-LLM release has Kimi-Linear).
 SERVED_FAMILIES = ("mamba2", "gdn", "kda")
+TRTLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # mamba_ssm_cache_dtype spellings
 
 
 def toolkit_version() -> str:
@@ -34,14 +36,43 @@ def toolkit_version() -> str:
         return "0+unknown"
 
 
+def missing_kernels(state: StateSpec) -> str | None:
+    """Why no kernels can be built for ``state`` yet, or None: kernels exist for plain fp32/fp16/bf16 checkpoints
+    with round-to-nearest writes."""
+    if state.quantized:
+        what = "quantized-state kernels (fp8/nvfp4, shared or dual) are"
+    elif state.stochastic_rounding:
+        what = "kernels with stochastic rounding are"
+    else:
+        return None
+    return (f"{state.label} state: {what} not implemented yet; build compiles plain fp32, fp16 and bf16 state "
+            f"rounded to nearest (inspect plans every state)")
+
+
+def _state_dict(mp: MemoryPlan) -> dict:
+    """The manifest's ``state``: the StateSpec, a summary and what TensorRT-LLM's SSM pool holds."""
+    return {**mp.state.to_dict(), "label": mp.state.label, "summary": state_summary(mp.state),
+            "trtllm_pool_dtype": mp.pool_dtype, "trtllm_pool_holds": mp.pool_holds, "trtllm_note": mp.trtllm_note}
+
+
+def _byte_model_text(state: StateSpec) -> str:
+    """The byte model's formulas (core/byte_model.py) for the manifest."""
+    if state.dual:
+        return ("baseline 2|M| + io; replay ((L-1)|R| + 2|M| + |R|)/L + ring read + append + io "
+                "(M master, R read copy)")
+    return "baseline 2|S| + io; replay |S|(1+1/L) + ring read + append + io"
+
+
 def manifest_dict(spec: ModelSpec, mp: MemoryPlan, arch: str, kernels: list[dict], model_path: str | None) -> dict:
-    """The manifest: toolkit version, target, model, per-layer plan, L, dtypes, memory plan, byte-model speed-up."""
+    """The manifest: toolkit version, target, model, per-layer plan, L, dtypes and state storage, memory plan,
+    byte-model speed-up."""
     return {
         "toolkit_version": toolkit_version(),
         "target": {"gpu": mp.gpu, "arch": arch, "tp_size": mp.tp_size, "gpu_memory_bytes": mp.gpu_memory_bytes},
         "model": {"name": spec.name, "architecture": spec.architecture, "path": model_path, "source": spec.source},
         "buffer_len": mp.buffer_len,
-        "dtypes": {"state": mp.state_dtype, "activation": mp.act_dtype},
+        "dtypes": {"state": mp.state.label, "activation": mp.act_dtype},
+        "state": _state_dict(mp),
         "plan": {
             "family": spec.family,
             "ssm_dims": asdict(spec.ssm_dims),
@@ -51,11 +82,13 @@ def manifest_dict(spec: ModelSpec, mp: MemoryPlan, arch: str, kernels: list[dict
             "served_by_trtllm_module": spec.family in SERVED_FAMILIES,
         },
         "memory": {
-            "per_layer_per_seq": {"checkpoint": mp.layer.checkpoint, "ring": mp.layer.ring,
+            "per_layer_per_seq": {"checkpoint": mp.layer.checkpoint, "upstream_state": mp.layer.upstream_state,
+                                  "our_state": mp.layer.our_state, "ring": mp.layer.ring,
                                   "cursors": mp.layer.cursors, "conv": mp.layer.conv},
             "per_seq_replay": mp.per_seq_replay,
             "per_seq_upstream": mp.per_seq_upstream,
             "ring_bytes_per_gpu": mp.ring_bytes_per_gpu,
+            "reserve_bytes_per_gpu": mp.reserve_bytes_per_gpu,
             "max_batch_size": mp.max_batch_size,
             "max_concurrent_seqs_replay": mp.max_seqs_replay,
             "max_concurrent_seqs_upstream": mp.max_seqs_upstream,
@@ -63,17 +96,26 @@ def manifest_dict(spec: ModelSpec, mp: MemoryPlan, arch: str, kernels: list[dict
         },
         "prediction": {"bytes_per_step_baseline": mp.step.baseline, "bytes_per_step_replay": mp.step.replay,
                        "ssm_layer_speedup": round(mp.step.speedup, 4),
-                       "model": "baseline 2|S| + io; replay |S|(1+1/L) + ring read + append + io"},
+                       "model": _byte_model_text(mp.state)},
         "kernels": kernels,
         "trtllm_versions": list(SUPPORTED_TRTLLM_VERSIONS),
     }
 
 
+def _pool_comment(mp: MemoryPlan) -> str:
+    """What the YAML's ``mamba_ssm_cache_dtype`` sets, for its comment."""
+    if mp.pool_holds == "checkpoint":
+        return "Checkpoint dtype"
+    if mp.pool_holds == "master":
+        return f"Dtype of the master checkpoint; the {mp.state.format} read copy is in our cache"
+    return f"Upstream's pool; our {mp.state.label} checkpoint is in our cache beside it"
+
+
 def serve_yaml(spec: ModelSpec, mp: MemoryPlan) -> str:
     """The LLM-API options file (``trtllm-serve --extra_llm_api_options``) with comments."""
-    ssm_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[mp.state_dtype]
     sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s < mp.max_batch_size] + [mp.max_batch_size]
-    ring_gib = mp.ring_bytes_per_gpu / (1 << 30)
+    gib = mp.reserve_bytes_per_gpu / (1 << 30)
+    copies = " and our state" if mp.layer.our_state else ""
     return f"""# trtllm-serve --extra_llm_api_options file for {spec.name} with ReplaySSM decode (trtllm-replayssm {toolkit_version()}).
 # Generated by `trtllm-replayssm build`; target {mp.gpu}, TP {mp.tp_size}, ring length L={mp.buffer_len}.
 max_batch_size: {mp.max_batch_size}
@@ -88,9 +130,9 @@ kv_cache_config:
   enable_block_reuse: false
   # Required: the V2 cache manager may move a live request to another slot, which the rings would not follow.
   use_kv_cache_manager_v2: false
-  # Checkpoint dtype; the rings hold activations ({mp.act_dtype}) and fp32 gates.
-  mamba_ssm_cache_dtype: {ssm_dtype}
-  # TensorRT-LLM does not count the rings ({ring_gib:.2f} GiB for {mp.max_batch_size}+1 slots on each GPU) when
+  # {_pool_comment(mp)}; the rings hold activations ({mp.act_dtype}) and fp32 gates.
+  mamba_ssm_cache_dtype: {TRTLLM_DTYPES[mp.pool_dtype]}
+  # TensorRT-LLM does not count the rings{copies} ({gib:.2f} GiB for {mp.max_batch_size}+1 slots on each GPU) when
   # it sizes its caches, so this is lowered from 0.9 to keep that memory free.
   free_gpu_memory_fraction: {mp.free_gpu_memory_fraction}
 # Speculative decoding (speculative_config) is not used by ReplaySSM yet: if set, the module falls back to
@@ -237,15 +279,17 @@ def _swap_into_place(new: Path, out_dir: Path) -> None:
 def write_bundle(spec: ModelSpec, mp: MemoryPlan, arch: str, out_dir: Path, *, model_path: str | None = None,
                  force: bool = False, progress: Progress | None = None) -> Path:
     """Write the bundle to ``out_dir`` atomically: into a new directory beside it, then renamed into place; an
-    existing bundle there is replaced only with ``force`` (see :func:`check_output_dir`)."""
+    existing bundle there is replaced only with ``force`` (see :func:`check_output_dir`). NotImplementedError, before
+    anything is written, for a state no kernels exist for (:func:`missing_kernels`)."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
+    if reason := missing_kernels(mp.state):
+        raise NotImplementedError(reason)
     out_dir = out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
     try:
-        kernels = compile_kernels(spec, arch, mp.state_dtype, mp.act_dtype, mp.tp_size,
-                                  tmp / KERNEL_DIR, progress)
+        kernels = compile_kernels(spec, arch, mp.state.format, mp.act_dtype, mp.tp_size, tmp / KERNEL_DIR, progress)
         (tmp / MODULE_DIR).mkdir()
         (tmp / MODULE_DIR / "__init__.py").write_text(MODULE_INIT)
         (tmp / SERVE_YAML).write_text(serve_yaml(spec, mp))

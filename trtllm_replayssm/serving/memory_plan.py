@@ -1,7 +1,12 @@
 """Memory plan of ReplaySSM decode for a ModelSpec on one GPU target, and its predicted step bytes.
 
-Per SSM layer and sequence (TP-local): the checkpoint in the state dtype, rings of L records, the per-slot int32
-cursor and arrival counter, and upstream's conv state; bytes per decode step from core/byte_model.py.
+Per SSM layer and sequence (TP-local): the checkpoint storage of the layer's StateSpec, rings of L records, the
+per-slot int32 cursor and arrival counter, and upstream's conv state; bytes per decode step from core/byte_model.py.
+
+Served by TensorRT-LLM, the SSM state pool is upstream's, allocated in ``mamba_ssm_cache_dtype`` (fp32/fp16/bf16):
+it holds our plain checkpoint, or the master of a dual-mode layer (fp32/fp16/bf16 master); a quantized read copy, a
+quantized (shared) checkpoint and an fp8 master live in our cache. Where the pool cannot hold our checkpoint
+(shared mode, an fp8 master), it is still allocated, in the model's state dtype, and our state comes on top of it.
 """
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ from dataclasses import asdict, dataclass
 
 from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.dims import SSMDims
-from trtllm_replayssm.core.formats import DTYPE_NAMES, get_dtype, get_state_format
+from trtllm_replayssm.core.formats import DTYPE_NAMES, STATE_FORMATS, StateSpec, dtype_name, get_dtype, state_spec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.targets import GPU_MEMORY_GIB, resolve_gpu
 from trtllm_replayssm.serving.presets import ModelSpec
 
 GIB = 1 << 30
 CURSOR_BYTES_PER_SLOT = 8  # int32 cursor + int32 arrival counter
+FLUSH_COUNTER_BYTES = 4  # stochastic rounding: an int32 flush count per slot keys the random stream (checkpoint.py)
 UPSTREAM_FREE_FRACTION = 0.9  # TensorRT-LLM's default kv_cache_config.free_gpu_memory_fraction
 MIN_FREE_SHARE = 0.5  # assumed share of GPU memory still free when TensorRT-LLM sizes its caches
 
@@ -32,35 +38,86 @@ def check_tp(spec: ModelSpec, tp_size: int) -> None:
         raise ValueError(f"tp_size: {tp_size} does not divide {detail} of {spec.name}")
 
 
+def pool_holds(state: StateSpec) -> str | None:
+    """What TensorRT-LLM's SSM state pool holds of ``state``: ``checkpoint`` (plain), ``master`` (dual with an
+    fp32/fp16/bf16 master), or None (an fp8/nvfp4 checkpoint or an fp8 master: all our state is in our cache)."""
+    if not state.quantized:
+        return "checkpoint"
+    return "master" if state.dual and state.master in DTYPE_NAMES else None
+
+
+def pool_dtype(state: StateSpec, model_dtype: str) -> str:
+    """TensorRT-LLM's ``mamba_ssm_cache_dtype`` under ``state``: the format of what the pool holds, else the model's
+    own state dtype ``model_dtype``."""
+    return state.checkpoint_format.name if pool_holds(state) else dtype_name(model_dtype, "model_dtype")
+
+
+def trtllm_note(state: StateSpec, model_dtype: str) -> str | None:
+    """What ``state`` costs in TensorRT-LLM when its pool cannot hold our checkpoint, or None."""
+    if pool_holds(state):
+        return None
+    return (f"TensorRT-LLM allocates its SSM state pool in mamba_ssm_cache_dtype "
+            f"({pool_dtype(state, model_dtype)}; fp32/fp16/bf16 only) and our {state.label} state sits beside it in "
+            f"our cache: served by TensorRT-LLM this mode costs the pool plus our state and saves no memory")
+
+
+def state_summary(state: StateSpec) -> str:
+    """One line on how ``state`` stores a layer's checkpoint."""
+    if state.dual:
+        text = f"dual: {state.format} read copy for non-flush steps, {state.master} master for flushes"
+    elif state.quantized:
+        text = f"shared: one {state.format} checkpoint for every step"
+    else:
+        text = f"plain {state.format} checkpoint"
+    return text + (", stochastic rounding" if state.stochastic_rounding else "")
+
+
 @dataclass(frozen=True)
 class LayerBytes:
-    """Memory of one SSM layer for one sequence slot on one rank (core/byte_model.py), and the local head counts."""
+    """Memory of one SSM layer for one sequence slot on one rank (core/byte_model.py), and the local head counts.
+
+    ``checkpoint``: our checkpoint storage (master plus read copy in dual mode, the flush count with stochastic
+    rounding). Served by TensorRT-LLM:
+    ``upstream_state`` is its pool entry (``mamba_ssm_cache_dtype``) and ``our_state`` the state in our cache.
+    """
 
     local_heads: dict[str, int]
     checkpoint: int
+    upstream_state: int
+    our_state: int
     ring: int
     record: int
     cursors: int
     conv: int
 
     @property
+    def ours(self) -> int:
+        """Bytes per slot in our cache: rings, cursors and our state."""
+        return self.ring + self.cursors + self.our_state
+
+    @property
     def replay_total(self) -> int:
-        return self.checkpoint + self.ring + self.cursors + self.conv
+        return self.upstream_state + self.ours + self.conv
 
     @property
     def upstream_total(self) -> int:
-        return self.checkpoint + self.conv
+        return self.upstream_state + self.conv
 
 
-def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state_dtype: str, act_dtype: str = "bf16"
-                ) -> LayerBytes:
-    """Per-slot bytes of one SSM layer of ``spec`` on one TP rank."""
+def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_model.StateLike | None = None,
+                act_dtype: str = "bf16") -> LayerBytes:
+    """Per-slot bytes of one SSM layer of ``spec`` on one TP rank; ``state``: a StateSpec or a format name (default:
+    the model's plain state dtype)."""
     dims = local_dims(spec, tp_size)
     L = check_buffer_len(buffer_len)
+    st = state_spec(spec.ssm_state_dtype if state is None else state)
     record = byte_model.record_bytes(dims, act_dtype)
     conv = (dims.conv_kernel - 1) * dims.conv_dim * get_dtype(act_dtype, "act_dtype").bytes
-    return LayerBytes({name: getattr(dims, name) for name in dims.head_fields},
-                      int(byte_model.state_bytes(dims, state_dtype)), record * L, record, CURSOR_BYTES_PER_SLOT, conv)
+    checkpoint = byte_model.state_bytes(dims, st) + (FLUSH_COUNTER_BYTES if st.stochastic_rounding else 0)
+    upstream = byte_model.format_bytes(dims, STATE_FORMATS[pool_dtype(st, spec.ssm_state_dtype)])
+    ours = checkpoint - upstream if pool_holds(st) else checkpoint
+    return LayerBytes({name: getattr(dims, name) for name in dims.head_fields}, checkpoint, upstream, ours,
+                      record * L, record, CURSOR_BYTES_PER_SLOT, conv)
 
 
 def local_dims(spec: ModelSpec, tp_size: int) -> SSMDims:
@@ -71,13 +128,21 @@ def local_dims(spec: ModelSpec, tp_size: int) -> SSMDims:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Memory plan of a model on one GPU: per-sequence bytes, capacity vs upstream, YAML memory fraction."""
+    """Memory plan of a model on one GPU: per-sequence bytes, capacity vs upstream, YAML memory fraction.
+
+    ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots; ``reserve_bytes_per_gpu``: all of our
+    cache for them (plus our state). ``pool_dtype`` / ``pool_holds``: TensorRT-LLM's SSM state pool (see
+    :func:`pool_holds`); ``trtllm_note``: what the state costs there when the pool cannot hold our checkpoint.
+    """
 
     model: str
     gpu: str
     tp_size: int
     buffer_len: int
-    state_dtype: str
+    state: StateSpec
+    pool_dtype: str
+    pool_holds: str | None
+    trtllm_note: str | None
     act_dtype: str
     num_ssm_layers: int
     layer: LayerBytes
@@ -85,6 +150,7 @@ class MemoryPlan:
     per_seq_upstream: int
     max_batch_size: int
     ring_bytes_per_gpu: int
+    reserve_bytes_per_gpu: int
     gpu_memory_bytes: int
     max_seqs_replay: int
     max_seqs_upstream: int
@@ -97,15 +163,17 @@ class MemoryPlan:
         return out
 
 
-def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16, state_dtype: str | None = None,
-         act_dtype: str = "bf16", max_batch_size: int = 256, gpu_memory_gib: float | None = None) -> MemoryPlan:
-    """Memory plan of ``spec`` on ``gpu`` (a GPU name or an SM arch, see targets.resolve_gpu).
+def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
+         state: byte_model.StateLike | None = None, act_dtype: str = "bf16", max_batch_size: int = 256,
+         gpu_memory_gib: float | None = None) -> MemoryPlan:
+    """Memory plan of ``spec`` on ``gpu`` (a GPU name or an SM arch, see targets.resolve_gpu) with ``state`` (a
+    StateSpec or a format name; default: the model's plain state dtype).
 
-    ``max_seqs_*`` is how many sequences' recurrent state (and, for replay, rings) fit in the whole GPU memory
-    budget: an upper bound that excludes weights, KV cache and activations, comparable between replay and upstream.
-    ``free_gpu_memory_fraction`` lowers TensorRT-LLM's default 0.9 so that the rings of ``max_batch_size + 1``
-    slots (the +1 is the CUDA-graph padding dummy slot) stay free, assuming at least MIN_FREE_SHARE of the GPU is
-    free when TensorRT-LLM sizes its caches.
+    ``max_seqs_*`` is how many sequences' recurrent state (and, for replay, our cache) fit in the whole GPU memory
+    budget: an upper bound that excludes weights, KV cache and activations, comparable between replay and upstream
+    (TensorRT-LLM with the same pool dtype and its own kernels). ``free_gpu_memory_fraction`` lowers TensorRT-LLM's
+    default 0.9 so that our cache for ``max_batch_size + 1`` slots (the +1 is the CUDA-graph padding dummy slot)
+    stays free, assuming at least MIN_FREE_SHARE of the GPU is free when TensorRT-LLM sizes its caches.
     """
     key, _arch = resolve_gpu(gpu)
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -113,25 +181,26 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16, s
     mem_gib = GPU_MEMORY_GIB[key] if gpu_memory_gib is None else gpu_memory_gib
     if isinstance(mem_gib, bool) or not isinstance(mem_gib, (int, float)) or not mem_gib > 0:
         raise ValueError(f"gpu_memory_gib: expected a positive number, got {gpu_memory_gib!r}")
-    fmt = get_state_format(state_dtype or spec.ssm_state_dtype)
-    if not fmt.implemented:
-        raise ValueError(f"state_dtype: {fmt.name} state is planned, not implemented; expected one of "
-                         f"{', '.join(DTYPE_NAMES)}")
-    state_dtype, act_dtype = fmt.name, get_dtype(act_dtype, "act_dtype").name
-    lb = layer_bytes(spec, tp_size, buffer_len, state_dtype, act_dtype)
+    st = state_spec(spec.ssm_state_dtype if state is None else state)
+    act_dtype = get_dtype(act_dtype, "act_dtype").name
+    lb = layer_bytes(spec, tp_size, buffer_len, st, act_dtype)
     n = len(spec.ssm_layers)
     per_replay, per_up = n * lb.replay_total, n * lb.upstream_total
     mem = int(mem_gib * GIB)
-    ring_gpu = n * (lb.ring + lb.cursors) * (max_batch_size + 1)
-    fraction = UPSTREAM_FREE_FRACTION - ring_gpu / (MIN_FREE_SHARE * mem)
+    slots = max_batch_size + 1
+    reserve = n * lb.ours * slots
+    fraction = UPSTREAM_FREE_FRACTION - reserve / (MIN_FREE_SHARE * mem)
     if fraction < 0.05:
-        raise ValueError(f"max_batch_size: rings of {max_batch_size} sequences need {ring_gpu / GIB:.1f} GiB, "
-                         f"too much of {mem_gib:.1f} GiB; lower max_batch_size or buffer_len")
+        raise ValueError(f"max_batch_size: our cache (rings{', state' if lb.our_state else ''}) of {max_batch_size} "
+                         f"sequences needs {reserve / GIB:.1f} GiB, too much of {mem_gib:.1f} GiB; lower "
+                         f"max_batch_size or buffer_len")
     return MemoryPlan(
-        model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, state_dtype=state_dtype,
-        act_dtype=act_dtype, num_ssm_layers=n, layer=lb, per_seq_replay=per_replay, per_seq_upstream=per_up,
-        max_batch_size=max_batch_size, ring_bytes_per_gpu=ring_gpu, gpu_memory_bytes=mem,
-        max_seqs_replay=mem // per_replay, max_seqs_upstream=mem // per_up,
+        model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, state=st,
+        pool_dtype=pool_dtype(st, spec.ssm_state_dtype), pool_holds=pool_holds(st),
+        trtllm_note=trtllm_note(st, spec.ssm_state_dtype), act_dtype=act_dtype, num_ssm_layers=n, layer=lb,
+        per_seq_replay=per_replay, per_seq_upstream=per_up, max_batch_size=max_batch_size,
+        ring_bytes_per_gpu=n * (lb.ring + lb.cursors) * slots, reserve_bytes_per_gpu=reserve,
+        gpu_memory_bytes=mem, max_seqs_replay=mem // per_replay, max_seqs_upstream=mem // per_up,
         free_gpu_memory_fraction=round(fraction, 3),
-        step=byte_model.step_bytes(local_dims(spec, tp_size), state_dtype, act_dtype, buffer_len),
+        step=byte_model.step_bytes(local_dims(spec, tp_size), st, act_dtype, buffer_len),
     )

@@ -10,6 +10,7 @@ import torch
 
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
@@ -191,11 +192,9 @@ def resolve_scale(scale: float | None, key_dim: int) -> float:
     return value
 
 
-def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
+def validate_common(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
     """Checks shared by GDN and KDA; returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
-    chk.check_tensor("state", state, (None, None, None, None), chk.FLOAT_DTYPES, inner_contiguous=2)
-    slots, HV, V, K = state.shape
-    dev = state.device
+    (slots, HV, V, K), dev = chk.check_state(state)
     if K not in SUPPORTED_KEY_DIMS:
         raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
     if V % NUM_WARPS:
@@ -212,7 +211,8 @@ def validate_common(state: torch.Tensor, q, k, v, out, state_batch_indices, pad_
     if dev.type == "cuda":
         epl = K // 32
         for name, t in (("state", state), ("q", q), ("k", k)):
-            chk.check_aligned(name, t, epl)
+            if isinstance(t, torch.Tensor):
+                chk.check_aligned(name, t, epl)
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
     return idx, out, (slots, H, HV, V, K)
 
@@ -238,7 +238,7 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     if dev.type == "cpu":
         chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
-    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+    if dev.type == "cuda" and layer.storage is None:  # state tiles move by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())
         chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)

@@ -108,10 +108,16 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
-    idx, out, dims = _validate_step(layer.require_state(), q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    state = layer.require_state() if layer.storage is None else layer.checkpoint()
+    idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, False, idx, pad_slot_id)
     if check_values:
         _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
+    if layer.storage is not None:
+        flush = chk.stored_checkpoint_mode("gdn.replay_decode", layer.spec.label, state.device, mode, plan)
+        ref.replay_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, a, b, A_log, dt_bias,
+                         scale, idx, pad_slot_id, flush, out)
+        return out
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:

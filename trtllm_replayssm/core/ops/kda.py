@@ -118,12 +118,18 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     if not isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
-    idx, out, dims = _validate_step(layer.require_state(), q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+    state = layer.require_state() if layer.storage is None else layer.checkpoint()
+    idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
                                     state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, True, idx, pad_slot_id)
     if check_values:
         _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, g, beta, A_log, dt_bias,
                       pad_slot_id)
+    if layer.storage is not None:
+        flush = chk.stored_checkpoint_mode("kda.replay_decode", layer.spec.label, state.device, mode, plan)
+        ref.replay_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, g, beta, A_log,
+                         dt_bias, lower_bound, scale, idx, pad_slot_id, flush, out)
+        return out
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:

@@ -15,6 +15,7 @@ import torch
 
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import Mamba2LayerCache
+from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.formats import get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
@@ -196,10 +197,9 @@ _state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_upd
 
 
 # ---------------------------------------------------------------------------------------------------- public API
-def _validate_step(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id):
-    chk.check_tensor("state", state, (None, None, None, None), chk.FLOAT_DTYPES, inner_contiguous=2)
-    slots, H, P, N = state.shape
-    dev = state.device
+def _validate_step(state: torch.Tensor | Checkpoint, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices,
+                   pad_slot_id):
+    (slots, H, P, N), dev = chk.check_state(state)
     if N % 32:
         raise ValueError(f"state: d_state (last dim) must be a multiple of 32, got {N}")
     if P % 4:
@@ -221,7 +221,8 @@ def _validate_step(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, stat
     chk.check_tensor("out", out, (batch, H, P), (x.dtype,), dev, dtype_of="x")
     if dev.type == "cuda":
         epl = N // 32
-        chk.check_aligned("state", state, epl)
+        if isinstance(state, torch.Tensor):
+            chk.check_aligned("state", state, epl)
         chk.check_aligned("B", B, epl)
         chk.check_aligned("C", C, epl)
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
@@ -245,12 +246,14 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     ``B``/``C`` [b,G,N], ``D``/``dt_bias`` [H] fp32, ``z`` [b,H,P]. ``mode``: ``auto`` (flush every step when the
     batch cannot fill the GPU), ``replay`` or ``flush``. ``plan``: what to launch (default ``replay_plan(layer,
     batch, mode)``). ``check_values``: also check slot ids, cursors and finite inputs on CUDA (syncs; debugging).
-    Rows the step skips and the NaN/Inf policy: docs/design.md.
+    Rows the step skips and the NaN/Inf policy: docs/design.md. A layer with quantized, dual or stochastically
+    rounded storage runs the float32 reference (CPU tensors only; no CUDA kernels yet).
     """
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
-    idx, out = _validate_step(layer.require_state(), x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
-    slots, H, P, N = layer.state.shape
+    state = layer.require_state() if layer.storage is None else layer.checkpoint()
+    idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    slots, H, P, N = state.shape
     L = layer.buffer_len
     dev = layer.state.device
     chk.check_tensor("layer.x_ring", layer.x_ring, (slots, H, L, P), (x.dtype,), dev, inner_contiguous=2)
@@ -265,6 +268,11 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
         _check_values(idx, slots, pad_slot_id, layer.cursor, L, x, dt, A, B, C, D, z, dt_bias)
     elif dev.type == "cpu":
         chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
+    if layer.storage is not None:
+        flush = chk.stored_checkpoint_mode("mamba2.replay_decode", layer.spec.label, dev, mode, plan)
+        ref.replay_step_(state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, x, dt, A, B, C, D, z, dt_bias,
+                         dt_softplus, idx, pad_slot_id, flush, out)
+        return out
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):

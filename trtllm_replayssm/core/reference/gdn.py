@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_replayssm.core import checks
+from trtllm_replayssm.core.checkpoint import Checkpoint, as_checkpoint
 from trtllm_replayssm.core.layouts import key_ring_dtype
 
 FLOAT_DTYPES = checks.FLOAT_DTYPES
@@ -48,9 +49,16 @@ def check_rank(name: str, t: object, ndim: int) -> torch.Tensor:
 
 def check_state_io(state: object, state_batch_indices: object, out: object, batch: int, v_heads: int, dim_v: int,
                    dim_k: int, device: torch.device) -> int:
-    """Check the slot pool ``state`` [slots, HV, V, K], the row slot ids and ``out``; return the slot count."""
-    slots = check_rank("state", state, 4).shape[0]
-    check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, device)
+    """Check the slot pool ``state`` [slots, HV, V, K] (or a Checkpoint of that shape), the row slot ids and ``out``;
+    return the slot count."""
+    if isinstance(state, Checkpoint):
+        slots = state.shape[0]
+        if state.shape != (slots, v_heads, dim_v, dim_k) or state.device != device:
+            raise ValueError(f"state: expected a checkpoint of shape {(slots, v_heads, dim_v, dim_k)} on {device}, "
+                             f"got {state.shape} on {state.device}")
+    else:
+        slots = check_rank("state", state, 4).shape[0]
+        check_tensor("state", state, (slots, v_heads, dim_v, dim_k), FLOAT_DTYPES, device)
     check_tensor("state_batch_indices", state_batch_indices, (batch,), (torch.int32,), device)
     check_tensor("out", out, (batch, v_heads, dim_v), FLOAT_DTYPES, device)
     return slots
@@ -146,27 +154,29 @@ def _fold(
 
 
 def delta_rule_update_(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor,
-    scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
+    state: torch.Tensor | Checkpoint, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor,
+    beta: torch.Tensor, scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
 ) -> None:
     """Float32 baseline step in place: read S, update, write S (state dtype), write ``out``; pad rows get zero
     outputs and touch no slot.
 
     ``log_gate [b,HV,C]`` and ``beta [b,HV]`` are float32 (already activated); arguments are validated by the caller.
+    ``state``: the slot pool or a Checkpoint (decoded, stepped and re-encoded every step).
     """
-    rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
+    ckpt = as_checkpoint(state)
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, ckpt.shape[0])
     out[state_batch_indices == pad_slot_id] = 0
     if rows.numel() == 0:
         return
     f32 = torch.float32
     q_v, _, k_v = _inputs(q[rows], k[rows], scale, v.shape[1], f32)
-    _, s_new = _fold(state[slots].to(f32), k_v, v[rows].to(f32), torch.exp(log_gate[rows]), beta[rows])
-    state[slots] = s_new.to(state.dtype)
+    _, s_new = _fold(ckpt.fold_values(slots), k_v, v[rows].to(f32), torch.exp(log_gate[rows]), beta[rows])
+    ckpt.store_(slots, s_new)
     out[rows] = _matvec(s_new, q_v).to(out.dtype)
 
 
 class _History:
-    """Checkpoint and masked ring records of the active rows.
+    """Checkpoint (``s0``: what each row reads) and masked ring records of the active rows.
 
     Represents ``S_h = S0 Diag(e^G) + sum_{j<w} u_j (k_j e^{G-G_j})^T`` without building it unless asked.
     ``predecayed_keys`` (KDA): ``k_ring [slots,HV,L,K]`` in the pre-decayed form (PREDECAY_FLOOR), whose entries
@@ -174,7 +184,7 @@ class _History:
     """
 
     def __init__(
-        self, state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+        self, s0: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
         slots: torch.Tensor, w: torch.Tensor, num_v_heads: int, predecayed_keys: bool,
     ) -> None:
         f32, dev = torch.float32, w.device
@@ -194,7 +204,7 @@ class _History:
             keys = _expand_heads(keys, num_v_heads)
         self.u = torch.where(valid, u_ring[slots].to(f32), zero)  # [n,HV,L,V]
         self.k_dec = torch.where(valid, keys, zero) * torch.where(valid, decay, zero)  # [n,HV,L,K]
-        self.s0 = state[slots].to(f32)
+        self.s0 = s0  # float32 checkpoints of the rows [n,HV,V,K]
         self.e_g = torch.exp(self.big_g)
 
     def materialize(self, sel: torch.Tensor) -> torch.Tensor:
@@ -209,7 +219,8 @@ class _History:
 
 
 def delta_rule_replay_(
-    state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor, scale: float,
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
     predecayed_keys: bool = False,
@@ -222,9 +233,11 @@ def delta_rule_replay_(
     ``o = a_q + u (k . q)``. Flush rows fold into the checkpoint ``S_h Diag(alpha) + u k^T``, cursor 0, no append;
     other rows append ``u``, ``k`` and ``G + g`` at ring position w, cursor w+1: ``k`` once per key head, or with
     ``predecayed_keys`` (KDA) once per value head in the pre-decayed form (PREDECAY_FLOOR). Ring records are stored in
-    the ring dtype and read back from it on later steps. Arguments are validated by the caller.
+    the ring dtype and read back from it on later steps. Arguments are validated by the caller. ``state``: the slot
+    pool or a Checkpoint (non-flush rows read its read copy, flush rows fold from and write its master and read copy).
     """
-    rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
+    ckpt = as_checkpoint(state)
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, ckpt.shape[0])
     out[state_batch_indices == pad_slot_id] = 0
     if rows.numel() == 0:
         return
@@ -235,15 +248,18 @@ def delta_rule_replay_(
     q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, num_v_heads, f32)
     v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
     alpha = torch.exp(g)
-    hist = _History(state, u_ring, k_ring, g_ring, slots, w, num_v_heads, predecayed_keys)
     is_flush = torch.ones_like(w, dtype=torch.bool) if force_flush else w == ring_len - 1
+    s0 = ckpt.read_values(slots)
+    if ckpt.read is not None and bool(is_flush.any()):
+        s0[is_flush] = ckpt.fold_values(slots[is_flush])
+    hist = _History(s0, u_ring, k_ring, g_ring, slots, w, num_v_heads, predecayed_keys)
 
     sel = torch.nonzero(is_flush).squeeze(1)
     if sel.numel():
         s_h = hist.materialize(sel)
         a_q = _matvec(s_h, alpha[sel] * q_v[sel])
         u, s_new = _fold(s_h, k_v[sel], v_r[sel], alpha[sel], b_r[sel])
-        state[slots[sel]] = s_new.to(state.dtype)
+        ckpt.store_(slots[sel], s_new)
         cursor[slots[sel]] = 0
         out[rows[sel]] = (a_q + u * (k_v[sel] * q_v[sel]).sum(-1, keepdim=True)).to(out.dtype)
 
@@ -313,7 +329,7 @@ def _check_step(
 
 
 def state_update_(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    state: torch.Tensor | Checkpoint, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None, state_batch_indices: torch.Tensor,  # noqa: N803
     pad_slot_id: int, out: torch.Tensor,
 ) -> None:
@@ -347,7 +363,8 @@ def check_rings(u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor
 
 
 def replay_step_(
-    state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None,  # noqa: N803
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,

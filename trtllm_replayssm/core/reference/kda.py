@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.reference.gdn import (
     FLOAT_DTYPES,
     LOG_GATE_FLOOR,
@@ -108,7 +109,8 @@ def _check_step(
 
 
 def state_update_(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
+    state: torch.Tensor | Checkpoint, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor,
+    beta_raw: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, scale: float | None,  # noqa: N803
     state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
 ) -> None:
@@ -122,7 +124,8 @@ def state_update_(
 
 
 def replay_step_(
-    state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor, beta_raw: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, scale: float | None,  # noqa: N803
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,

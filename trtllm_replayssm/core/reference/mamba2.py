@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trtllm_replayssm.core.checkpoint import Checkpoint, as_checkpoint
+
 
 def softplus_thr20(v: torch.Tensor) -> torch.Tensor:
     """softplus with identity above 20 (the threshold of the Mamba-2 / GDN reference code)."""
@@ -56,23 +58,24 @@ def sequential_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
     return S, y
 
 
-def state_update_(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+def state_update_(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                   C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                   dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
-    """Baseline step in float32, in place on the slot pool ``state`` [slots,H,P,N]; pad rows get zero outputs and
-    touch no slot."""
+    """Baseline step in float32, in place on the slot pool ``state`` [slots,H,P,N] (or a Checkpoint: decoded, stepped
+    and re-encoded every step); pad rows get zero outputs and touch no slot."""
+    ckpt = as_checkpoint(state)
     out[state_batch_indices == pad_slot_id] = 0
     valid = (state_batch_indices != pad_slot_id).nonzero().flatten()
     if valid.numel() == 0:
         return
     slots = state_batch_indices[valid].long()
-    new_state, y = sequential_step(state[slots], x[valid], dt[valid], A, B[valid], C[valid],
+    new_state, y = sequential_step(ckpt.fold_values(slots), x[valid], dt[valid], A, B[valid], C[valid],
                                    D, None if z is None else z[valid], dt_bias, dt_softplus, dtype=torch.float32)
-    state[slots] = new_state.to(state.dtype)
+    ckpt.store_(slots, new_state)
     out[valid] = y.to(out.dtype)
 
 
-def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
                  cursor: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                  dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool,
@@ -81,8 +84,10 @@ def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tenso
 
     Non-flush rows: y from checkpoint + ring without writing the checkpoint; append (x, Δ, B) at the cursor.
     Flush rows (cursor == L-1 or ``force_flush``): fold ring + current token into a new checkpoint, cursor <- 0.
-    Pad rows get zero outputs and touch no slot.
+    Pad rows get zero outputs and touch no slot. ``state``: the slot pool or a Checkpoint (non-flush rows read its
+    read copy, flush rows fold from and write its master and read copy).
     """
+    ckpt = as_checkpoint(state)
     f32 = torch.float32
     H, L = x.shape[1], x_ring.shape[2]
     heads_per_group = H // B.shape[1]
@@ -105,13 +110,15 @@ def replay_step_(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tenso
         Bs = torch.cat([B_ring[slot, :, :w].to(f32), B[b, :, None].to(f32)], dim=1)              # [G, w+1, N]
         Bs = Bs.repeat_interleave(heads_per_group, dim=0)                                         # [H, w+1, N]
         Ch = C[b].to(f32).repeat_interleave(heads_per_group, dim=0)                               # [H, N]
-        S0 = state[slot].to(f32)
+        slot_ids = torch.tensor([slot], device=x.device)
         if flush:
+            S0 = ckpt.fold_values(slot_ids)[0]
             S = decay[:, None, None] * S0 + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
-            state[slot] = S.to(state.dtype)
+            ckpt.store_(slot_ids, S[None])
             y = torch.einsum("hpn,hn->hp", S, Ch)
             cursor[slot] = 0
         else:
+            S0 = ckpt.read_values(slot_ids)[0]
             bc = torch.einsum("hjn,hn->hj", Bs, Ch)
             y = decay[:, None] * torch.einsum("hpn,hn->hp", S0, Ch) + torch.einsum("hj,hjp->hp", s * bc, xs)
             x_ring[slot, :, w] = x[b].to(x_ring.dtype)
