@@ -7,6 +7,7 @@ import torch
 
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import DTYPES
+from trtllm_replayssm.core.plans import MODES
 
 FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
 
@@ -28,8 +29,8 @@ def stored_checkpoint_mode(op: str, spec_label: str, device: torch.device, mode:
         raise RuntimeError(f"{op}: {spec_label} checkpoints have no CUDA kernels yet; CPU tensors run the reference")
     if plan is not None:
         raise ValueError(f"plan: {spec_label} checkpoints run the CPU reference, which takes no launch plan")
-    if mode not in ("auto", "replay", "flush"):
-        raise ValueError(f"mode: expected one of ('auto', 'replay', 'flush'), got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     return mode == "flush"
 
 

@@ -153,6 +153,17 @@ class StateSpec:
         name = f"{self.format}/dual/{self.master}" if self.dual else self.format
         return name + ("+sr" if self.stochastic_rounding else "")
 
+    @property
+    def summary(self) -> str:
+        """One line on how the checkpoint is stored."""
+        if self.dual:
+            text = f"dual: {self.format} read copy for non-flush steps, {self.master} master for flushes"
+        elif self.quantized:
+            text = f"shared: one {self.format} checkpoint for every step"
+        else:
+            text = f"plain {self.format} checkpoint"
+        return text + (", stochastic rounding" if self.stochastic_rounding else "")
+
     def to_dict(self) -> dict:
         return {"state_format": self.format, "state_mode": self.mode, "master_format": self.master,
                 "stochastic_rounding": self.stochastic_rounding}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_replayssm.core.formats import StateSpec
-from trtllm_replayssm.serving.memory_plan import MemoryPlan, state_summary
+from trtllm_replayssm.serving.memory_plan import MemoryPlan
 from trtllm_replayssm.serving.presets import ModelSpec
 from trtllm_replayssm.serving.trtllm.core import SUPPORTED_TRTLLM_VERSIONS
 
@@ -51,7 +51,7 @@ def missing_kernels(state: StateSpec) -> str | None:
 
 def _state_dict(mp: MemoryPlan) -> dict:
     """The manifest's ``state``: the StateSpec, a summary and what TensorRT-LLM's SSM pool holds."""
-    return {**mp.state.to_dict(), "label": mp.state.label, "summary": state_summary(mp.state),
+    return {**mp.state.to_dict(), "label": mp.state.label, "summary": mp.state.summary,
             "trtllm_pool_dtype": mp.pool_dtype, "trtllm_pool_holds": mp.pool_holds, "trtllm_note": mp.trtllm_note}
 
 

@@ -61,17 +61,6 @@ def trtllm_note(state: StateSpec, model_dtype: str) -> str | None:
             f"our cache: served by TensorRT-LLM this mode costs the pool plus our state and saves no memory")
 
 
-def state_summary(state: StateSpec) -> str:
-    """One line on how ``state`` stores a layer's checkpoint."""
-    if state.dual:
-        text = f"dual: {state.format} read copy for non-flush steps, {state.master} master for flushes"
-    elif state.quantized:
-        text = f"shared: one {state.format} checkpoint for every step"
-    else:
-        text = f"plain {state.format} checkpoint"
-    return text + (", stochastic rounding" if state.stochastic_rounding else "")
-
-
 @dataclass(frozen=True)
 class LayerBytes:
     """Memory of one SSM layer for one sequence slot on one rank (core/byte_model.py), and the local head counts.

@@ -249,9 +249,12 @@ def delta_rule_replay_(
     v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
     alpha = torch.exp(g)
     is_flush = torch.ones_like(w, dtype=torch.bool) if force_flush else w == ring_len - 1
-    s0 = ckpt.read_values(slots)
-    if ckpt.read is not None and bool(is_flush.any()):
+    if ckpt.read is None:
+        s0 = ckpt.fold_values(slots)
+    else:  # each row decodes one copy: flush rows the master, the others the read copy
+        s0 = torch.empty(*slots.shape, *ckpt.shape[1:], device=slots.device)
         s0[is_flush] = ckpt.fold_values(slots[is_flush])
+        s0[~is_flush] = ckpt.read_values(slots[~is_flush])
     hist = _History(s0, u_ring, k_ring, g_ring, slots, w, num_v_heads, predecayed_keys)
 
     sel = torch.nonzero(is_flush).squeeze(1)
