@@ -1,6 +1,9 @@
 // Mamba-2 single-token decode: baseline state update, ReplaySSM replay decode (prep + main), and flush decode.
 //
-// Compile-time constants (NVRTC -D): P (head_dim), N (d_state), PT (state rows per CTA), STATE_T, ACT_T.
+// Compile-time constants (NVRTC -D): P (head_dim), N (d_state), PT (state rows per CTA), STATE_T, ACT_T, and for
+// quantized or stochastically rounded checkpoints MASTER_FMT (the checkpoint a flush folds from and writes: 0 plain
+// STATE_T rows, 1 FP8, 2 NVFP4; STATE_T is unsigned char for the last two), READ_FMT (dual mode: the read copy
+// non-flush steps read, 1 FP8 or 2 NVFP4; 0: none) and SR (stochastic rounding of every checkpoint write).
 // State kernels run grid (P / PT, nheads, batch) with 128 threads: each warp owns PT/4 rows of one head's (P x N) state
 // tile, each lane N/32 consecutive columns, so every update is row-local and the state is read exactly once.
 //
@@ -13,7 +16,17 @@
 // (PT x N) checkpoint tile with a bulk copy and the tile's inputs with async copies into shared-memory stages, four
 // consumer warps compute the rows from shared memory. `flush_decode` (adaptive small-batch mode) is the baseline step
 // with a fold of any pending ring entries.
-#include "replayssm_common.cuh"
+#include "state_formats.cuh"
+
+#ifndef MASTER_FMT
+#define MASTER_FMT 0
+#endif
+#ifndef READ_FMT
+#define READ_FMT 0
+#endif
+#ifndef SR
+#define SR 0
+#endif
 
 using state_t = STATE_T;
 using act_t = ACT_T;
@@ -26,14 +39,23 @@ namespace {
 
 constexpr int kEpl = N / rssm::kWarpSize;     // state columns per lane
 constexpr int kRowsPerWarp = PT / rssm::kNumWarps;
+
+// Checkpoint storage (plugins/state_formats.cuh): the master (the one checkpoint outside dual mode) and the rows a
+// non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
+constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
+constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
+using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
+using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
+static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && P % PT == 0 && PT <= rssm::kThreads,
               "row tile must divide head_dim, be a multiple of 4 and at most 128");
 
 // The state tile stays in registers in its storage format while its loads are in flight (half the registers for
-// 16-bit states); rows are widened to fp32 one at a time when used.
+// 16-bit states); rows are widened to fp32 one at a time when used. FP8 and NVFP4 rows are decoded as they load.
 using RawVec = rssm::VecTraits<state_t, kEpl>;
-using RawTile = typename RawVec::Raw[kRowsPerWarp][RawVec::kChunks];
+using RawTile = rssm::conditional_t<MASTER_FMT == rssm::kFmtPlain, typename RawVec::Raw[kRowsPerWarp][RawVec::kChunks],
+                                  float[kRowsPerWarp][kEpl]>;
 
 // Per-row output staging: the warps reduce S·C per row, thread i < PT finishes row i (coalesced stores).
 struct __align__(16) OutStage {
@@ -45,8 +67,55 @@ struct __align__(16) OutStage {
 
 struct Tile {
   int b, slot, head, group, row0, warp, lane;
-  state_t* state;  // this lane's first element of this warp's rows
+  state_t* state;      // this lane's first element of this warp's rows (plain master)
+  MasterRows master;   // this warp's first row of the master
+  unsigned flushes;    // the slot's checkpoint writes so far (stochastic rounding)
 };
+
+// Rows row0 ... of the master checkpoint of (slot, head).
+__device__ __forceinline__ MasterRows master_rows(const Mamba2Params& p, int slot, int head, int row0) {
+  auto* data = static_cast<unsigned char*>(p.state) +
+               (slot * p.s_state_slot + head * p.s_state_head) * (long long)sizeof(state_t) +
+               (long long)row0 * MasterRows::kDataBytes;
+  if constexpr (MASTER_FMT == rssm::kFmtPlain) {
+    return {data, nullptr, nullptr};
+  } else {
+    const long long row = ((long long)slot * p.nheads + head) * P + row0;
+    return {data, static_cast<unsigned char*>(p.state_bscale) + row * MasterRows::kBlockBytes, p.state_scale + row};
+  }
+}
+
+// Rows row0 ... of the read copy of (slot, head) (dual mode).
+__device__ __forceinline__ ReadRows read_rows(const Mamba2Params& p, int slot, int head, int row0) {
+  const long long row = ((long long)slot * p.nheads + head) * P + row0;
+  return {static_cast<unsigned char*>(p.read) + row * ReadRows::kDataBytes,
+          static_cast<unsigned char*>(p.read_bscale) + row * ReadRows::kBlockBytes, p.read_scale + row};
+}
+
+// Rows row0 ... of what non-flush steps of (slot, head) read: the read copy in dual mode, else the master.
+__device__ __forceinline__ ReadRows nonflush_rows(const Mamba2Params& p, int slot, int head, int row0) {
+#if READ_FMT
+  return read_rows(p, slot, head, row0);
+#else
+  return master_rows(p, slot, head, row0);
+#endif
+}
+
+// A flush's write of row `row` of (slot, head) from this lane's fp32 values: the master and, in dual mode, the read
+// copy from the same values, rounded to nearest or (SR) stochastically with the slot's streams of write `flushes`
+// (core/checkpoint.py, the write rule). Warp-collective.
+__device__ __forceinline__ void store_checkpoint_row(const Mamba2Params& p, int slot, int head, int row,
+                                                     const float (&v)[kEpl], unsigned flushes) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const long long e0 = ((long long)head * P + row) * N + lane * kEpl;
+  const rssm::SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(p.seed)};
+  constexpr bool kMasterSr = SR && !(MASTER_FMT == rssm::kFmtPlain && sizeof(state_t) == 4);  // fp32: exact
+  master_rows(p, slot, head, row).encode(0, lane, v, kMasterSr ? &master_key : nullptr, e0);
+  if constexpr (kDual) {
+    const rssm::SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(p.seed)};
+    read_rows(p, slot, head, row).encode(0, lane, v, SR ? &read_key : nullptr, e0);
+  }
+}
 
 // A pad row's outputs are zeros (its state, ring and cursor are not touched): rows row0 .. row0+PT-1 of head h.
 __device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, int h, int row0) {
@@ -68,6 +137,8 @@ __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   t.lane = threadIdx.x % rssm::kWarpSize;
   t.state = static_cast<state_t*>(p.state) + t.slot * p.s_state_slot + t.head * p.s_state_head +
             (long long)(t.row0 + t.warp * kRowsPerWarp) * N + t.lane * kEpl;
+  t.master = master_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
+  t.flushes = SR && p.flushes ? p.flushes[t.slot] : 0u;
   return true;
 }
 
@@ -90,23 +161,35 @@ __device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int
   return p.dt_softplus ? rssm::softplus_thr20(dt) : dt;
 }
 
-__device__ __forceinline__ void load_raw(const Tile& t, RawTile& raw) {
-  const auto* src = reinterpret_cast<const typename RawVec::Raw*>(t.state);
+template <class Raw>  // RawTile (a template: the branch not taken is discarded)
+__device__ __forceinline__ void load_raw(const Tile& t, Raw& raw) {
+  if constexpr (MASTER_FMT != rssm::kFmtPlain) {
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+    for (int r = 0; r < kRowsPerWarp; ++r) t.master.decode(r, t.lane, raw[r]);
+  } else {
+    const auto* src = reinterpret_cast<const typename RawVec::Raw*>(t.state);
 #pragma unroll
-    for (int c = 0; c < RawVec::kChunks; ++c) {
-      if constexpr (RawVec::kChunk == 16) raw[r][c] = __ldcs(src + r * (N / RawVec::kPerChunk) + c);
-      else raw[r][c] = src[r * (N / RawVec::kPerChunk) + c];
-    }
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+      for (int c = 0; c < RawVec::kChunks; ++c) {
+        if constexpr (RawVec::kChunk == 16) raw[r][c] = __ldcs(src + r * (N / RawVec::kPerChunk) + c);
+        else raw[r][c] = src[r * (N / RawVec::kPerChunk) + c];
+      }
+  }
 }
 
-__device__ __forceinline__ void unpack_row(const RawTile& raw, int r, float (&v)[kEpl]) {
-  static_assert(RawVec::kChunk >= 4, "raw chunks must hold whole 32-bit words");
+template <class Raw>  // RawTile
+__device__ __forceinline__ void unpack_row(const Raw& raw, int r, float (&v)[kEpl]) {
+  if constexpr (MASTER_FMT != rssm::kFmtPlain) {
 #pragma unroll
-  for (int c = 0; c < RawVec::kChunks; ++c)
+    for (int e = 0; e < kEpl; ++e) v[e] = raw[r][e];
+  } else {
+    static_assert(RawVec::kChunk >= 4, "raw chunks must hold whole 32-bit words");
 #pragma unroll
-    for (int i = 0; i < RawVec::kPerChunk; ++i) v[c * RawVec::kPerChunk + i] = rssm::raw_elem<state_t>(raw[r][c], i);
+    for (int c = 0; c < RawVec::kChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < RawVec::kPerChunk; ++i) v[c * RawVec::kPerChunk + i] = rssm::raw_elem<state_t>(raw[r][c], i);
+  }
 }
 
 __device__ __forceinline__ const act_t* group_vec(const void* base, long long sb, long long sg, int b, int g) {
@@ -149,8 +232,9 @@ __device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile&
   }
 }
 
-__device__ __forceinline__ void store_row(const Tile& t, int r, const float (&v)[kEpl]) {
-  rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
+__device__ __forceinline__ void store_row(const Mamba2Params& p, const Tile& t, int r, const float (&v)[kEpl]) {
+  if constexpr (kStored) store_checkpoint_row(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp + r, v, t.flushes);
+  else rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
 }
 
 // One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged. With
@@ -177,7 +261,7 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
     const float u = delta * st.x[t.warp * kRowsPerWarp + r];
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] = fmaf(decay, v[e], u * bv[e]);
-    store_row(t, r, v);
+    store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
   }
   return true;
@@ -218,7 +302,7 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
     }
-    store_row(t, r, v);
+    store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
   }
 }
@@ -261,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
   const int w = bad_cursor ? 0 : cursor;
   const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
   __shared__ OutStage st;
-  if (w == 0) {
+  if (w == 0 && !kStored) {  // a stored checkpoint's write is inlined once: every row folds (an empty ring: w = 0)
     if (!single_step_rows<true>(p, t, raw, st, first_id, bad_cursor)) return;
   } else {
     __shared__ float s_w[rssm::kMaxL];
@@ -275,11 +359,12 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
       if (t.lane == 0) s_decay = decay;
     }
     __syncthreads();
-    if (repeats_earlier_row(p, t, first_id)) {
+    if (bad_cursor || repeats_earlier_row(p, t, first_id)) {
       zero_pad_output(p, t.b, t.head, t.row0);
       return;
     }
-    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0);
+    if (threadIdx.x == 0)
+      rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0, SR ? p.flushes : nullptr);
     fold_rows(p, t, raw, s_w, s_decay, w, st);
   }
   finish_output(p, t, st);
@@ -373,13 +458,14 @@ extern "C" __global__ void __launch_bounds__(512) mamba2_replay_prep_kernel(cons
   }
   if (threadIdx.x == 0) {
     if (g == 0) p.step[b] = flush ? -(w + 1) : w;
+    if (SR && flush && g == 0) p.flushes[slot] += 1;  // the main kernel keys this write by the count before it
     rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.ngroups, flush ? 0 : w + 1);
   }
 }
 
 namespace {
 
-constexpr int kTileBytes = PT * N * int(sizeof(state_t));
+constexpr int kTileBytes = PT * ReadRows::kRowBytes;  // the rows non-flush steps read
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(PT * sizeof(act_t) % 4 == 0 && N * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRowsPerWarp;  // lanes per row that split its ring entries
@@ -432,10 +518,17 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
                                         int num_tiles) {
   const int lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
-  auto state_src = [&](int slot, const TileCoord& c) -> const void* {
-    if (slot == p.pad_slot_id) return nullptr;
-    return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
-           (long long)c.row0 * N;
+  auto state_src = [&](int slot, const TileCoord& c) {
+    if constexpr (ReadRows::kScaleBytes == 0 && !kDual) {
+      if (slot == p.pad_slot_id) return static_cast<const void*>(nullptr);
+      return static_cast<const void*>(static_cast<const state_t*>(p.state) + slot * p.s_state_slot +
+                                      c.head * p.s_state_head + (long long)c.row0 * N);
+    } else {
+      if (slot == p.pad_slot_id) return rssm::TileParts{};
+      const ReadRows rows = nonflush_rows(p, slot, c.head, c.row0);
+      return rssm::TileParts{{rows.data, rows.block, rows.scale},
+                             {PT * ReadRows::kDataBytes, PT * ReadRows::kBlockBytes, PT * ReadRows::kScaleBytes}};
+    }
   };
   int folds = 0;
   act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
@@ -475,10 +568,13 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
 // r's S·C on lane r. x_j come from the stage (ring rows j < w, then x), B_j from the fold buffer `B_s` ([w + 1][N])
-// or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2).
+// or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2). S0: this
+// lane's `rows` of the stage (plain rows), the stage tile `stage` (a stored checkpoint outside dual mode) or the master
+// in global memory (dual mode).
 __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
                                            const float* coef, const act_t* x_s, const act_t* ring_s,
-                                           const act_t* B_s, const float (&cv)[kEpl], const state_t* rows) {
+                                           const act_t* B_s, const float (&cv)[kEpl], const state_t* rows,
+                                           const unsigned char* stage) {
   using BRaw = rssm::VecTraits<act_t, kEpl>;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int wrow0 = warp * kRowsPerWarp;  // in the tile
@@ -490,6 +586,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
                  (long long)(c.row0 + wrow0) * N + lane * kEpl;
   const float decay = coef[p.L];
+  const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
   float dot_lane = 0.f;
 #pragma unroll
   for (int r0 = 0; r0 < kRowsPerWarp; r0 += kFoldRows) {
@@ -498,7 +595,9 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRowsPerWarp) break;
       xs[r] = lane <= w ? sj * rssm::to_float(xj[r0 + r]) : 0.f;
-      rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
+      if constexpr (!kStored) rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
+      else if constexpr (kDual) master_rows(p, slot, c.head, c.row0 + wrow0).decode(r0 + r, lane, acc[r]);
+      else ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(wrow0).decode(r0 + r, lane, acc[r]);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
     }
@@ -533,7 +632,8 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRowsPerWarp) break;
-      rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
+      if constexpr (kStored) store_checkpoint_row(p, slot, c.head, c.row0 + wrow0 + r0 + r, acc[r], flushes);
+      else rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) dot = fmaf(acc[r][e], cv[e], dot);
@@ -590,7 +690,11 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       float v[kEpl];
-      rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
+      if constexpr (kStored) {
+        ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp).decode(rr, lane, v);
+      } else {
+        rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
+      }
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
@@ -600,7 +704,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     dot_lane *= decay;
   } else {
     if (p.fold_bytes) rssm::fold_buffer_wait(pipe, folds);
-    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, rows);
+    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, rows, stage);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;

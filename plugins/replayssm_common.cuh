@@ -12,6 +12,10 @@ constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host 
 constexpr int kThreads = kWarpSize * kNumWarps;
 constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in the warp scans
 
+template <bool kCond, class A, class B> struct Conditional { using type = A; };
+template <class A, class B> struct Conditional<false, A, B> { using type = B; };
+template <bool kCond, class A, class B> using conditional_t = typename Conditional<kCond, A, B>::type;
+
 // ---------------------------------------------------------------------------------------------- dtype codecs
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
@@ -28,6 +32,7 @@ template <typename T> __device__ __forceinline__ float round_through(float v) { 
 // ---------------------------------------------------------------------------------------------- vector access
 // Raw vector type moving BYTES bytes in one instruction (BYTES in {2, 4, 8, 16}).
 template <int BYTES> struct RawVec;
+template <> struct RawVec<1> { using type = unsigned char; };
 template <> struct RawVec<2> { using type = unsigned short; };
 template <> struct RawVec<4> { using type = unsigned int; };
 template <> struct RawVec<8> { using type = uint2; };
@@ -126,6 +131,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 // Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the warp-wide sum
 // of v[l % kValues] (v is clobbered). Each halving step trades half of the values with the partner lane (kValues - 1
 // shuffles in all, independent within a step), then a butterfly over the lane bits above kValues: instead of
@@ -209,14 +220,16 @@ __device__ __forceinline__ bool skipped_stage_row(int slot, int step, int pad_sl
 // ---------------------------------------------------------------------------------------------- cursor advance
 // Called once per CTA (or warp) by one thread after every thread of it has read `cursor[slot]` (i.e. after a
 // __syncthreads / __syncwarp that follows the read). The arrival that comes last among `ctas_per_slot` writes the new
-// cursor and re-arms the counter, so every reader of the row sees the old cursor and the next launch sees the new one.
+// cursor (and, given `flushes`, counts the slot's checkpoint write) and re-arms the counter, so every reader of the
+// row sees the old cursor and the next launch sees the new one.
 // No fence: the only readers of what this launch writes (cursor, counter, ring entries) are later launches, ordered by
 // the kernel boundary (or griddepcontrol.wait). CUDA-graph safe, no host sync.
 __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int* __restrict__ arrive, int slot,
-                                                   int ctas_per_slot, int new_cursor) {
+                                                   int ctas_per_slot, int new_cursor, int* flushes = nullptr) {
   const int before = atomicAdd(arrive + slot, 1);
   if (before == ctas_per_slot - 1) {
     cursor[slot] = new_cursor;
+    if (flushes) flushes[slot] += 1;
     arrive[slot] = 0;
   }
 }
@@ -290,6 +303,30 @@ __device__ __forceinline__ void stage_state_copy(TilePipe& pipe, int s, unsigned
   } else {
     mbar_arrive_expect_tx(&pipe.full[s], bytes);
     bulk_load(dst, src, bytes, &pipe.full[s]);
+  }
+}
+
+// A checkpoint tile stored in parts (codes, block scales, row scales: plugins/state_formats.cuh), copied into
+// consecutive bytes of the stage; src[0] null for a pad row. Every part a multiple of 16 bytes, 16-byte aligned.
+struct TileParts {
+  const void* src[3];
+  unsigned bytes[3];
+};
+
+__device__ __forceinline__ void stage_state_copy(TilePipe& pipe, int s, unsigned char* dst, const TileParts& parts,
+                                                 unsigned bytes) {
+  if (threadIdx.x % kWarpSize != 0) return;
+  if (parts.src[0] == nullptr) {
+    mbar_arrive(&pipe.full[s]);
+    return;
+  }
+  mbar_arrive_expect_tx(&pipe.full[s], bytes);
+  unsigned off = 0;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (parts.bytes[i] == 0) continue;
+    bulk_load(dst + off, parts.src[i], parts.bytes[i], &pipe.full[s]);
+    off += parts.bytes[i];
   }
 }
 

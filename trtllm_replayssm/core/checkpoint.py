@@ -142,6 +142,25 @@ class Checkpoint:
             self.read.encode_(slots, values, u_read)
 
 
+    def op_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """The tensors a custom op takes besides the master data, in the order of :data:`OP_TENSORS`."""
+        read = self.read
+        return (self.master.scale, self.master.block_scale, None if read is None else read.data,
+                None if read is None else read.scale, None if read is None else read.block_scale, self.flushes)
+
+    @classmethod
+    def from_op_args(cls, data: torch.Tensor, tensors: tuple[torch.Tensor | None, ...], spec: StateSpec,
+                     seed: int) -> "Checkpoint":
+        """The inverse of :meth:`op_tensors` (with the master ``data``, the spec and the seed)."""
+        scale, block, read, read_scale, read_block, flushes = tensors
+        stored_read = None if read is None else StoredState(spec.read_format, read, read_scale, read_block)
+        return cls(spec, StoredState(spec.checkpoint_format, data, scale, block), stored_read, flushes, seed)
+
+
+# The checkpoint tensors of a custom op's schema besides the master data (Checkpoint.op_tensors).
+OP_TENSORS = ("state_scale", "state_bscale", "read", "read_scale", "read_bscale", "flushes")
+
+
 def as_checkpoint(state: torch.Tensor | Checkpoint) -> Checkpoint:
     """``state`` as a Checkpoint (a plain tensor pool is wrapped)."""
     return state if isinstance(state, Checkpoint) else Checkpoint.of_tensor(state)

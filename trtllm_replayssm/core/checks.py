@@ -34,6 +34,27 @@ def stored_checkpoint_mode(op: str, spec_label: str, device: torch.device, mode:
     return mode == "flush"
 
 
+def check_stored_for_kernels(ckpt: Checkpoint) -> None:
+    """What the CUDA kernels need of a stored checkpoint (before any launch): rows whose codes split evenly over a
+    warp's lanes (FP8: 32, 64, 128, 256 or a multiple of 512 columns; NVFP4: 64, 128, 256 or 512, a lane's columns
+    within one 16-element block) and dense scale and read-copy tensors (the kernels index them from the slot, head
+    and row)."""
+    cols = ckpt.shape[-1]
+    for stored in (ckpt.master, ckpt.read):
+        if stored is None or not stored.fmt.quantized:
+            continue
+        allowed = (64, 128, 256, 512) if stored.fmt.block else (32, 64, 128, 256)
+        if cols not in allowed and (stored.fmt.block or cols % 512):
+            more = "" if stored.fmt.block else " or a multiple of 512"
+            raise ValueError(f"state: {stored.fmt.name} checkpoints on CUDA need d_state in "
+                             f"{', '.join(map(str, allowed))}{more}, got {cols}")
+        for name, t in stored.tensors().items():
+            if not t.is_contiguous():
+                raise ValueError(f"state: the {stored.fmt.name} checkpoint's {name} tensor must be contiguous")
+    if ckpt.flushes is not None and (ckpt.flushes.dtype != torch.int32 or not ckpt.flushes.is_contiguous()):
+        raise ValueError("state: the flush counters must be a contiguous int32 tensor")
+
+
 def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],
                  device: torch.device | None = None, inner_contiguous: int = 1,
                  dtype_of: str | None = None) -> torch.Tensor:

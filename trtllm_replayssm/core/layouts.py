@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_replayssm.core.formats import StateSpec, get_dtype
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_STAGES, NUM_WARPS
 
 _CTYPES = {"ptr": ctypes.c_void_p, "long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
@@ -102,6 +103,12 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   const float* dt_bias;   // [H] or null
   const int* slot_idx;    // [b]
   void* out;              // [b, H, P]
+  float* state_scale;     // [slots, H, P] fp32 row scales of an fp8/nvfp4 checkpoint, or null
+  void* state_bscale;     // [slots, H, P, N/16] E4M3 block scales of an nvfp4 checkpoint, or null
+  void* read;             // dual mode: the read copy's codes [slots, H, P, N (fp8) or N/2 (nvfp4)], else null
+  float* read_scale;      // [slots, H, P] its fp32 row scales
+  void* read_bscale;      // [slots, H, P, N/16] its E4M3 block scales (nvfp4)
+  int* flushes;           // [slots] checkpoint writes per slot (stochastic rounding), or null
   long long s_state_slot, s_state_head;
   long long s_xr_slot, s_xr_head;
   long long s_dtr_slot, s_dtr_head;
@@ -110,6 +117,7 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
   int nheads, ngroups, L, pad_slot_id;
   int slots;              // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
+  int seed;               // the layer's stochastic-rounding seed
   int dt_softplus, dt_is_f32, force_flush, batch;
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
@@ -146,6 +154,30 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)""")
 
 
+# plugins/state_formats.cuh: the kernels' code of each checkpoint format (MASTER_FMT / READ_FMT)
+STATE_FORMAT_CODES = {"fp32": 0, "fp16": 0, "bf16": 0, "fp8": 1, "nvfp4": 2}
+
+
+def stored_state_params(spec: StateSpec) -> tuple[tuple[str, object], ...]:
+    """Compile-time parameters of a checkpoint spec: ``state_t`` (the master's C++ element type, unsigned char for
+    FP8/NVFP4 codes) and, for anything but plain round-to-nearest rows, ``master_fmt``, ``read_fmt`` (0 without a read
+    copy) and ``sr``."""
+    master = spec.checkpoint_format
+    state_t = "unsigned char" if master.quantized else get_dtype(master.name).cuda
+    if not spec.quantized and not spec.stochastic_rounding:
+        return (("state_t", state_t),)
+    read = STATE_FORMAT_CODES[spec.read_format.name] if spec.dual else 0
+    return (("state_t", state_t), ("master_fmt", STATE_FORMAT_CODES[master.name]), ("read_fmt", read),
+            ("sr", int(spec.stochastic_rounding)))
+
+
+def format_code_checks() -> str:
+    """``static_assert`` lines pinning plugins/state_formats.cuh's format codes to STATE_FORMAT_CODES."""
+    return "\n".join(f'static_assert(rssm::{cpp} == {STATE_FORMAT_CODES[name]}, "rssm::{cpp} differs from '
+                     f'core/layouts.py STATE_FORMAT_CODES");'
+                     for cpp, name in (("kFmtPlain", "fp32"), ("kFmtFp8", "fp8"), ("kFmtNvfp4", "nvfp4")))
+
+
 # ---------------------------------------------------------------------------------------------- rings and scratch
 def key_ring_dtype(act_dtype: torch.dtype, per_channel_gate: bool) -> torch.dtype:
     """Element type of the key ring: the activation dtype; fp32 for KDA with fp16 activations (fp16 cannot hold a
@@ -172,10 +204,11 @@ def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
     return _r4(2 * L) + _r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
 
 
-def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_elem: int, act_elem: int) -> int:
-    """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel: the (rows x d_state) checkpoint tile,
-    slot/step/D, coef[0..L], x and z of the rows, C, and L ring rows (plugins/mamba2_decode.cu stage_layout)."""
-    return _r128(rows * d_state * state_elem + 16 + _r16((L + 1) * 4) + 2 * _r16(rows * act_elem)
+def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, act_elem: int) -> int:
+    """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel: the checkpoint tile non-flush steps
+    read (``rows`` state rows of ``state_row_bytes``, scales included: StateFormat.row_bytes), slot/step/D,
+    coef[0..L], x and z of the rows, C, and L ring rows (plugins/mamba2_decode.cu stage_layout)."""
+    return _r128(rows * state_row_bytes + 16 + _r16((L + 1) * 4) + 2 * _r16(rows * act_elem)
                  + _r16(d_state * act_elem) + _r16(L * rows * act_elem))
 
 
@@ -198,11 +231,12 @@ def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool
     return _r16(L * key_dim * key_elem) + (0 if per_channel_gate else _r16(L * 4))
 
 
-def mamba2_size_checks(rows: int, d_state: int, state_elem: int, act_elem: int) -> str:
-    """``static_assert`` lines pinning the Mamba-2 kernel's stage and fold sizes to the functions above."""
-    lines = []
+def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: int) -> str:
+    """``static_assert`` lines pinning the Mamba-2 kernel's stage and fold sizes to the functions above and the
+    state-format codes to STATE_FORMAT_CODES."""
+    lines = [format_code_checks()]
     for L in range(1, MAX_BUFFER_LEN + 1):
-        lines.append(f"static_assert(stage_layout({L}).bytes == {mamba2_stage_bytes(L, rows, d_state, state_elem, act_elem)}"
+        lines.append(f"static_assert(stage_layout({L}).bytes == {mamba2_stage_bytes(L, rows, d_state, state_row_bytes, act_elem)}"
                      f', "stage bytes at L={L} differ from core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {mamba2_fold_bytes(L, d_state, act_elem)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')

@@ -37,6 +37,14 @@ def stride(t: torch.Tensor | None, dim: int) -> int:
     return 0 if t is None else t.stride(dim)
 
 
+def stored_fields(tensors: tuple[torch.Tensor | None, ...] = (None,) * 6, seed: int = 0) -> dict[str, int]:
+    """The parameter-struct fields of a checkpoint's tensors besides its master data (Checkpoint.op_tensors order;
+    all null for a plain pool) and its stochastic-rounding seed."""
+    scale, block, read, read_scale, read_block, flushes = tensors
+    return dict(state_scale=ptr(scale), state_bscale=ptr(block), read=ptr(read), read_scale=ptr(read_scale),
+                read_bscale=ptr(read_block), flushes=ptr(flushes), seed=seed)
+
+
 def step_rows(step: torch.Tensor | None) -> int:
     """Address of the per-row words of a cache's ``step`` scratch (0 without one): ``step[1:]``; ``step[0]`` is the
     persistent main kernel's tile-claim counter, which the kernels address as ``step[-1]`` of the rows."""

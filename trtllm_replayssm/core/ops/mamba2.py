@@ -15,13 +15,14 @@ import torch
 
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import Mamba2LayerCache
-from trtllm_replayssm.core.checkpoint import Checkpoint
+from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint
 from trtllm_replayssm.core.dims import Mamba2Dims
-from trtllm_replayssm.core.formats import get_dtype
+from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
-from trtllm_replayssm.core.layouts import MAMBA2_PARAMS, mamba2_fold_bytes, mamba2_size_checks, mamba2_stage_bytes
+from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, mamba2_fold_bytes, mamba2_size_checks, mamba2_stage_bytes,
+                                           stored_state_params)
 from trtllm_replayssm.core.limits import NUM_WARPS
-from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stride
+from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
                                          non_replay_plan, persistent_plan, programmatic_prep, resolved_tail_fraction,
                                          state_tile)
@@ -39,22 +40,25 @@ DEFAULT_TUNING = Tuning()
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype, act_dtype: torch.dtype,
+def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateSpec, act_dtype: torch.dtype,
                   rows_per_cta: int) -> KernelConfig:
-    """The Mamba-2 decode module (baseline, flush and replay kernels) for one shape, dtype pair and row tile."""
+    """The Mamba-2 decode module (baseline, flush and replay kernels) for one shape, checkpoint spec (a plain state
+    dtype or a StateSpec), activation dtype and row tile."""
+    spec = state_spec(state_dtype, arg="state_dtype")
     return KernelConfig(
         family="mamba2", source="mamba2_decode.cu", kernels=tuple(KERNELS.values()),
-        params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta),
-                ("state_t", get_dtype(state_dtype).cuda), ("act_t", get_dtype(act_dtype).cuda)),
-        layouts=(MAMBA2_PARAMS,), checks=functools.partial(_checks, get_dtype(state_dtype).bytes,
+        params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta), *stored_state_params(spec),
+                ("act_t", get_dtype(act_dtype).cuda)),
+        layouts=(MAMBA2_PARAMS,), checks=functools.partial(_checks, spec.read_format.row_bytes(d_state),
                                                              get_dtype(act_dtype).bytes))
 
 
-def _checks(state_elem: int, act_elem: int, config: KernelConfig) -> str:
-    return mamba2_size_checks(config.param("pt"), config.param("n"), state_elem, act_elem)
+def _checks(state_row_bytes: int, act_elem: int, config: KernelConfig) -> str:
+    return mamba2_size_checks(config.param("pt"), config.param("n"), state_row_bytes, act_elem)
 
 
-def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype, act_dtype: torch.dtype) -> list[KernelConfig]:
+def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
+                   act_dtype: torch.dtype) -> list[KernelConfig]:
     """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
     return unique(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t)
                   for t in tile_choices(dims.head_dim, dims.d_state))
@@ -64,22 +68,23 @@ def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype, act_dtype: torch.
 def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning: Tuning = DEFAULT_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of :func:`replay_decode` for ``batch`` rows of ``layer`` (``device``: the layer's GPU)."""
-    slots, H, P, N = layer.require_state().shape
-    G, L = layer.B_ring.shape[1], layer.buffer_len
+    slots, H, P = layer.require_state().shape[:3]
+    G, L, N = layer.B_ring.shape[1], layer.buffer_len, layer.B_ring.shape[-1]
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch)
-    other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, layer.state.dtype in REPLAY_STATE_DTYPES,
+    replay_state = layer.storage is not None or layer.state.dtype in REPLAY_STATE_DTYPES
+    other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state,
                             REPLAY_MIN_WORK_PER_SM, dev, tuning,
                             lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other
-    state_elem, act_elem = layer.state.element_size(), layer.x_ring.element_size()
+    row_bytes, act_elem = layer.spec.read_format.row_bytes(N), layer.x_ring.element_size()
     tile = state_tile(P, N, batch * H, dev, tuning)
     if tuning.rows_per_cta is None:
-        tile = _fitting_tile(P, N, L, state_elem, act_elem, tile, tuning.ctas_per_sm)
+        tile = _fitting_tile(P, N, L, row_bytes, act_elem, tile, tuning.ctas_per_sm)
     num_tiles = batch * H * (P // tile)
     fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
-    main = persistent_plan(mamba2_stage_bytes(L, tile, N, state_elem, act_elem), num_tiles,
+    main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem), num_tiles,
                            mamba2_fold_bytes(L, N, act_elem), False, fraction, dev, tuning)
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(batch, G, 1), prep_threads=32 * _prep_warps(batch * G, H // G, dev),
@@ -87,16 +92,17 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
 
 
 def replay_plan_key(layer: Mamba2LayerCache, batch: int) -> tuple:
-    """What a replay plan depends on: batch, shapes, ring length and dtypes."""
-    return ("mamba2 replay", batch, *layer.state.shape[1:], layer.B_ring.shape[1], layer.buffer_len,
-            layer.state.dtype, layer.x_ring.dtype)
+    """What a replay plan depends on: batch, shapes, ring length, checkpoint spec and dtypes."""
+    return ("mamba2 replay", batch, *layer.require_state().shape[1:3], layer.B_ring.shape[-1], layer.B_ring.shape[1],
+            layer.buffer_len, layer.spec.label, layer.x_ring.dtype)
 
 
-def state_update_plan_key(state: torch.Tensor, batch: int, act_dtype: torch.dtype) -> tuple:
-    return ("mamba2 state update", batch, *state.shape[1:], state.dtype, act_dtype)
+def state_update_plan_key(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype) -> tuple:
+    spec = state.spec.label if isinstance(state, Checkpoint) else state.dtype
+    return ("mamba2 state update", batch, *state.shape[1:], spec, act_dtype)
 
 
-def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, tuning: Tuning = DEFAULT_TUNING,
+def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype, tuning: Tuning = DEFAULT_TUNING,
                       device: Device | None = None) -> LaunchPlan:
     """The launch plan of :func:`state_update` for ``batch`` rows of the pool ``state`` [slots, H, P, N]."""
     _, H, P, N = state.shape
@@ -114,10 +120,10 @@ def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int
 
 
 @functools.lru_cache(maxsize=None)
-def _fitting_tile(head_dim: int, d_state: int, L: int, state_elem: int, act_elem: int, tile: int,
+def _fitting_tile(head_dim: int, d_state: int, L: int, state_row_bytes: int, act_elem: int, tile: int,
                   ctas_per_sm: int) -> int:
     """The largest row tile up to the heuristic's whose stage fits twice per CTA of the persistent kernel."""
-    stage = {t: mamba2_stage_bytes(L, t, d_state, state_elem, act_elem) for t in tile_choices(head_dim, d_state)}
+    stage = {t: mamba2_stage_bytes(L, t, d_state, state_row_bytes, act_elem) for t in tile_choices(head_dim, d_state)}
     fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     return max(fits) if fits else tile
 
@@ -132,8 +138,8 @@ def _prep_warps(ctas: int, heads_per_group: int, dev: Device) -> int:
 
 # ---------------------------------------------------------------------------------------------------- custom ops
 def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-            idx, pad_slot_id, out):
-    return MAMBA2_PARAMS.pack(
+            idx, pad_slot_id, out, stored: dict[str, int] | None = None):
+    return MAMBA2_PARAMS.pack(**(stored or stored_fields()),
         state=ptr(state), x_ring=ptr(x_ring), dt_ring=ptr(dt_ring), B_ring=ptr(B_ring), cursor=ptr(cursor),
         arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), x=ptr(x), dt=ptr(dt), A=ptr(A), B=ptr(B),
         C=ptr(C), D=ptr(D), z=ptr(z), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
@@ -196,6 +202,83 @@ def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_
 _state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
 
 
+# Stored checkpoints (quantized, dual or stochastically rounded): the same steps over a Checkpoint's tensors. The ops
+# take the master data, Checkpoint.op_tensors(), the spec's fields and the seed ahead of the plain ops' arguments.
+def _op_spec(state_format: str, state_mode: str, master_format: str, stochastic_rounding: bool) -> StateSpec:
+    return StateSpec(state_format, state_mode, master_format or None, stochastic_rounding)
+
+
+def _spec_args(spec: StateSpec) -> tuple:
+    return spec.format, spec.mode, spec.master or "", spec.stochastic_rounding
+
+
+def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor], state_bscale: Optional[torch.Tensor],
+                       read: Optional[torch.Tensor], read_scale: Optional[torch.Tensor],
+                       read_bscale: Optional[torch.Tensor], flushes: Optional[torch.Tensor], state_format: str,
+                       state_mode: str, master_format: str, stochastic_rounding: bool, seed: int,
+                       x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor, cursor: torch.Tensor,
+                       arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, x: torch.Tensor,
+                       dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
+                       z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
+                       state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int],
+                       out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args(state, (state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
+    _replay_cpu(ckpt, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                state_batch_indices, pad_slot_id, plan, out)
+
+
+def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                        state_mode, master_format, stochastic_rounding, seed, x_ring, dt_ring, B_ring, cursor, arrive,
+                        coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, plan,
+                        out) -> None:
+    if x.shape[0] == 0:
+        return
+    launch = Launch.from_words(plan)
+    stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
+    params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                     dt_softplus, state_batch_indices, pad_slot_id, out, stored)
+    spec = _op_spec(state_format, state_mode, master_format, stochastic_rounding)
+    config = kernel_config(x.shape[2], B.shape[-1], spec, x.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+
+
+_replay_stored_op = define_op("mamba2_replay_decode_stored",
+                              ("state", *OP_TENSORS, "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step",
+                               "out"), _replay_stored_cpu, _replay_stored_cuda)
+
+
+def _state_update_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor],
+                             state_bscale: Optional[torch.Tensor], read: Optional[torch.Tensor],
+                             read_scale: Optional[torch.Tensor], read_bscale: Optional[torch.Tensor],
+                             flushes: Optional[torch.Tensor], state_format: str, state_mode: str, master_format: str,
+                             stochastic_rounding: bool, seed: int, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                             B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                             dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
+                             pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args(state, (state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
+    ref.state_update_(ckpt, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
+
+
+def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                              state_mode, master_format, stochastic_rounding, seed, x, dt, A, B, C, D, z, dt_bias,
+                              dt_softplus, state_batch_indices, pad_slot_id, plan, out) -> None:
+    if x.shape[0] == 0:
+        return
+    launch = Launch.from_words(plan)
+    stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
+    params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                     state_batch_indices, pad_slot_id, out, stored)
+    spec = _op_spec(state_format, state_mode, master_format, stochastic_rounding)
+    config = kernel_config(x.shape[2], B.shape[-1], spec, x.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+
+
+_state_update_stored_op = define_op("mamba2_state_update_stored", ("state", *OP_TENSORS, "out"),
+                                    _state_update_stored_cpu, _state_update_stored_cuda)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 def _validate_step(state: torch.Tensor | Checkpoint, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices,
                    pad_slot_id):
@@ -247,7 +330,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     batch cannot fill the GPU), ``replay`` or ``flush``. ``plan``: what to launch (default ``replay_plan(layer,
     batch, mode)``). ``check_values``: also check slot ids, cursors and finite inputs on CUDA (syncs; debugging).
     Rows the step skips and the NaN/Inf policy: docs/design.md. A layer with quantized, dual or stochastically
-    rounded storage runs the float32 reference (CPU tensors only; no CUDA kernels yet).
+    rounded storage (``layer.storage``) reads and writes it as its spec says (docs/design.md, quantized state).
     """
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
@@ -268,12 +351,9 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
         _check_values(idx, slots, pad_slot_id, layer.cursor, L, x, dt, A, B, C, D, z, dt_bias)
     elif dev.type == "cpu":
         chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
-    if layer.storage is not None:
-        flush = chk.stored_checkpoint_mode("mamba2.replay_decode", layer.spec.label, dev, mode, plan)
-        ref.replay_step_(state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, x, dt, A, B, C, D, z, dt_bias,
-                         dt_softplus, idx, pad_slot_id, flush, out)
-        return out
     if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+        if layer.storage is not None:
+            chk.check_stored_for_kernels(state)
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
             if t is not None:
@@ -282,26 +362,41 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
         plan = replay_plan(layer, x.shape[0], mode)
     else:
         checked_plan(plan, replay_plan_key(layer, x.shape[0]), mode)
-    _replay_op(layer.state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, layer.arrive, layer.coef,
-               layer.step, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
+    args = (layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, layer.arrive, layer.coef, layer.step, x, dt, A, B,
+            C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
+    if layer.storage is None:
+        _replay_op(layer.state, *args)
+    else:
+        _replay_stored_op(layer.state, *state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
     return out
 
 
-def state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                  C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                  dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                  out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
                  check_values: bool = False) -> torch.Tensor:
-    """Baseline single-token state update (read state, update, write state) on a slot pool; returns ``out``.
-    ``plan``: what to launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as
-    :func:`replay_decode`."""
+    """Baseline single-token state update (read state, update, write state) on a slot pool or a Checkpoint (the
+    master read and written every step, and the read copy written in dual mode); returns ``out``. ``plan``: what to
+    launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as :func:`replay_decode`.
+    Stochastic rounding on CUDA needs the replay op's per-slot counters: use ``replay_decode(mode='flush')``."""
     idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    stored = isinstance(state, Checkpoint) and (state.spec.quantized or state.spec.stochastic_rounding)
+    if stored and state.device.type == "cuda":
+        chk.check_stored_for_kernels(state)
+        if state.spec.stochastic_rounding:
+            raise ValueError("state: the baseline kernel does not round stochastically (it keeps no per-slot write "
+                             "counter); use replay_decode(mode='flush') for stochastically rounded checkpoints")
     if check_values:
         _check_values(idx, state.shape[0], pad_slot_id, None, 1, x, dt, A, B, C, D, z, dt_bias)
     if plan is None:
         plan = state_update_plan(state, x.shape[0], x.dtype)
     else:
         checked_plan(plan, state_update_plan_key(state, x.shape[0], x.dtype))
-    _state_update_op(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
+    args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
+    if stored:
+        _state_update_stored_op(state.master.data, *state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
+    else:
+        _state_update_op(state.master.data if isinstance(state, Checkpoint) else state, *args)
     return out

@@ -1,0 +1,352 @@
+// Checkpoint storage formats of the decode kernels: plain fp32/fp16/bf16 rows, FP8 E4M3 rows with an fp32 scale per
+// row, and NVFP4 rows (E2M1 codes two per byte, an E4M3 scale per 16 elements, an fp32 second-level scale per row),
+// with round-to-nearest-even and the stochastic rounding of trtllm_replayssm/core/quant.py (the contract these
+// functions reproduce bit for bit: same scales, same uniforms, same rounding rule). Compiled with NVRTC.
+#pragma once
+
+#include "replayssm_common.cuh"
+
+namespace rssm {
+
+enum : int { kFmtPlain = 0, kFmtFp8 = 1, kFmtNvfp4 = 2 };
+constexpr int kNvfp4Block = 16;          // elements per E4M3 block scale
+constexpr float kE4m3Max = 448.f;
+constexpr float kE2m1Max = 6.f;
+
+// ---------------------------------------------------------------------------------------------- exact division
+// RN(a / b), ties to even, for finite a and finite b > 0 whose quotient is zero or a normal fp32 number: the quotient
+// of the torch codecs (core/quant.py), without the slow-path call of IEEE division (which gives a kernel a stack
+// frame). An approximation within 2 ulps, then exact tests against the midpoints between neighbours: b times a
+// midpoint (24 x 25 bits) is exact in fp64, and the fp64 fma's rounded a - b·mid has the sign of the exact one.
+__device__ __forceinline__ float div_rn(float a, float b) {
+  const float mag = fabsf(a);
+  if (mag == 0.f) return a;
+  float q = __fdividef(mag, b);
+  const double A = mag, B = b;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {  // up while a / b lies above the midpoint to the next value (at a tie: to the even)
+    const float up = __uint_as_float(__float_as_uint(q) + 1u);
+    const double r = fma(-B, 0.5 * (double(q) + double(up)), A);
+    if (!(r > 0.0 || (r == 0.0 && (__float_as_uint(q) & 1u)))) break;
+    q = up;
+  }
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {  // down while a / b lies below the midpoint to the value before
+    const float down = __uint_as_float(__float_as_uint(q) - 1u);
+    const double r = fma(-B, 0.5 * (double(q) + double(down)), A);
+    if (!(r < 0.0 || (r == 0.0 && (__float_as_uint(q) & 1u)))) break;
+    q = down;
+  }
+  return copysignf(q, a);
+}
+
+// ---------------------------------------------------------------------------------------------- E4M3 (sm_89+ cvt)
+// Two E4M3 codes (low byte: element 0) to floats.
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) {
+  unsigned int h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+}
+
+__device__ __forceinline__ float e4m3_to_float(unsigned int code) {
+  return e4m3x2_to_float2(static_cast<unsigned short>(code & 0xffu)).x;
+}
+
+// Round to nearest even; finite values and ±Inf beyond ±448 saturate, NaN stays NaN (quant.e4m3_round).
+__device__ __forceinline__ unsigned int float_to_e4m3(float v) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.f), "f"(v));
+  return pair & 0xffu;
+}
+
+// ---------------------------------------------------------------------------------------------- E2M1
+// The magnitude of E2M1 code c (0..7).
+__device__ __forceinline__ float e2m1_magnitude(int c) {
+  const int e = c >> 1, m = c & 1;
+  return e == 0 ? 0.5f * m : __int_as_float((e + 126) << 23 | m << 22);
+}
+
+// Two E2M1 codes (the low nibble: element 0) to floats, each times 2^-14: the code's sign, exponent and mantissa
+// bits are placed in an fp16's sign bit and bits 9..11, whose value is the E2M1 value times 2^-14 (subnormals
+// included); callers fold 2^14 into their scale.
+__device__ __forceinline__ float2 e2m1x2_to_float2_scaled(unsigned int byte) {
+  const unsigned int h2 = (byte & 0x8u) << 12 | (byte & 0x7u) << 9 | (byte & 0x80u) << 24 | (byte & 0x70u) << 21;
+  return __half22float2(*reinterpret_cast<const __half2*>(&h2));
+}
+constexpr float kE2m1Unscale = 16384.f;  // 2^14
+
+// Round |v| (NaN read as 0) to the nearest E2M1 magnitude, ties to the even code, saturating at 6; the sign of v
+// (-0 included) in bit 3 (quant.e2m1_codes).
+__device__ __forceinline__ unsigned int float_to_e2m1(float v) {
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL)
+  unsigned short pair;
+  asm("{\n .reg .b8 c;\n cvt.rn.satfinite.e2m1x2.f32 c, %1, %2;\n cvt.u16.u8 %0, c;\n}"
+      : "=h"(pair) : "f"(0.f), "f"(v == v ? v : 0.f));
+  return pair & 0xfu;
+#else
+  const float a = fminf(fabsf(v == v ? v : 0.f), kE2m1Max);
+  const unsigned int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+                            (a > 5.f);
+  return code | (signbit(v) && v == v ? 8u : 0u);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------- stochastic rounding
+// Random123's Philox4x32-10.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r) {
+      k.x += 0x9E3779B9u;
+      k.y += 0xBB67AE85u;
+    }
+    const unsigned int hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
+
+// One checkpoint write's random stream (quant.sr_uniforms): key (slot, flush count), the layer's seed, the stream
+// (0: master or plain checkpoint, 1: read copy).
+struct SrKey {
+  unsigned int slot, flushes, stream, seed;
+};
+
+// The uniforms of elements e0 .. e0 + E - 1 of the slot's checkpoint (C-order indices).
+template <int E>
+__device__ __forceinline__ void sr_uniforms(const SrKey& key, long long e0, float (&u)[E]) {
+  uint4 words = make_uint4(0, 0, 0, 0);
+  long long q_have = -1;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const long long e = e0 + i, q = e >> 2;
+    if (q != q_have) {
+      words = philox4x32_10(make_uint4(static_cast<unsigned int>(q), static_cast<unsigned int>(q >> 32), key.stream,
+                                       key.seed),
+                            make_uint2(key.slot, key.flushes));
+      q_have = q;
+    }
+    const int k = static_cast<int>(e & 3);
+    const unsigned int w = k == 0 ? words.x : k == 1 ? words.y : k == 2 ? words.z : words.w;
+    u[i] = static_cast<float>(w >> 8) * 5.9604644775390625e-8f;  // 2^-24
+  }
+}
+
+// Stochastic rounding of v to a value of T's format (FMT_KIND below): ±hi with probability (|v| - lo) / (hi - lo),
+// else ±lo (lo, hi the representable neighbours of |v|); values beyond the finite range and NaN are returned as they
+// are (the round-to-nearest encoder then saturates or keeps them). The result is representable: encoding it to
+// nearest is exact.
+enum : int { kSrFp16 = 0, kSrBf16 = 1, kSrE4m3 = 2, kSrE2m1 = 3 };
+
+template <int KIND> __device__ __forceinline__ int sr_code(float a);
+template <int KIND> __device__ __forceinline__ float sr_value(int code);
+template <> __device__ __forceinline__ int sr_code<kSrFp16>(float a) { return __half_as_ushort(__float2half_rn(a)); }
+template <> __device__ __forceinline__ float sr_value<kSrFp16>(int c) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(c)));
+}
+template <> __device__ __forceinline__ int sr_code<kSrBf16>(float a) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+template <> __device__ __forceinline__ float sr_value<kSrBf16>(int c) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(c)));
+}
+template <> __device__ __forceinline__ int sr_code<kSrE4m3>(float a) { return float_to_e4m3(a); }
+template <> __device__ __forceinline__ float sr_value<kSrE4m3>(int c) { return e4m3_to_float(c); }
+template <> __device__ __forceinline__ int sr_code<kSrE2m1>(float a) { return float_to_e2m1(a) & 7; }
+template <> __device__ __forceinline__ float sr_value<kSrE2m1>(int c) { return e2m1_magnitude(min(c, 7)); }
+
+template <int KIND> __device__ __forceinline__ float sr_top() {
+  return KIND == kSrFp16 ? 65504.f : KIND == kSrBf16 ? 3.3895313892515355e38f : KIND == kSrE4m3 ? kE4m3Max
+                                                                                                   : kE2m1Max;
+}
+
+// The stochastic-rounding kind of a 16-bit state element type.
+template <typename T> struct SrKind;
+template <> struct SrKind<__half> { static constexpr int value = kSrFp16; };
+template <> struct SrKind<__nv_bfloat16> { static constexpr int value = kSrBf16; };
+
+template <int KIND>
+__device__ __forceinline__ float round_stochastic(float v, float u) {
+  const float a = fabsf(v);
+  if (!(a <= sr_top<KIND>())) return v;
+  int code = sr_code<KIND>(a);
+  if (sr_value<KIND>(code) > a) --code;
+  const float lo = sr_value<KIND>(code);
+  if (!(a > lo)) return copysignf(lo, v);
+  const float hi = sr_value<KIND>(code + 1);
+  const float p = (a - lo) * __uint_as_float((254u << 23) - __float_as_uint(hi - lo));  // / 2^k, exactly
+  return copysignf(u < p ? hi : lo, v);
+}
+
+// ---------------------------------------------------------------------------------------------- rows of a checkpoint
+// Rows of one (slot, head) checkpoint, or of a stage tile, in format FMT with C columns: `data` the first row's
+// codes (T elements for plain rows), `block` its E4M3 block scales (NVFP4), `scale` its fp32 row scale (FP8,
+// NVFP4); row r follows at r * kDataBytes, r * kBlockBytes, r. A warp holds a row: lane l its E = C / 32 consecutive
+// columns l * E ...
+template <int FMT, typename T, int C>
+struct Rows {
+  static constexpr int E = C / kWarpSize;
+  static constexpr int kDataBytes = FMT == kFmtPlain ? C * int(sizeof(T)) : FMT == kFmtFp8 ? C : C / 2;
+  static constexpr int kBlockBytes = FMT == kFmtNvfp4 ? C / kNvfp4Block : 0;
+  static constexpr int kScaleBytes = FMT == kFmtPlain ? 0 : 4;
+  static constexpr int kRowBytes = kDataBytes + kBlockBytes + kScaleBytes;  // formats.StateFormat.row_bytes
+  static constexpr int kLaneBytes = kDataBytes / kWarpSize;
+  static_assert(C % kWarpSize == 0, "columns must be a multiple of 32");
+  static_assert(FMT != kFmtNvfp4 || (E % 2 == 0 && kNvfp4Block % E == 0),
+                "NVFP4 rows need an even number of columns per lane dividing 16 (64, 128, 256 or 512 columns)");
+
+  unsigned char* data;
+  unsigned char* block;
+  float* scale;
+
+  // A tile of `rows` rows stored contiguously part by part (a shared-memory stage): codes, block scales, row scales.
+  __device__ __forceinline__ static Rows tile(void* base, int rows) {
+    auto* b = static_cast<unsigned char*>(base);
+    return {b, b + rows * kDataBytes, reinterpret_cast<float*>(b + rows * (kDataBytes + kBlockBytes))};
+  }
+
+  __device__ __forceinline__ Rows offset(int rows) const {
+    return {data + (long long)rows * kDataBytes, block + rows * kBlockBytes, scale + rows};
+  }
+
+  // Row r's values of this lane, decoded to float.
+  __device__ __forceinline__ void decode(int r, int lane, float (&v)[E]) const {
+    const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;
+    if constexpr (FMT == kFmtPlain) {
+      load_vec<T, E>(reinterpret_cast<const T*>(src), v);
+    } else if constexpr (FMT == kFmtFp8) {
+      unsigned int w[(E + 3) / 4];
+      load_codes(src, w);
+      const float s = scale[r];
+#pragma unroll
+      for (int i = 0; i < E; i += 2) {
+        const float2 f = e4m3x2_to_float2(static_cast<unsigned short>(w[i / 4] >> (8 * (i % 4))));
+        v[i] = f.x * s;
+        if (i + 1 < E) v[i + 1] = f.y * s;
+      }
+    } else {
+      unsigned int w[(E / 2 + 3) / 4];
+      load_codes(src, w);
+      const float bs = e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * kE2m1Unscale;
+      const float g = scale[r];
+#pragma unroll
+      for (int i = 0; i < E; i += 2) {
+        const float2 f = e2m1x2_to_float2_scaled((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu);
+        v[i] = (f.x * bs) * g;
+        v[i + 1] = (f.y * bs) * g;
+      }
+    }
+  }
+
+  // Row r from this lane's float values: FMT's codes, rounded to nearest or, with `sr` (key, and e0 the C-order
+  // index of the lane's first element in the slot's checkpoint), stochastically; every lane of the warp calls it
+  // (the row and block maxima are warp reductions).
+  __device__ __forceinline__ void encode(int r, int lane, const float (&v)[E], const SrKey* sr, long long e0) const {
+    float u[E];
+    if (sr) sr_uniforms<E>(*sr, e0, u);
+    unsigned char* dst = data + (long long)r * kDataBytes + lane * kLaneBytes;
+    if constexpr (FMT == kFmtPlain) {
+      float y[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) y[i] = v[i];
+      if constexpr (sizeof(T) == 2) {
+        if (sr) {
+#pragma unroll
+          for (int i = 0; i < E; ++i) y[i] = round_stochastic<SrKind<T>::value>(y[i], u[i]);
+        }
+      }
+      store_vec<T, E>(reinterpret_cast<T*>(dst), y);
+    } else if constexpr (FMT == kFmtFp8) {
+      float amax = 0.f;
+      bool bad = false;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        bad |= !isfinite(v[i]);
+      }
+      amax = warp_max(amax);
+      bad = __any_sync(0xffffffffu, bad);
+      const float s = bad ? __int_as_float(0x7fc00000) : amax > 0.f ? div_rn(amax, kE4m3Max) : 1.f;
+      unsigned int w[(E + 3) / 4] = {};
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        float z = bad ? 0.f : div_rn(v[i], s);
+        if (sr) z = round_stochastic<kSrE4m3>(z, u[i]);
+        w[i / 4] |= float_to_e4m3(z) << (8 * (i % 4));
+      }
+      store_codes(dst, w);
+      if (lane == 0) scale[r] = s;
+    } else {
+      constexpr int kBlockLanes = kNvfp4Block / E;
+      float amax = 0.f, bamax = 0.f;
+      bool bad = false;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const bool finite = isfinite(v[i]);
+        bad |= !finite;
+        bamax = fmaxf(bamax, fabsf(v[i]));
+        amax = fmaxf(amax, finite ? fabsf(v[i]) : 0.f);
+      }
+      amax = warp_max(amax);
+#pragma unroll
+      for (int m = 1; m < kBlockLanes; m *= 2) {
+        bamax = fmaxf(bamax, __shfl_xor_sync(0xffffffffu, bamax, m));
+        bad |= __shfl_xor_sync(0xffffffffu, int(bad), m) != 0;
+      }
+      const float g = amax > 0.f ? div_rn(amax, kE2m1Max * kE4m3Max) : 1.f;
+      const unsigned int bcode =
+          float_to_e4m3(bad ? __int_as_float(0x7fc00000) : div_rn(bamax, __fmul_rn(kE2m1Max, g)));
+      const float denom = __fmul_rn(e4m3_to_float(bcode), g);
+      const bool live = denom > 0.f && !bad;
+      unsigned int w[(E / 2 + 3) / 4] = {};
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        float z = live ? div_rn(v[i], denom) : 0.f;
+        if (sr) z = round_stochastic<kSrE2m1>(z, u[i]);
+        w[i / 8] |= float_to_e2m1(z) << (4 * (i % 8));
+      }
+      store_codes(dst, w);
+      if (lane % kBlockLanes == 0) block[r * kBlockBytes + lane / kBlockLanes] = static_cast<unsigned char>(bcode);
+      if (lane == 0) scale[r] = g;
+    }
+  }
+
+ private:
+  // The lane's kLaneBytes code bytes as 32-bit words (1, 2, 4, 8 or 16 bytes; one load where aligned).
+  template <int W>
+  __device__ __forceinline__ static void load_codes(const unsigned char* src, unsigned int (&w)[W]) {
+    if constexpr (kLaneBytes == 1) w[0] = *src;
+    else if constexpr (kLaneBytes == 2) w[0] = *reinterpret_cast<const unsigned short*>(src);
+    else if constexpr (kLaneBytes == 4) w[0] = *reinterpret_cast<const unsigned int*>(src);
+    else if constexpr (kLaneBytes == 8) {
+      const uint2 r = *reinterpret_cast<const uint2*>(src);
+      w[0] = r.x;
+      w[1] = r.y;
+    } else {
+#pragma unroll
+      for (int c = 0; c < kLaneBytes / 16; ++c) {
+        const uint4 r = reinterpret_cast<const uint4*>(src)[c];
+        w[4 * c] = r.x;
+        w[4 * c + 1] = r.y;
+        w[4 * c + 2] = r.z;
+        w[4 * c + 3] = r.w;
+      }
+    }
+  }
+
+  template <int W>
+  __device__ __forceinline__ static void store_codes(unsigned char* dst, const unsigned int (&w)[W]) {
+    if constexpr (kLaneBytes == 1) *dst = static_cast<unsigned char>(w[0]);
+    else if constexpr (kLaneBytes == 2) *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(w[0]);
+    else if constexpr (kLaneBytes == 4) *reinterpret_cast<unsigned int*>(dst) = w[0];
+    else if constexpr (kLaneBytes == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    else {
+#pragma unroll
+      for (int c = 0; c < kLaneBytes / 16; ++c)
+        reinterpret_cast<uint4*>(dst)[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+    }
+  }
+};
+
+}  // namespace rssm
