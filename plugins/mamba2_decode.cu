@@ -289,10 +289,11 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
   rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
   stage_extras(p, t, st);
   __syncthreads();
-#pragma unroll
+#pragma unroll(kStored ? 1 : kRowsPerWarp)  // one inlined copy of a stored row's write (unrolled, ptxas spills)
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float v[kEpl];
-    unpack_row(raw, r, v);
+    if constexpr (kStored) t.master.decode(r, t.lane, v);  // rows loaded where used: no dynamic register index
+    else unpack_row(raw, r, v);
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] *= decay;
     for (int j = 0; j <= w; ++j) {
