@@ -53,6 +53,7 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
   # racecheck reports hazards on the mbarrier stage protocol that it cannot model ("Racecheck reports on the
   # persistent kernels"): its steps fail only when the tests or the protocol kernel's sums do, the count is shown.
   smoke=("tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py::test_sanitizer_smoke"
+         "tests/test_quantized_gpu.py::test_sanitizer_smoke"
          "tests/test_decoder_layer_ops.py")
   for tool in memcheck racecheck initcheck synccheck; do
     for t in "${smoke[@]}"; do

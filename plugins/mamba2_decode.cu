@@ -688,19 +688,34 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
+    if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
+      // Decoding leaves little issue slack: one transposed reduction for the warp's rows (lane r: row r).
+      const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);
+      float part[kRowsPerWarp];
 #pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      float v[kEpl];
-      if constexpr (kStored) {
-        ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp).decode(rr, lane, v);
-      } else {
-        rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        float v[kEpl];
+        tile_rows.decode(rr, lane, v);
+        part[rr] = 0.f;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) part[rr] = fmaf(v[e], cv[e], part[rr]);
       }
-      float dot = 0.f;
+      dot_lane = rssm::warp_sum_scatter<kRowsPerWarp>(part);
+    } else {
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
-      dot = rssm::warp_sum(dot);
-      if (lane == rr) dot_lane = dot;
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        float v[kEpl];
+        if constexpr (kStored) {
+          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp).decode(rr, lane, v);
+        } else {
+          rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
+        }
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
+        dot = rssm::warp_sum(dot);
+        if (lane == rr) dot_lane = dot;
+      }
     }
     dot_lane *= decay;
   } else {

@@ -268,10 +268,11 @@ struct Rows {
       amax = warp_max(amax);
       bad = __any_sync(0xffffffffu, bad);
       const float s = bad ? __int_as_float(0x7fc00000) : amax > 0.f ? div_rn(amax, kE4m3Max) : 1.f;
+      const float inv = div_rn(1.f, s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
       unsigned int w[(E + 3) / 4] = {};
 #pragma unroll
       for (int i = 0; i < E; ++i) {
-        float z = bad ? 0.f : div_rn(v[i], s);
+        float z = bad ? 0.f : __fmul_rn(v[i], inv);
         if (sr) z = round_stochastic<kSrE4m3>(z, u[i]);
         w[i / 4] |= float_to_e4m3(z) << (8 * (i % 4));
       }
@@ -299,10 +300,11 @@ struct Rows {
           float_to_e4m3(bad ? __int_as_float(0x7fc00000) : div_rn(bamax, __fmul_rn(kE2m1Max, g)));
       const float denom = __fmul_rn(e4m3_to_float(bcode), g);
       const bool live = denom > 0.f && !bad;
+      const float inv = live ? div_rn(1.f, denom) : 0.f;  // quant.quantize_nvfp4: times the rounded reciprocal
       unsigned int w[(E / 2 + 3) / 4] = {};
 #pragma unroll
       for (int i = 0; i < E; ++i) {
-        float z = live ? div_rn(v[i], denom) : 0.f;
+        float z = live ? __fmul_rn(v[i], inv) : 0.f;
         if (sr) z = round_stochastic<kSrE2m1>(z, u[i]);
         w[i / 8] |= float_to_e2m1(z) << (4 * (i % 8));
       }

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_structs_follow_their_layouts():
     m = layouts.MAMBA2_PARAMS.struct
     assert [f for f, _ in m._fields_][:3] == ["state", "x_ring", "dt_ring"]
-    assert ctypes.sizeof(m) == 18 * 8 + 21 * 8 + 13 * 4 + 4  # 18 pointers, 21 strides, 13 ints, tail padding
+    assert ctypes.sizeof(m) == 24 * 8 + 21 * 8 + 14 * 4  # 24 pointers, 21 strides, 14 ints
     d = layouts.DELTA_PARAMS.struct
     assert ctypes.sizeof(d) == 17 * 8 + 21 * 8 + 2 * 4 + 14 * 4  # 17 pointers, 21 strides, 2 floats, 14 ints
     assert d.scale.offset == 17 * 8 + 21 * 8
@@ -77,6 +77,6 @@ def test_record_and_stage_sizes_by_hand():
     assert layouts.delta_record_len(16, 128, False) == 32 + 4 + 4
     assert layouts.delta_record_len(16, 128, True) == 32 + 128 + 8  # KDA: per-channel log-decay, key form
     # Mamba-2 Super-120B fp32, 64-row tile, L = 16: tile 32768 + info 16 + coef 80 + x, z 128 each + C 256 + ring 2048
-    assert layouts.mamba2_stage_bytes(16, 64, 128, 4, 2) == 35456
+    assert layouts.mamba2_stage_bytes(16, 64, 128, 4 * 128, 2) == 35456
     assert layouts.key_ring_dtype(torch.float16, True) == torch.float32
     assert layouts.key_ring_dtype(torch.float16, False) == torch.float16

@@ -8,6 +8,7 @@ import torch
 
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import FAMILIES
+from trtllm_replayssm.core.formats import state_spec
 from trtllm_replayssm.core.samples import fill_rings_, random_state, slot_indices
 from trtllm_replayssm.lab.layers import ops as layer_ops  # noqa: F401  (registers the fused layer ops)
 
@@ -17,12 +18,15 @@ DIMS = {"mamba2": Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=2),
         "gdn": GDNDims(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128),
         "kda": KDADims(num_heads=2, head_dim=128)}
 SSM_OPS = [f"{family}_{op}" for family in DIMS for op in ("replay_decode", "state_update")]
+STORED_OPS = ["mamba2_replay_decode_stored", "mamba2_state_update_stored"]  # quantized / dual / SR checkpoints
 LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "mlp_act", "rope", "attention_decode"]
 
 
 def _ssm_sample(name: str, gen: torch.Generator) -> tuple:
     """Positional arguments of ``torch.ops.replayssm.<name>`` (what the public wrapper passes)."""
     family, _, op = name.partition("_")
+    if op.endswith("_stored"):
+        return _stored_sample(family, op.removesuffix("_stored"), gen)
     dims, fam, batch = DIMS[family], FAMILIES[family], 3
     step = fam.random_step(dims, batch, gen, DEV, torch.bfloat16)
     args, kwargs = step.op_args()
@@ -47,6 +51,26 @@ def _ssm_sample(name: str, gen: torch.Generator) -> tuple:
              else (layer.u_ring, layer.k_ring, layer.g_ring))
     return (layer.state, *rings, layer.cursor, layer.arrive, layer.coef, layer.step, *args, *tail, idx, -1,
             plan.words, out)
+
+
+def _stored_sample(family: str, op: str, gen: torch.Generator) -> tuple:
+    """A stored-checkpoint op's arguments: the plain op's, with the master data, Checkpoint.op_tensors(), the spec's
+    fields and the seed in front of the rest (dual NVFP4 read copy, fp16 master; stochastic rounding in the replay)."""
+    dims, fam, batch = DIMS[family], FAMILIES[family], 3
+    spec = state_spec("nvfp4", "dual", "fp16", stochastic_rounding=op == "replay_decode")
+    layer = fam.new_cache(dims, 1, batch + 1, buffer_len=4, state_dtype=spec, device=DEV).layer(0)
+    ckpt = layer.checkpoint()
+    ckpt.store_(torch.arange(batch + 1, device=DEV), random_state(batch + 1, dims, "fp32", gen, DEV))
+    head = (*ckpt.op_tensors(), spec.format, spec.mode, spec.master, spec.stochastic_rounding, 7)
+    plain = _ssm_sample(f"{family}_{op}", gen)
+    if op == "state_update":
+        return (*head, *plain[1:-2], fam.state_update_plan(ckpt, batch, torch.bfloat16).words, plain[-1])
+    fill_rings_(layer, gen)
+    idx = plain[-4]
+    layer.cursor[idx.long()] = torch.arange(batch, dtype=torch.int32, device=DEV)
+    rings = (layer.x_ring, layer.dt_ring, layer.B_ring)
+    plan = fam.replay_plan(layer, batch, "replay")
+    return (*head, *rings, layer.cursor, layer.arrive, layer.coef, layer.step, *plain[8:-2], plan.words, plain[-1])
 
 
 def _layer_sample(name: str, gen: torch.Generator) -> tuple:
@@ -75,11 +99,11 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
 def test_every_replayssm_op_is_covered():
     registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("replayssm::")}
-    assert registered == set(SSM_OPS) | set(LAYER_OPS)
+    assert registered == set(SSM_OPS) | set(STORED_OPS) | set(LAYER_OPS)
 
 
-@pytest.mark.parametrize("name", SSM_OPS + LAYER_OPS)
+@pytest.mark.parametrize("name", SSM_OPS + STORED_OPS + LAYER_OPS)
 def test_opcheck(name):
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    args = _ssm_sample(name, gen) if name in SSM_OPS else _layer_sample(name, gen)
+    args = _ssm_sample(name, gen) if name in SSM_OPS + STORED_OPS else _layer_sample(name, gen)
     torch.library.opcheck(getattr(torch.ops.replayssm, name).default, args)

@@ -327,15 +327,3 @@ def test_quantized_layers_refuse_launch_plans():
                           plan=fam.replay_plan(fam.new_cache(dims, 1, SLOTS, device="cpu").layer(0), 1))
     with pytest.raises(ValueError, match="mode"):
         fam.replay_decode(cache.layer(0), *args, **kwargs, state_batch_indices=ids, mode="fast")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_quantized_layers_have_no_cuda_kernels_yet():
-    fam, dims = get_family("mamba2"), DIMS["mamba2"]
-    cache = fam.new_cache(dims, 1, SLOTS, state_dtype=state_spec("nvfp4", "dual"), device="cuda")
-    step = fam.random_step(dims, 1, torch.Generator().manual_seed(0), "cuda")
-    args, kwargs = step.op_args()
-    with pytest.raises(RuntimeError, match="no CUDA kernels yet"):
-        fam.replay_decode(cache.layer(0), *args, **kwargs, state_batch_indices=torch.zeros(1, dtype=torch.int32,
-                                                                                           device="cuda"))

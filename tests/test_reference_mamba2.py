@@ -147,7 +147,7 @@ def test_persistent_stage_plan_fits_every_preset():
         for state_elem in (4, 2):
             for L in (1, 16, 32):
                 fits = [t for t in tile_choices(head_dim, d_state)
-                        if stages_for(mamba2_stage_bytes(L, t, d_state, state_elem, 2), Tuning().ctas_per_sm) >= 2]
+                        if stages_for(mamba2_stage_bytes(L, t, d_state, state_elem * d_state, 2), Tuning().ctas_per_sm) >= 2]
                 assert fits, (head_dim, d_state, state_elem, L)
     # one layout by hand: Super-120B fp32, 64-row tile, L = 16 (tile 32768 + 16 + 80 + 128 + 128 + 256 + 2048 bytes)
-    assert mamba2_stage_bytes(16, 64, 128, 4, 2) == 35456
+    assert mamba2_stage_bytes(16, 64, 128, 4 * 128, 2) == 35456

@@ -143,22 +143,31 @@ class Checkpoint:
 
 
     def op_tensors(self) -> tuple[torch.Tensor | None, ...]:
-        """The tensors a custom op takes besides the master data, in the order of :data:`OP_TENSORS`."""
+        """The master data and the tensors of :data:`OP_TENSORS`, as a custom op takes them (FP8 tensors as uint8
+        views: torch's checks of mutated arguments do arithmetic that float8 lacks on CPU)."""
         read = self.read
-        return (self.master.scale, self.master.block_scale, None if read is None else read.data,
-                None if read is None else read.scale, None if read is None else read.block_scale, self.flushes)
+        tensors = (self.master.data, self.master.scale, self.master.block_scale, None if read is None else read.data,
+                   None if read is None else read.scale, None if read is None else read.block_scale, self.flushes)
+        return tuple(_bytes(t) for t in tensors)
 
     @classmethod
-    def from_op_args(cls, data: torch.Tensor, tensors: tuple[torch.Tensor | None, ...], spec: StateSpec,
-                     seed: int) -> "Checkpoint":
-        """The inverse of :meth:`op_tensors` (with the master ``data``, the spec and the seed)."""
-        scale, block, read, read_scale, read_block, flushes = tensors
-        stored_read = None if read is None else StoredState(spec.read_format, read, read_scale, read_block)
-        return cls(spec, StoredState(spec.checkpoint_format, data, scale, block), stored_read, flushes, seed)
+    def from_op_args(cls, tensors: tuple[torch.Tensor | None, ...], spec: StateSpec, seed: int) -> "Checkpoint":
+        """The inverse of :meth:`op_tensors` (with the spec and the seed)."""
+        data, scale, block, read, read_scale, read_block, flushes = tensors
+        master = StoredState(spec.checkpoint_format, data.view(spec.checkpoint_format.storage_dtype), scale,
+                             None if block is None else block.view(torch.float8_e4m3fn))
+        stored_read = None if read is None else StoredState(
+            spec.read_format, read.view(spec.read_format.storage_dtype), read_scale,
+            None if read_block is None else read_block.view(torch.float8_e4m3fn))
+        return cls(spec, master, stored_read, flushes, seed)
 
 
-# The checkpoint tensors of a custom op's schema besides the master data (Checkpoint.op_tensors).
-OP_TENSORS = ("state_scale", "state_bscale", "read", "read_scale", "read_bscale", "flushes")
+# The checkpoint tensors of a custom op's schema (Checkpoint.op_tensors).
+OP_TENSORS = ("state", "state_scale", "state_bscale", "read", "read_scale", "read_bscale", "flushes")
+
+
+def _bytes(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.view(torch.uint8) if t is not None and t.dtype == torch.float8_e4m3fn else t
 
 
 def as_checkpoint(state: torch.Tensor | Checkpoint) -> Checkpoint:

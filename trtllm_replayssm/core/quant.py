@@ -93,14 +93,16 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- FP8 rows
 def quantize_fp8_rows(x: torch.Tensor, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 state: codes ``float8_e4m3fn`` of ``x`` and one fp32 scale per row (the last axis): ``scale =
-    amax / 448`` (1 for an all-zero row), ``x ≈ codes * scale``. A row with a NaN or Inf gets a NaN scale. With
-    uniforms ``u`` (shaped like ``x``) the codes round stochastically (:func:`round_stochastic`), the scale does not."""
+    amax / 448`` (1 for an all-zero row), ``x ≈ codes * scale``; the codes round ``x * (1 / scale)`` (the fp32
+    reciprocal, correctly rounded: one division per row, the kernels' arithmetic). A row with a NaN or Inf gets a NaN
+    scale. With uniforms ``u`` (shaped like ``x``) the codes round stochastically (:func:`round_stochastic`), the
+    scale does not."""
     x = x.float()
     amax = x.abs().amax(dim=-1)
     bad = ~torch.isfinite(x).all(dim=-1)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     scale = torch.where(bad, torch.full_like(scale, float("nan")), scale)
-    z = torch.where(bad[..., None], torch.zeros_like(x), x / scale[..., None])
+    z = torch.where(bad[..., None], torch.zeros_like(x), x * torch.reciprocal(scale)[..., None])
     return (e4m3_round(z) if u is None else round_stochastic(z, "e4m3", u)), scale
 
 
@@ -122,7 +124,8 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor,
     """NVFP4 of ``x`` [..., C] (C a multiple of 16): packed E2M1 codes uint8 [..., C/2] and E4M3 block scales
     [..., C/16] (float8_e4m3fn) such that ``x ≈ e2m1 · block_scale · global_scale``. ``global_scale`` broadcasts
     against ``x`` (see :func:`nvfp4_global_scale`). The block scale is ``amax_block / (6 · global_scale)`` rounded to
-    E4M3; elements are divided by the rounded scale before their own rounding. A block with a NaN or an Inf gets a
+    E4M3; elements are multiplied by the fp32 reciprocal (correctly rounded) of ``block_scale · global_scale``
+    before their own rounding. A block with a NaN or an Inf gets a
     NaN block scale. With uniforms ``u`` (shaped like ``x``) the E2M1 codes round stochastically, the scales do not."""
     if x.shape[-1] % NVFP4_BLOCK:
         raise ValueError(f"x: expected a last dim that is a multiple of {NVFP4_BLOCK}, got shape {tuple(x.shape)}")
@@ -133,7 +136,7 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor,
     bscale = e4m3_round(torch.where(bad, torch.full_like(amax, float("nan")), amax / (E2M1_MAX * g[..., 0])))
     denom = bscale.float()[..., None] * g
     live = (denom > 0) & ~bad[..., None]
-    z = torch.where(live, blocks / torch.where(live, denom, 1.0), 0.0)
+    z = torch.where(live, blocks * torch.reciprocal(torch.where(live, denom, 1.0)), 0.0)
     codes = e2m1_codes(z) if u is None else round_stochastic(z, "e2m1", u.float().unflatten(-1, (-1, NVFP4_BLOCK)))
     return pack_nibbles(codes.flatten(-2)), bscale
 

@@ -203,7 +203,7 @@ _state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_upd
 
 
 # Stored checkpoints (quantized, dual or stochastically rounded): the same steps over a Checkpoint's tensors. The ops
-# take the master data, Checkpoint.op_tensors(), the spec's fields and the seed ahead of the plain ops' arguments.
+# take Checkpoint.op_tensors(), the spec's fields and the seed ahead of the plain ops' arguments.
 def _op_spec(state_format: str, state_mode: str, master_format: str, stochastic_rounding: bool) -> StateSpec:
     return StateSpec(state_format, state_mode, master_format or None, stochastic_rounding)
 
@@ -222,7 +222,7 @@ def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor],
                        z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
                        state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int],
                        out: torch.Tensor) -> None:
-    ckpt = Checkpoint.from_op_args(state, (state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
                                    _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
     _replay_cpu(ckpt, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                 state_batch_indices, pad_slot_id, plan, out)
@@ -244,7 +244,7 @@ def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read
 
 
 _replay_stored_op = define_op("mamba2_replay_decode_stored",
-                              ("state", *OP_TENSORS, "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step",
+                              (*OP_TENSORS, "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step",
                                "out"), _replay_stored_cpu, _replay_stored_cuda)
 
 
@@ -256,7 +256,7 @@ def _state_update_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Te
                              B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
                              dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
                              pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
-    ckpt = Checkpoint.from_op_args(state, (state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
                                    _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
     ref.state_update_(ckpt, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
 
@@ -275,7 +275,7 @@ def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale
     run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
 
 
-_state_update_stored_op = define_op("mamba2_state_update_stored", ("state", *OP_TENSORS, "out"),
+_state_update_stored_op = define_op("mamba2_state_update_stored", (*OP_TENSORS, "out"),
                                     _state_update_stored_cpu, _state_update_stored_cuda)
 
 
@@ -367,7 +367,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     if layer.storage is None:
         _replay_op(layer.state, *args)
     else:
-        _replay_stored_op(layer.state, *state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
+        _replay_stored_op(*state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
     return out
 
 
@@ -396,7 +396,7 @@ def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Te
         checked_plan(plan, state_update_plan_key(state, x.shape[0], x.dtype))
     args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
     if stored:
-        _state_update_stored_op(state.master.data, *state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
+        _state_update_stored_op(*state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
     else:
         _state_update_op(state.master.data if isinstance(state, Checkpoint) else state, *args)
     return out

@@ -1,0 +1,157 @@
+"""Mamba-2 decode speed on quantized, dual-copy and plain checkpoints (H200), per state spec and batch.
+
+Protocol (docs/benchmarks.md): copy ceiling in the same run; cold L2 by rotating independent caches whose total exceeds
+4x L2, all in one CUDA graph; medians of 15 graph replays. Phases: ``cycle`` = L steps per cache from staggered
+cursors (every row flushes once: whole cycles), ``nonflush`` = one step per cache with cursors staggered over
+0 .. L-2, reset outside the timed region before each replay. ``baseline``: the state-update kernel (read and write
+the checkpoint, the master in dual mode, every step). Writes JSON records with the results schema of docs/benchmarks.md.
+
+    python3 benchmarks/dev/quant_speed.py -o benchmarks/results/quant-speed-h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from trtllm_replayssm.core import byte_model
+from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.formats import state_spec
+from trtllm_replayssm.core.samples import fill_rings_, mamba2_step, random_state, slot_indices
+from trtllm_replayssm.lab.bench import timing
+from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+
+SPECS = ["fp32", "bf16", "fp8", "nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/fp32", "nvfp4/dual/fp16+sr"]
+MODELS = ["nemotron-3-super-120b", "nemotron-3-nano-4b"]
+
+
+def parse_spec(label: str):
+    sr = label.endswith("+sr")
+    parts = label.removesuffix("+sr").split("/")
+    return state_spec(parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else None, sr)
+
+
+def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
+    fam = family_of(shape.dims)
+    out = []
+    for _ in range(n):
+        layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=L, state_dtype=spec, device=dev).layer(0)
+        values = random_state(batch + 1, shape.dims, "fp32", gen, dev)
+        if layer.storage is None:
+            layer.state.copy_(values)
+        else:
+            layer.checkpoint().store_(torch.arange(batch + 1, device=dev), values)
+        fill_rings_(layer, gen)
+        idx = slot_indices(batch, gen, dev)
+        rows = torch.arange(batch, device=dev, dtype=torch.int32)
+        layer.cursor.zero_()
+        layer.cursor[idx.long()] = rows % (L - 1 if nonflush else L)
+        out.append((layer, idx, layer.cursor.clone()))
+    return out
+
+
+def _time(calls, reset, replays=timing.MIN_REPLAYS):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    reset()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    times = []
+    for _ in range(replays + 2):
+        reset()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[2:]) * 1e3 / len(calls)
+
+
+def measure(model, label, batch, phase, L, dev, gen, ceiling, impl):
+    shape = shape_from_preset(model)
+    spec = parse_spec(label)
+    fam = family_of(shape.dims)
+    step = mamba2_step(shape.dims, batch, gen, dev)
+    args, kwargs = step.op_args()
+    out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=dev)
+    per_cache = byte_model.state_bytes(shape.dims, spec) * (batch + 1)
+    n = timing.pools_for_cold_l2(per_cache, timing.l2_bytes(dev))
+    layers = _layers(shape, spec, batch, L, n, gen, dev, phase == "nonflush")
+    if impl == "baseline":
+        if spec.stochastic_rounding:
+            return None
+        calls = [lambda lay=lay, idx=idx: fam.state_update(
+            lay.checkpoint() if lay.storage is not None else lay.state, *args, **kwargs, state_batch_indices=idx,
+            out=out) for lay, idx, _ in layers]
+        mode, steps = "baseline", 1
+        model_bytes = byte_model.baseline_bytes(shape.dims, spec, "bf16")
+    else:
+        mode = "replay" if batch * shape.dims.heads >= 8 * torch.cuda.get_device_properties(dev).multi_processor_count else "auto"
+        plans = [fam.replay_plan(lay, batch, mode) for lay, _, _ in layers]
+        steps = 1 if phase == "nonflush" else L
+        calls = [lambda lay=lay, idx=idx, plan=plan: fam.replay_decode(lay, *args, **kwargs, state_batch_indices=idx,
+                                                                       out=out, plan=plan)
+                 for _ in range(steps) for (lay, idx, _), plan in zip(layers, plans)]
+        mode = plans[0].mode
+        model_bytes = (byte_model.nonflush_bytes if phase == "nonflush" else byte_model.replay_bytes)(
+            shape.dims, spec, "bf16", L)
+
+    def reset():
+        for lay, _, cursor in layers:
+            lay.cursor.copy_(cursor)
+
+    us = _time(calls, reset)
+    gbps = model_bytes * batch / (us * 1e-6) / 1e9
+    rec = {"family": "mamba2", "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
+           "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
+           **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
+           "mode": mode, "device": torch.cuda.get_device_name(dev)}
+    del layers, calls
+    torch.cuda.empty_cache()
+    return rec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--batches", default="1,8,256")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--specs", default=",".join(SPECS))
+    ap.add_argument("-L", type=int, default=16)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    ceiling = timing.copy_ceiling_gbps(dev)
+    gen = torch.Generator().manual_seed(0)
+    records = []
+    for model in a.models.split(","):
+        for batch in map(int, a.batches.split(",")):
+            for label in a.specs.split(","):
+                for impl, phase in (("replay", "cycle"), ("replay", "nonflush"), ("baseline", "step")):
+                    try:
+                        rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl)
+                    except Exception as exc:  # report and go on: one failing case must not hide the others
+                        print(f"FAIL {model} {label} b{batch} {impl} {phase}: {exc}", file=sys.stderr)
+                        continue
+                    if rec is None:
+                        continue
+                    records.append(rec)
+                    print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
+                          f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
+    with open(a.output, "w") as f:
+        json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Mamba-2 kernels on quantized, dual-copy and stochastically rounded checkpoints (GPU), against the float32 reference
+on a CPU twin of the same cache (tests/test_quantized_state.py holds the reference to a float64 model that quantizes
+at the same points).
+
+* Bit-exact codes: with x = 0 and A = 0 a flush rewrites the checkpoint it read (S = S0 exactly, in the kernels'
+  fp32 and the reference's), so the stored codes, block scales, row scales and flush counters must equal the torch
+  codecs' bit for bit, stochastic rounding included (Philox keyed by slot and flush count).
+* General steps: three staggered L-cycles with a pad row and poisoned outputs, replay and flush modes; outputs and the
+  decoded checkpoints follow the reference to within a few code flips (the fp32 folds round in another order).
+* CUDA-graph replay draws fresh stochastic rounding per replay (the counters advance on the device).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.families import get_family
+from trtllm_replayssm.core.formats import state_spec
+from trtllm_replayssm.core.samples import mamba2_step, random_state, step_rows
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+FAM = get_family("mamba2")
+DIMS = Mamba2Dims(nheads=8, head_dim=64, d_state=128, n_groups=2)
+SPECS = {"fp8": state_spec("fp8"), "nvfp4": state_spec("nvfp4"), "fp8-dual-fp32": state_spec("fp8", "dual"),
+         "nvfp4-dual-fp16": state_spec("nvfp4", "dual", "fp16"), "nvfp4-dual-bf16": state_spec("nvfp4", "dual", "bf16"),
+         "nvfp4-dual-fp8-sr": state_spec("nvfp4", "dual", "fp8", True), "fp8-sr": state_spec("fp8", stochastic_rounding=True),
+         "nvfp4-dual-fp32-sr": state_spec("nvfp4", "dual", "fp32", True), "bf16-sr": state_spec("bf16", stochastic_rounding=True)}
+# Bit-exact rewrites: not shared NVFP4, whose decoded zeros (±0) may come back with the other sign (-0 + 0 = +0).
+EXACT = ["fp8", "fp8-dual-fp32", "nvfp4-dual-fp16", "nvfp4-dual-fp32-sr", "nvfp4-dual-fp8-sr", "fp8-sr", "bf16-sr"]
+SLOTS, L = 9, 4
+SLOT_IDS = [3, -1, 0, 5, 7, 8]  # a pad row; slots 1, 2, 4, 6 are never touched
+
+
+def _twins(spec, gen: torch.Generator):
+    """A GPU layer and a CPU layer with the same stored checkpoints, rings and staggered cursors."""
+    layers = [FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device=d).layer(0) for d in ("cpu", "cuda")]
+    cpu, gpu = layers
+    cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, DIMS, "fp32", gen, "cpu"))
+    cpu.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32) % L)
+    for name, t in cpu.tensors().items():
+        gpu.tensors()[name].copy_(t)
+    return cpu, gpu
+
+
+def _step(gen: torch.Generator, batch: int, zero_x: bool = False):
+    step = mamba2_step(DIMS, batch, gen, "cpu")
+    if zero_x:
+        step.x.zero_()
+        step.A.zero_()
+    return step
+
+
+def _run(layer, step, ids: torch.Tensor, mode: str) -> torch.Tensor:
+    dev = layer.cursor.device
+    args, kwargs = step.op_args()
+    args = tuple(a.to(dev) for a in args)
+    kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = torch.full_like(args[0], float("nan"))  # poisoned: every row is written
+    return FAM.replay_decode(layer, *args, **kwargs, state_batch_indices=ids.to(dev), out=out, mode=mode)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _storage(layer) -> dict[str, torch.Tensor]:
+    return {n: (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).cpu()
+            for n, t in layer.tensors().items() if n.startswith(("state", "read", "flushes"))}
+
+
+@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("name", EXACT)
+def test_rewritten_checkpoints_are_bit_exact(name, mode):
+    gen = torch.Generator().manual_seed(11)
+    cpu, gpu = _twins(SPECS[name], gen)
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
+    for _ in range(L):  # every slot flushes once in replay mode, every step in flush mode
+        step = _step(gen, len(SLOT_IDS), zero_x=True)
+        _run(cpu, step, ids, mode)
+        _run(gpu, step, ids, mode)
+    torch.cuda.synchronize()
+    for n, t in _storage(cpu).items():
+        got = _storage(gpu)[n]
+        assert torch.equal(got, t), f"{n}: {int((got != t).sum())} of {t.numel()} elements differ"
+
+
+@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_steps_follow_the_reference(name, mode):
+    spec = SPECS[name]
+    gen = torch.Generator().manual_seed(5)
+    cpu, gpu = _twins(spec, gen)
+    untouched = {n: t.clone() for n, t in _storage(gpu).items()}
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
+    live = [i for i, s in enumerate(SLOT_IDS) if s >= 0]
+    tol = 0.03 if "nvfp4" in name else 5e-3  # a few code flips where the fp32 folds round differently
+    for k in range(3 * L):
+        step = _step(gen, len(SLOT_IDS))
+        want = _run(cpu, step, ids, mode)
+        got = _run(gpu, step, ids, mode).cpu()
+        assert got[1].abs().max() == 0, "the pad row's outputs are zeros"
+        assert _rel(got[live], want[live]) < tol, (k, _rel(got[live], want[live]))
+    assert torch.equal(gpu.cursor.cpu(), cpu.cursor)
+    slots = torch.tensor([s for s in SLOT_IDS if s >= 0])
+    g, c = gpu.checkpoint(), cpu.checkpoint()
+    assert _rel(g.fold_values(slots.cuda()), c.fold_values(slots)) < tol
+    assert _rel(g.read_values(slots.cuda()), c.read_values(slots)) < tol
+    if spec.stochastic_rounding:
+        assert torch.equal(g.flushes.cpu(), c.flushes)
+    for n, t in _storage(gpu).items():  # slots outside the batch keep every byte
+        assert torch.equal(t[[1, 2, 4, 6]], untouched[n][[1, 2, 4, 6]]), n
+
+
+@pytest.mark.parametrize("name", ["fp8", "nvfp4-dual-fp16", "fp8-dual-fp32"])
+def test_baseline_kernel_reads_and_writes_the_master(name):
+    spec = SPECS[name]
+    gen = torch.Generator().manual_seed(9)
+    cpu, gpu = _twins(spec, gen)
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
+    for _ in range(4):
+        step = _step(gen, len(SLOT_IDS))
+        args, kwargs = step.op_args()
+        want = FAM.state_update(cpu.checkpoint(), *args, **kwargs, state_batch_indices=ids)
+        gargs = tuple(a.cuda() for a in args)
+        gkw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        got = FAM.state_update(gpu.checkpoint(), *gargs, **gkw, state_batch_indices=ids.cuda())
+        assert _rel(got.cpu(), want) < (0.03 if "nvfp4" in name else 5e-3)
+    slots = torch.tensor([s for s in SLOT_IDS if s >= 0])
+    assert _rel(gpu.checkpoint().fold_values(slots.cuda()), cpu.checkpoint().fold_values(slots)) < 0.03
+
+
+def test_baseline_kernel_refuses_stochastic_rounding():
+    layer = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=SPECS["fp8-sr"], device="cuda").layer(0)
+    args, kwargs = _step(torch.Generator().manual_seed(0), 2).op_args()
+    with pytest.raises(ValueError, match="replay_decode"):
+        FAM.state_update(layer.checkpoint(), *(a.cuda() for a in args),
+                         **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
+                         state_batch_indices=torch.tensor([0, 1], dtype=torch.int32, device="cuda"))
+
+
+def test_nvfp4_needs_whole_blocks_per_lane():
+    dims = Mamba2Dims(nheads=2, head_dim=8, d_state=32, n_groups=1)
+    layer = FAM.new_cache(dims, 1, 2, buffer_len=L, state_dtype="nvfp4", device="cuda").layer(0)
+    args, kwargs = mamba2_step(dims, 1, torch.Generator().manual_seed(0), "cuda").op_args()
+    with pytest.raises(ValueError, match="d_state"):
+        FAM.replay_decode(layer, *args, **kwargs, state_batch_indices=torch.zeros(1, dtype=torch.int32, device="cuda"))
+
+
+def test_graph_replays_draw_fresh_rounding():
+    """A captured step replayed over two cycles equals the same steps run eagerly, bit for bit (outputs and
+    storage), and its flush counters follow the reference's."""
+    spec = SPECS["nvfp4-dual-fp32-sr"]
+    gen = torch.Generator().manual_seed(3)
+    cpu, eager = _twins(spec, gen)
+    graphed = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
+    for name, t in eager.tensors().items():
+        graphed.tensors()[name].copy_(t)
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32, device="cuda")
+    steps = [_step(gen, len(SLOT_IDS)) for _ in range(2 * L)]
+    static_args, static_kw = steps[0].op_args()
+    static_args = tuple(a.cuda() for a in static_args)
+    static_kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in static_kw.items()}
+    out = torch.empty_like(static_args[0])
+    plan = FAM.replay_plan(graphed, len(SLOT_IDS), "replay")
+    saved = {n: t.clone() for n, t in graphed.tensors().items()}
+    FAM.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)  # loads
+    for n, t in saved.items():
+        graphed.tensors()[n].copy_(t)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        FAM.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)
+    for step in steps:
+        args, _ = step.op_args()
+        for dst, src in zip(static_args, args):
+            dst.copy_(src)
+        graph.replay()
+        want = _run(eager, step, ids.cpu(), "replay")
+        _run(cpu, step, ids.cpu(), "replay")
+        assert torch.equal(out, want)
+    for n, t in _storage(eager).items():
+        assert torch.equal(_storage(graphed)[n], t), n
+    assert torch.equal(graphed.checkpoint().flushes.cpu(), cpu.checkpoint().flushes)
+    assert cpu.checkpoint().flushes.max() == 2
+
+
+def test_sanitizer_smoke():
+    """One replay cycle and a flush step on a small stored cache (compute-sanitizer runs it)."""
+    gen = torch.Generator().manual_seed(1)
+    cpu, gpu = _twins(SPECS["nvfp4-dual-fp8-sr"], gen)
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
+    for k in range(L + 1):
+        _run(gpu, _step(gen, len(SLOT_IDS)), ids, "flush" if k == L else "replay")
+    torch.cuda.synchronize()
