@@ -20,6 +20,7 @@ import torch
 from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import state_spec
+from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import fill_rings_, mamba2_step, random_state, slot_indices
 from trtllm_replayssm.lab.bench import timing
 from trtllm_replayssm.lab.bench.shapes import shape_from_preset
@@ -78,7 +79,7 @@ def _time(calls, reset, replays=timing.MIN_REPLAYS):
     return statistics.median(times[2:]) * 1e3 / len(calls)
 
 
-def measure(model, label, batch, phase, L, dev, gen, ceiling, impl):
+def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tuning()):
     shape = shape_from_preset(model)
     spec = parse_spec(label)
     fam = family_of(shape.dims)
@@ -98,7 +99,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl):
         model_bytes = byte_model.baseline_bytes(shape.dims, spec, "bf16")
     else:
         mode = "replay" if batch * shape.dims.heads >= 8 * torch.cuda.get_device_properties(dev).multi_processor_count else "auto"
-        plans = [fam.replay_plan(lay, batch, mode) for lay, _, _ in layers]
+        plans = [fam.replay_plan(lay, batch, mode, tuning) for lay, _, _ in layers]
         steps = 1 if phase == "nonflush" else L
         calls = [lambda lay=lay, idx=idx, plan=plan: fam.replay_decode(lay, *args, **kwargs, state_batch_indices=idx,
                                                                        out=out, plan=plan)
@@ -116,7 +117,8 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl):
     rec = {"family": "mamba2", "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
            **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
-           "mode": mode, "device": torch.cuda.get_device_name(dev)}
+           "mode": mode, "rows_per_cta": plans[0].rows_per_cta if impl == "replay" else None,
+           "device": torch.cuda.get_device_name(dev)}
     del layers, calls
     torch.cuda.empty_cache()
     return rec
@@ -129,17 +131,22 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--specs", default=",".join(SPECS))
     ap.add_argument("-L", type=int, default=16)
+    ap.add_argument("--rows-per-cta", default="", help="row tiles to try besides the planner's, e.g. 32,64")
+    ap.add_argument("--impls", default="replay,baseline")
     a = ap.parse_args()
     dev = torch.device("cuda")
     ceiling = timing.copy_ceiling_gbps(dev)
     gen = torch.Generator().manual_seed(0)
     records = []
+    tilings = [Tuning()] + [Tuning(rows_per_cta=int(t)) for t in a.rows_per_cta.split(",") if t]
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
             for label in a.specs.split(","):
-                for impl, phase in (("replay", "cycle"), ("replay", "nonflush"), ("baseline", "step")):
+                runs = [("replay", "cycle", t) for t in tilings] + [("replay", "nonflush", t) for t in tilings]
+                runs += [("baseline", "step", Tuning())]
+                for impl, phase, tuning in [r for r in runs if r[0] in a.impls.split(",")]:
                     try:
-                        rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl)
+                        rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl, tuning)
                     except Exception as exc:  # report and go on: one failing case must not hide the others
                         print(f"FAIL {model} {label} b{batch} {impl} {phase}: {exc}", file=sys.stderr)
                         continue
@@ -147,6 +154,7 @@ def main() -> int:
                         continue
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
+                          f"pt{rec['rows_per_cta']} "
                           f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)
