@@ -569,15 +569,14 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
 // r's S·C on lane r. x_j come from the stage (ring rows j < w, then x), B_j from the fold buffer `B_s` ([w + 1][N])
-// or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2). S0: this
-// lane's `rows` of the stage (plain rows), the stage tile `stage` (a stored checkpoint outside dual mode) or the master
-// in global memory (dual mode).
+// or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2). S0: the
+// tile in `stage` (outside dual mode) or the master in global memory (dual mode).
 __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
                                            const float* coef, const act_t* x_s, const act_t* ring_s,
-                                           const act_t* B_s, const float (&cv)[kEpl], const state_t* rows,
-                                           const unsigned char* stage) {
+                                           const act_t* B_s, const float (&cv)[kEpl], const unsigned char* stage) {
   using BRaw = rssm::VecTraits<act_t, kEpl>;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;  // plain
   const int wrow0 = warp * kRowsPerWarp;  // in the tile
   const int group = c.head / (p.nheads / p.ngroups);
   const float sj = lane <= w ? coef[lane] : 0.f;
@@ -720,7 +719,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     dot_lane *= decay;
   } else {
     if (p.fold_bytes) rssm::fold_buffer_wait(pipe, folds);
-    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, rows, stage);
+    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, stage);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
@@ -21,8 +20,9 @@ from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import state_spec
 from trtllm_replayssm.core.plans import Tuning
-from trtllm_replayssm.core.samples import fill_rings_, mamba2_step, random_state, slot_indices
+from trtllm_replayssm.core.samples import mamba2_step, slot_indices
 from trtllm_replayssm.lab.bench import timing
+from trtllm_replayssm.lab.bench.ours import fill_layer_
 from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 SPECS = ["fp32", "bf16", "fp8", "nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/fp32", "nvfp4/dual/fp16+sr"]
@@ -36,47 +36,16 @@ def parse_spec(label: str):
 
 
 def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
+    """``n`` single-layer caches with random stored checkpoints and staggered cursors (over 0 .. L-2 for the
+    non-flush phase), each with its batch's slot ids and its initial cursors."""
     fam = family_of(shape.dims)
     out = []
     for _ in range(n):
         layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=L, state_dtype=spec, device=dev).layer(0)
-        values = random_state(batch + 1, shape.dims, "fp32", gen, dev)
-        if layer.storage is None:
-            layer.state.copy_(values)
-        else:
-            layer.checkpoint().store_(torch.arange(batch + 1, device=dev), values)
-        fill_rings_(layer, gen)
         idx = slot_indices(batch, gen, dev)
-        rows = torch.arange(batch, device=dev, dtype=torch.int32)
-        layer.cursor.zero_()
-        layer.cursor[idx.long()] = rows % (L - 1 if nonflush else L)
+        fill_layer_(layer, shape, spec.checkpoint_format.name, idx, L, gen, L - 1 if nonflush else L)
         out.append((layer, idx, layer.cursor.clone()))
     return out
-
-
-def _time(calls, reset, replays=timing.MIN_REPLAYS):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    reset()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    times = []
-    for _ in range(replays + 2):
-        reset()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[2:]) * 1e3 / len(calls)
 
 
 def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tuning()):
@@ -112,7 +81,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
         for lay, _, cursor in layers:
             lay.cursor.copy_(cursor)
 
-    us = _time(calls, reset)
+    us = timing.time_calls(calls, before_each=reset)
     gbps = model_bytes * batch / (us * 1e-6) / 1e9
     rec = {"family": "mamba2", "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,

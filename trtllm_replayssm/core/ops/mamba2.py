@@ -155,6 +155,13 @@ def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A
         force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
 
 
+def _launch(spec: torch.dtype | StateSpec, plan: list[int], params, x: torch.Tensor, d_state: int) -> None:
+    """Run ``plan``'s kernels from the module of ``spec`` (a plain state dtype or a StateSpec)."""
+    launch = Launch.from_words(plan)
+    config = kernel_config(x.shape[2], d_state, spec, x.dtype, launch.rows_per_cta)
+    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+
+
 def _replay_cpu(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
                 cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, x: torch.Tensor,
                 dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
@@ -169,11 +176,9 @@ def _replay_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
                  dt_softplus, state_batch_indices, pad_slot_id, plan, out) -> None:
     if x.shape[0] == 0:
         return
-    launch = Launch.from_words(plan)
     params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
                      dt_softplus, state_batch_indices, pad_slot_id, out)
-    config = kernel_config(x.shape[2], state.shape[-1], state.dtype, x.dtype, launch.rows_per_cta)
-    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+    _launch(state.dtype, plan, params, x, B.shape[-1])
 
 
 _replay_op = define_op("mamba2_replay_decode",
@@ -192,11 +197,9 @@ def _state_update_cuda(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_
                        out) -> None:
     if x.shape[0] == 0:
         return
-    launch = Launch.from_words(plan)
     params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                      state_batch_indices, pad_slot_id, out)
-    config = kernel_config(x.shape[2], state.shape[-1], state.dtype, x.dtype, launch.rows_per_cta)
-    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+    _launch(state.dtype, plan, params, x, B.shape[-1])
 
 
 _state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
@@ -234,13 +237,10 @@ def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read
                         out) -> None:
     if x.shape[0] == 0:
         return
-    launch = Launch.from_words(plan)
     stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
     params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
                      dt_softplus, state_batch_indices, pad_slot_id, out, stored)
-    spec = _op_spec(state_format, state_mode, master_format, stochastic_rounding)
-    config = kernel_config(x.shape[2], B.shape[-1], spec, x.dtype, launch.rows_per_cta)
-    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+    _launch(_op_spec(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
 
 
 _replay_stored_op = define_op("mamba2_replay_decode_stored",
@@ -266,13 +266,10 @@ def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale
                               dt_softplus, state_batch_indices, pad_slot_id, plan, out) -> None:
     if x.shape[0] == 0:
         return
-    launch = Launch.from_words(plan)
     stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
     params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                      state_batch_indices, pad_slot_id, out, stored)
-    spec = _op_spec(state_format, state_mode, master_format, stochastic_rounding)
-    config = kernel_config(x.shape[2], B.shape[-1], spec, x.dtype, launch.rows_per_cta)
-    run_plan(config, KERNELS, launch, params, x.device, prep_carveout=False)
+    _launch(_op_spec(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
 
 
 _state_update_stored_op = define_op("mamba2_state_update_stored", (*OP_TENSORS, "out"),

@@ -28,14 +28,19 @@ def planned_mode(shape: BenchShape, batch: int, state_dtype: str, buffer_len: in
 
 
 def fill_layer_(layer, shape: BenchShape, state_dtype: str, idx: torch.Tensor, buffer_len: int,
-                gen: torch.Generator) -> None:
-    """Random checkpoint, valid ring records, staggered cursors ``row % L`` for the batch rows' slots."""
-    layer.state.copy_(random_state(layer.state.shape[0], shape.dims, state_dtype, gen, layer.state.device))
+                gen: torch.Generator, cursor_period: int | None = None) -> None:
+    """Random checkpoint (a stored one encoded as a flush writes it), valid ring records, staggered cursors
+    ``row % cursor_period`` (default L: whole cycles; L - 1: non-flush steps only) for the batch rows' slots."""
+    if layer.storage is None:
+        layer.state.copy_(random_state(layer.state.shape[0], shape.dims, state_dtype, gen, layer.state.device))
+    else:
+        slots = torch.arange(layer.slots, device=layer.state.device)
+        layer.checkpoint().store_(slots, random_state(layer.slots, shape.dims, "fp32", gen, layer.state.device))
     fill_rings_(layer, gen)
     layer.cursor.zero_()
     layer.arrive.zero_()
     rows = torch.arange(idx.numel(), device=idx.device, dtype=torch.int32)
-    layer.cursor[idx.long()] = rows % buffer_len
+    layer.cursor[idx.long()] = rows % (cursor_period or buffer_len)
 
 
 def replay_case(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep, n_pools: int,

@@ -26,9 +26,11 @@ def pools_for_cold_l2(pool_bytes: int, l2: int, factor: int = COLD_L2_FACTOR, mi
     return max(minimum, math.floor(factor * l2 / pool_bytes) + 1)
 
 
-def _event_ms(fn: Callable[[], None], repeats: int) -> list[float]:
+def _event_ms(fn: Callable[[], None], repeats: int, before_each: Callable[[], None] | None = None) -> list[float]:
     times = []
     for _ in range(repeats):
+        if before_each is not None:
+            before_each()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -55,11 +57,14 @@ def copy_ceiling_gbps(device: torch.device, nbytes: int = 1 << 30, repeats: int 
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def time_calls(calls: Sequence[Callable[[], None]], replays: int = MIN_REPLAYS, warmup: int = 2) -> float:
+def time_calls(calls: Sequence[Callable[[], None]], replays: int = MIN_REPLAYS, warmup: int = 2,
+               before_each: Callable[[], None] | None = None) -> float:
     """Median µs per call of `calls` run back to back, captured once into one CUDA graph.
 
     The caller orders `calls` (e.g. L steps of every pool, pools interleaved) so that the sequence is a whole number
     of cycles; the graph is replayed `replays` times and each replay's time is divided by ``len(calls)``.
+    ``before_each``: run on the stream before the warm-up and before every replay, outside the timed region (e.g.
+    restoring cursors so that every replay times the same steps).
     """
     if not calls:
         raise ValueError("calls: expected at least one callable, got none")
@@ -71,14 +76,18 @@ def time_calls(calls: Sequence[Callable[[], None]], replays: int = MIN_REPLAYS, 
         for fn in calls:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+    if before_each is not None:
+        before_each()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for fn in calls:
             fn()
     for _ in range(warmup):
+        if before_each is not None:
+            before_each()
         graph.replay()
     torch.cuda.synchronize()
-    ms = statistics.median(_event_ms(graph.replay, replays))
+    ms = statistics.median(_event_ms(graph.replay, replays, before_each))
     del graph
     return ms * 1e3 / len(calls)
