@@ -65,13 +65,6 @@ struct __align__(16) OutStage {
   float x[PT];      // current x
 };
 
-struct Tile {
-  int b, slot, head, group, row0, warp, lane;
-  state_t* state;      // this lane's first element of this warp's rows (plain master)
-  MasterRows master;   // this warp's first row of the master
-  unsigned flushes;    // the slot's checkpoint writes so far (stochastic rounding)
-};
-
 // Rows row0 ... of the master checkpoint of (slot, head).
 __device__ __forceinline__ MasterRows master_rows(const Mamba2Params& p, int slot, int head, int row0) {
   auto* data = static_cast<unsigned char*>(p.state) +
@@ -101,21 +94,42 @@ __device__ __forceinline__ ReadRows nonflush_rows(const Mamba2Params& p, int slo
 #endif
 }
 
-// A flush's write of row `row` of (slot, head) from this lane's fp32 values: the master and, in dual mode, the read
+// The checkpoint rows of (slot, head) from row0 on that a flush writes: the master and (dual mode) the read copy.
+struct CheckpointRows {
+  MasterRows master;
+  ReadRows read;  // dual mode only
+  int slot, head, row0;
+};
+
+__device__ __forceinline__ CheckpointRows checkpoint_rows(const Mamba2Params& p, int slot, int head, int row0) {
+  CheckpointRows rows{master_rows(p, slot, head, row0), {}, slot, head, row0};
+  if constexpr (kDual) rows.read = read_rows(p, slot, head, row0);
+  return rows;
+}
+
+// A flush's write of row row0 + r of `rows` from this lane's fp32 values: the master and, in dual mode, the read
 // copy from the same values, rounded to nearest or (SR) stochastically with the slot's streams of write `flushes`
 // (core/checkpoint.py, the write rule). Warp-collective.
-__device__ __forceinline__ void store_checkpoint_row(const Mamba2Params& p, int slot, int head, int row,
+__device__ __forceinline__ void store_checkpoint_row(const Mamba2Params& p, const CheckpointRows& rows, int r,
                                                      const float (&v)[kEpl], unsigned flushes) {
   const int lane = threadIdx.x % rssm::kWarpSize;
-  const long long e0 = ((long long)head * P + row) * N + lane * kEpl;
-  const rssm::SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(p.seed)};
+  const long long e0 = ((long long)rows.head * P + rows.row0 + r) * N + lane * kEpl;
+  const rssm::SrKey master_key{static_cast<unsigned>(rows.slot), flushes, 0u, static_cast<unsigned>(p.seed)};
   constexpr bool kMasterSr = SR && !(MASTER_FMT == rssm::kFmtPlain && sizeof(state_t) == 4);  // fp32: exact
-  master_rows(p, slot, head, row).encode(0, lane, v, kMasterSr ? &master_key : nullptr, e0);
+  rows.master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
   if constexpr (kDual) {
-    const rssm::SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(p.seed)};
-    read_rows(p, slot, head, row).encode(0, lane, v, SR ? &read_key : nullptr, e0);
+    const rssm::SrKey read_key{static_cast<unsigned>(rows.slot), flushes, 1u, static_cast<unsigned>(p.seed)};
+    rows.read.encode(r, lane, v, SR ? &read_key : nullptr, e0);
   }
 }
+
+struct Tile {
+  int b, slot, head, group, row0, warp, lane;
+  state_t* state;      // this lane's first element of this warp's rows (plain master)
+  MasterRows master;   // this warp's first row of the master
+  CheckpointRows rows;  // this warp's first row of what a stored checkpoint's write stores
+  unsigned flushes;    // the slot's checkpoint writes so far (stochastic rounding)
+};
 
 // A pad row's outputs are zeros (its state, ring and cursor are not touched): rows row0 .. row0+PT-1 of head h.
 __device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, int h, int row0) {
@@ -138,6 +152,7 @@ __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   t.state = static_cast<state_t*>(p.state) + t.slot * p.s_state_slot + t.head * p.s_state_head +
             (long long)(t.row0 + t.warp * kRowsPerWarp) * N + t.lane * kEpl;
   t.master = master_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
+  if constexpr (kStored) t.rows = checkpoint_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
   t.flushes = SR && p.flushes ? p.flushes[t.slot] : 0u;
   return true;
 }
@@ -233,7 +248,7 @@ __device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile&
 }
 
 __device__ __forceinline__ void store_row(const Mamba2Params& p, const Tile& t, int r, const float (&v)[kEpl]) {
-  if constexpr (kStored) store_checkpoint_row(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp + r, v, t.flushes);
+  if constexpr (kStored) store_checkpoint_row(p, t.rows, r, v, t.flushes);
   else rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
 }
 
@@ -587,6 +602,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
                  (long long)(c.row0 + wrow0) * N + lane * kEpl;
   const float decay = coef[p.L];
   const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
+  const CheckpointRows ckpt = checkpoint_rows(p, slot, c.head, c.row0 + wrow0);
   float dot_lane = 0.f;
 #pragma unroll
   for (int r0 = 0; r0 < kRowsPerWarp; r0 += kFoldRows) {
@@ -596,7 +612,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
       if (r0 + r >= kRowsPerWarp) break;
       xs[r] = lane <= w ? sj * rssm::to_float(xj[r0 + r]) : 0.f;
       if constexpr (!kStored) rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
-      else if constexpr (kDual) master_rows(p, slot, c.head, c.row0 + wrow0).decode(r0 + r, lane, acc[r]);
+      else if constexpr (kDual) ckpt.master.decode(r0 + r, lane, acc[r]);
       else ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(wrow0).decode(r0 + r, lane, acc[r]);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
@@ -632,7 +648,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRowsPerWarp) break;
-      if constexpr (kStored) store_checkpoint_row(p, slot, c.head, c.row0 + wrow0 + r0 + r, acc[r], flushes);
+      if constexpr (kStored) store_checkpoint_row(p, ckpt, r0 + r, acc[r], flushes);
       else rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
       float dot = 0.f;
 #pragma unroll
@@ -692,26 +708,20 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
       const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);
       float part[kRowsPerWarp];
 #pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        float v[kEpl];
-        tile_rows.decode(rr, lane, v);
-        part[rr] = 0.f;
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) part[rr] = fmaf(v[e], cv[e], part[rr]);
-      }
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) part[rr] = tile_rows.dot(rr, lane, cv);
       dot_lane = rssm::warp_sum_scatter<kRowsPerWarp>(part);
     } else {
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        float v[kEpl];
-        if constexpr (kStored) {
-          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp).decode(rr, lane, v);
-        } else {
-          rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
-        }
         float dot = 0.f;
+        if constexpr (kStored) {
+          dot = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp).dot(rr, lane, cv);
+        } else {
+          float v[kEpl];
+          rssm::load_vec<state_t, kEpl>(rows + rr * N, v);
 #pragma unroll
-        for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
+          for (int e = 0; e < kEpl; ++e) dot = fmaf(v[e], cv[e], dot);
+        }
         dot = rssm::warp_sum(dot);
         if (lane == rr) dot_lane = dot;
       }

@@ -1,7 +1,8 @@
 // Checkpoint storage formats of the decode kernels: plain fp32/fp16/bf16 rows, FP8 E4M3 rows with an fp32 scale per
 // row, and NVFP4 rows (E2M1 codes two per byte, an E4M3 scale per 16 elements, an fp32 second-level scale per row),
 // with round-to-nearest-even and the stochastic rounding of trtllm_replayssm/core/quant.py (the contract these
-// functions reproduce bit for bit: same scales, same uniforms, same rounding rule). Compiled with NVRTC.
+// functions reproduce bit for bit: same scales, same uniforms, same rounding rule). Row and second-level scales are
+// powers of two, so encoding needs no division outside stochastic rounding. Compiled with NVRTC.
 #pragma once
 
 #include "replayssm_common.cuh"
@@ -12,12 +13,14 @@ enum : int { kFmtPlain = 0, kFmtFp8 = 1, kFmtNvfp4 = 2 };
 constexpr int kNvfp4Block = 16;          // elements per E4M3 block scale
 constexpr float kE4m3Max = 448.f;
 constexpr float kE2m1Max = 6.f;
+constexpr unsigned int kInfBits = 0x7f800000u;  // magnitudes at or above these fp32 bits are Inf or NaN
 
 // ---------------------------------------------------------------------------------------------- exact division
-// RN(a / b), ties to even, for finite a and finite b > 0 whose quotient is zero or a normal fp32 number: the quotient
-// of the torch codecs (core/quant.py), without the slow-path call of IEEE division (which gives a kernel a stack
-// frame). An approximation within 2 ulps, then exact tests against the midpoints between neighbours: b times a
-// midpoint (24 x 25 bits) is exact in fp64, and the fp64 fma's rounded a - b·mid has the sign of the exact one.
+// RN(a / b), ties to even, for finite a and finite b > 0 whose quotient is zero or a normal fp32 number (the
+// reciprocals of FP8 row scales and, under stochastic rounding, of NVFP4 block scales, as torch's), without the
+// slow-path call of IEEE division (which gives a kernel a stack frame). An approximation within 2 ulps, then exact
+// tests against the midpoints between neighbours: b times a midpoint (24 x 25 bits) is exact in fp64, and the fp64
+// fma's rounded a - b·mid has the sign of the exact one.
 __device__ __forceinline__ float div_rn(float a, float b) {
   const float mag = fabsf(a);
   if (mag == 0.f) return a;
@@ -59,6 +62,13 @@ __device__ __forceinline__ unsigned int float_to_e4m3(float v) {
   return pair & 0xffu;
 }
 
+// Two floats to E4M3 codes (a in the low byte), as float_to_e4m3.
+__device__ __forceinline__ unsigned int float2_to_e4m3x2(float a, float b) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(b), "f"(a));
+  return pair;
+}
+
 // ---------------------------------------------------------------------------------------------- E2M1
 // The magnitude of E2M1 code c (0..7).
 __device__ __forceinline__ float e2m1_magnitude(int c) {
@@ -74,6 +84,51 @@ __device__ __forceinline__ float2 e2m1x2_to_float2_scaled(unsigned int byte) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h2));
 }
 constexpr float kE2m1Unscale = 16384.f;  // 2^14
+
+// Four E2M1 codes (bits 0..15, element 0 lowest) as two fp16 pairs of their exact values: a byte permute looks the
+// magnitudes' fp16 high bytes up in an eight-byte table, two more place them, and two sign-replicating permutes of
+// the codes give the sign bits (element 0's sign is bit 3, brought to a byte's top by the shift).
+__device__ __forceinline__ void e2m1x4_to_half2x2(unsigned int codes, __half2& lo, __half2& hi) {
+  constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
+  const unsigned int mags = __byte_perm(kLutLo, kLutHi, codes & 0x7777u);
+  const unsigned int c = codes & 0xffffu, shifted = c << 4;
+  unsigned int signs_lo, signs_hi;  // bytes 1 / 3: 0xFF where element 0 / 1 (2 / 3) is negative
+  asm("prmt.b32 %0, %1, %2, 0xC686;" : "=r"(signs_lo) : "r"(shifted), "r"(c));
+  asm("prmt.b32 %0, %1, %2, 0xD696;" : "=r"(signs_hi) : "r"(shifted), "r"(c));
+  const unsigned int a = __byte_perm(mags, 0u, 0x1404u) | (signs_lo & 0x80008000u);
+  const unsigned int b = __byte_perm(mags, 0u, 0x3424u) | (signs_hi & 0x80008000u);
+  lo = *reinterpret_cast<const __half2*>(&a);
+  hi = *reinterpret_cast<const __half2*>(&b);
+}
+
+// ---------------------------------------------------------------------------------------------- power-of-two scales
+constexpr float kScaleFloor = 0x1p-100f;  // quant.SCALE_FLOOR: amax below it gets scale 1
+// The least power of two s with amax <= top · s, and 1 / s (quant.pow2_scale); both 1 for amax below 2^-100 or not
+// finite. kTopBits: top's fp32 bits.
+template <unsigned int kTopBits>
+__device__ __forceinline__ void pow2_scale(float amax, float& s, float& inv) {
+  if (!(amax >= kScaleFloor && amax <= 3.40282347e38f)) {
+    s = inv = 1.f;
+    return;
+  }
+  const unsigned int bits = __float_as_uint(amax);
+  const int k = int(bits >> 23) - int(kTopBits >> 23) + ((bits & 0x7fffffu) > (kTopBits & 0x7fffffu));
+  s = __uint_as_float(unsigned(k + 127) << 23);
+  inv = __uint_as_float(unsigned(127 - k) << 23);
+}
+constexpr unsigned int kNvfp4TopBits = 0x45280000u;  // 6 · 448 = 2688
+constexpr float kSixth = 1.f / 6.f;                  // fp32's 1/6 (quant.quantize_nvfp4)
+constexpr float kInv448 = 1.f / 448.f;               // fp32's 1/448 (quant.quantize_fp8_rows)
+
+// The E2M1 code of |x| / d rounded to nearest from the exact quotient, ties to the even code, saturating at 6, NaN
+// giving 0 (quant.e2m1_codes_of_quotient): a bisection over the midpoints between neighbours times d, `t` holding
+// them as {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} · d (exact products). The sign is left to the caller.
+__device__ __forceinline__ unsigned int e2m1_quotient_code(float a, const float (&t)[7]) {
+  const bool hi = a >= t[3];                        // 1.75: a tie goes up to code 4
+  const bool mid = a >= (hi ? t[5] : t[1]);         // 3.5 / 0.75: ties up to codes 6 / 2
+  const bool low = a > (hi ? (mid ? t[6] : t[4]) : (mid ? t[2] : t[0]));  // 5 / 2.5 / 1.25 / 0.25: ties down
+  return (hi ? 4u : 0u) | (mid ? 2u : 0u) | (low ? 1u : 0u);
+}
 
 // Round |v| (NaN read as 0) to the nearest E2M1 magnitude, ties to the even code, saturating at 6; the sign of v
 // (-0 included) in bit 3 (quant.e2m1_codes).
@@ -215,28 +270,33 @@ struct Rows {
     const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;
     if constexpr (FMT == kFmtPlain) {
       load_vec<T, E>(reinterpret_cast<const T*>(src), v);
-    } else if constexpr (FMT == kFmtFp8) {
-      unsigned int w[(E + 3) / 4];
-      load_codes(src, w);
-      const float s = scale[r];
-#pragma unroll
-      for (int i = 0; i < E; i += 2) {
-        const float2 f = e4m3x2_to_float2(static_cast<unsigned short>(w[i / 4] >> (8 * (i % 4))));
-        v[i] = f.x * s;
-        if (i + 1 < E) v[i + 1] = f.y * s;
-      }
     } else {
-      unsigned int w[(E / 2 + 3) / 4];
-      load_codes(src, w);
-      const float bs = e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * kE2m1Unscale;
-      const float g = scale[r];
+      const float s = unit_values(r, lane, src, v);
 #pragma unroll
-      for (int i = 0; i < E; i += 2) {
-        const float2 f = e2m1x2_to_float2_scaled((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu);
-        v[i] = (f.x * bs) * g;
-        v[i + 1] = (f.y * bs) * g;
-      }
+      for (int i = 0; i < E; ++i) v[i] *= s;
     }
+  }
+
+  // This lane's part of row r · c (its E columns): the products of the codes' values and c, summed, times the
+  // lane's scale once.
+  __device__ __forceinline__ float dot(int r, int lane, const float (&c)[E]) const {
+    const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;
+    float v[E];
+    float s = 1.f;
+    if constexpr (FMT == kFmtPlain) load_vec<T, E>(reinterpret_cast<const T*>(src), v);
+    else s = unit_values(r, lane, src, v);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc = fmaf(v[i], c[i], acc);
+    return acc * s;
+  }
+
+  // The largest magnitude of the lane's values as fp32 bits (unsigned order is float order; NaN above Inf).
+  __device__ __forceinline__ static unsigned int lane_max_magnitude(const float (&v)[E]) {
+    unsigned int m = 0u;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = max(m, __float_as_uint(v[i]) & 0x7fffffffu);
+    return m;
   }
 
   // Row r from this lane's float values: FMT's codes, rounded to nearest or, with `sr` (key, and e0 the C-order
@@ -258,55 +318,56 @@ struct Rows {
       }
       store_vec<T, E>(reinterpret_cast<T*>(dst), y);
     } else if constexpr (FMT == kFmtFp8) {
-      float amax = 0.f;
-      bool bad = false;
+      const unsigned int mag = __reduce_max_sync(0xffffffffu, lane_max_magnitude(v));
+      const bool bad = mag >= kInfBits;  // a NaN or an Inf in the row
+      const float amax = __uint_as_float(mag);
+      const float s = !bad && amax >= kScaleFloor ? amax * kInv448 : 1.f;
+      const float inv = div_rn(1.f, s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
+      float z[E];
 #pragma unroll
       for (int i = 0; i < E; ++i) {
-        amax = fmaxf(amax, fabsf(v[i]));
-        bad |= !isfinite(v[i]);
+        z[i] = bad ? 0.f : v[i] * inv;
+        if (sr) z[i] = round_stochastic<kSrE4m3>(z[i], u[i]);
       }
-      amax = warp_max(amax);
-      bad = __any_sync(0xffffffffu, bad);
-      const float s = bad ? __int_as_float(0x7fc00000) : amax > 0.f ? div_rn(amax, kE4m3Max) : 1.f;
-      const float inv = div_rn(1.f, s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
       unsigned int w[(E + 3) / 4] = {};
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        float z = bad ? 0.f : __fmul_rn(v[i], inv);
-        if (sr) z = round_stochastic<kSrE4m3>(z, u[i]);
-        w[i / 4] |= float_to_e4m3(z) << (8 * (i % 4));
-      }
+      for (int i = 0; i < E; i += 2) w[i / 4] |= float2_to_e4m3x2(z[i], i + 1 < E ? z[i + 1] : 0.f) << (8 * (i % 4));
       store_codes(dst, w);
-      if (lane == 0) scale[r] = s;
+      if (lane == 0) scale[r] = bad ? __int_as_float(0x7fc00000) : s;
     } else {
       constexpr int kBlockLanes = kNvfp4Block / E;
-      float amax = 0.f, bamax = 0.f;
-      bool bad = false;
+      unsigned int bmag = lane_max_magnitude(v);
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        const bool finite = isfinite(v[i]);
-        bad |= !finite;
-        bamax = fmaxf(bamax, fabsf(v[i]));
-        amax = fmaxf(amax, finite ? fabsf(v[i]) : 0.f);
-      }
-      amax = warp_max(amax);
+      for (int m = 1; m < kBlockLanes; m *= 2) bmag = max(bmag, __shfl_xor_sync(0xffffffffu, bmag, m));
+      const bool bad = bmag >= kInfBits;  // a NaN or an Inf in the block
+      const float bamax = __uint_as_float(bmag);
+      const unsigned int mag = __reduce_max_sync(0xffffffffu, bmag);
+      float amax = __uint_as_float(mag);
+      if (mag >= kInfBits) {  // (warp-uniform) the second-level scale takes the row's finite elements only
+        float a = 0.f;
 #pragma unroll
-      for (int m = 1; m < kBlockLanes; m *= 2) {
-        bamax = fmaxf(bamax, __shfl_xor_sync(0xffffffffu, bamax, m));
-        bad |= __shfl_xor_sync(0xffffffffu, int(bad), m) != 0;
+        for (int i = 0; i < E; ++i) a = isfinite(v[i]) ? fmaxf(a, fabsf(v[i])) : a;
+        amax = warp_max(a);
       }
-      const float g = amax > 0.f ? div_rn(amax, kE2m1Max * kE4m3Max) : 1.f;
-      const unsigned int bcode =
-          float_to_e4m3(bad ? __int_as_float(0x7fc00000) : div_rn(bamax, __fmul_rn(kE2m1Max, g)));
-      const float denom = __fmul_rn(e4m3_to_float(bcode), g);
-      const bool live = denom > 0.f && !bad;
-      const float inv = live ? div_rn(1.f, denom) : 0.f;  // quant.quantize_nvfp4: times the rounded reciprocal
+      float g, inv_g;
+      pow2_scale<kNvfp4TopBits>(amax, g, inv_g);
+      const unsigned int bcode = float_to_e4m3(bad ? __int_as_float(0x7fc00000) : bamax * (inv_g * kSixth));
+      const float b = e4m3_to_float(bcode);
+      const bool live = b > 0.f && !bad;
       unsigned int w[(E / 2 + 3) / 4] = {};
+      if (sr) {
+        const float inv = live ? div_rn(1.f, b) * inv_g : 0.f;  // quant.quantize_nvfp4: RN(1 / b) / g, exact scaling
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        float z = live ? __fmul_rn(v[i], inv) : 0.f;
-        if (sr) z = round_stochastic<kSrE2m1>(z, u[i]);
-        w[i / 8] |= float_to_e2m1(z) << (4 * (i % 8));
+        for (int i = 0; i < E; ++i)
+          w[i / 8] |= float_to_e2m1(round_stochastic<kSrE2m1>(live ? v[i] * inv : 0.f, u[i])) << (4 * (i % 8));
+      } else if (live) {
+        const float d = b * g;  // exact: g is a power of two
+        const float t[7] = {0.25f * d, 0.75f * d, 1.25f * d, 1.75f * d, 2.5f * d, 3.5f * d, 5.f * d};
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const unsigned int code = e2m1_quotient_code(fabsf(v[i]), t) | (__float_as_uint(v[i]) >> 31 << 3);
+          w[i / 8] |= code << (4 * (i % 8));
+        }
       }
       store_codes(dst, w);
       if (lane % kBlockLanes == 0) block[r * kBlockBytes + lane / kBlockLanes] = static_cast<unsigned char>(bcode);
@@ -315,6 +376,46 @@ struct Rows {
   }
 
  private:
+  // Row r's codes of this lane (at src) as values in units of the returned scale: FP8 the E4M3 values (scale: the
+  // row's), NVFP4 the E2M1 values (scale: block scale times second-level scale).
+  __device__ __forceinline__ float unit_values(int r, int lane, const unsigned char* src, float (&v)[E]) const {
+    if constexpr (FMT == kFmtFp8) {
+      unsigned int w[(E + 3) / 4];
+      load_codes(src, w);
+#pragma unroll
+      for (int i = 0; i < E; i += 2) {
+        const float2 f = e4m3x2_to_float2(static_cast<unsigned short>(w[i / 4] >> (8 * (i % 4))));
+        v[i] = f.x;
+        if (i + 1 < E) v[i + 1] = f.y;
+      }
+      return scale[r];
+    } else {
+      unsigned int w[(E / 2 + 3) / 4];
+      load_codes(src, w);
+      if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+          __half2 lo, hi;
+          e2m1x4_to_half2x2(w[i / 8] >> (4 * (i % 8)), lo, hi);
+          const float2 a = __half22float2(lo), b = __half22float2(hi);
+          v[i] = a.x;
+          v[i + 1] = a.y;
+          v[i + 2] = b.x;
+          v[i + 3] = b.y;
+        }
+        return e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * scale[r];
+      } else {
+#pragma unroll
+        for (int i = 0; i < E; i += 2) {
+          const float2 f = e2m1x2_to_float2_scaled((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu);
+          v[i] = f.x;
+          v[i + 1] = f.y;
+        }
+        return e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * kE2m1Unscale * scale[r];
+      }
+    }
+  }
+
   // The lane's kLaneBytes code bytes as 32-bit words (1, 2, 4, 8 or 16 bytes; one load where aligned).
   template <int W>
   __device__ __forceinline__ static void load_codes(const unsigned char* src, unsigned int (&w)[W]) {

@@ -110,7 +110,11 @@ def test_fp8_rows():
     codes, scale = quant.quantize_fp8_rows(x)
     assert codes.dtype == torch.float8_e4m3fn and scale.shape == (4, 3)
     assert scale[0, 0] == 1.0 and (codes[0, 0].float() == 0).all()
-    torch.testing.assert_close(scale[1:], x[1:].abs().amax(-1) / 448.0, rtol=0, atol=0)
+    inv448 = float(torch.tensor(1.0) / torch.tensor(448.0))  # fp32's 1/448
+    assert torch.equal(scale[1:], (x[1:].abs().amax(-1).double() * inv448).float())  # one rounding
+    rcp = (1 / scale.double()).float()  # the correctly rounded reciprocal, then one rounding of the product
+    assert torch.equal(codes.float(), quant.e4m3_round((x.double() * rcp.double()[..., None]).float()).float())
+    assert (codes.float().abs().amax(-1)[1:] == 448).all()  # each row's amax lands on E4M3's largest value
     y = quant.dequantize_fp8_rows(codes, scale)
     # every element within half an E4M3 step of its row scale: relative 2^-4 of the element, or the subnormal step
     assert ((y - x).abs() <= torch.maximum(x.abs() * 2.0 ** -4, scale[..., None] * 2.0 ** -10)).all()
@@ -124,13 +128,27 @@ def test_nvfp4_blocks():
     x = torch.randn(2, 3, 4, 64, generator=gen)
     g = quant.nvfp4_global_scale(x, (-2, -1))
     assert g.shape == (2, 3, 1, 1)
-    torch.testing.assert_close(g, x.abs().amax((-2, -1), keepdim=True) / (6 * 448), rtol=0, atol=0)
+    ratio = x.abs().amax((-2, -1), keepdim=True) / g  # a power of two placing the amax in (1344, 2688]
+    assert (torch.frexp(g)[0] == 0.5).all() and ((ratio > 1344) & (ratio <= 2688)).all()
     packed, bscale = quant.quantize_nvfp4(x, g)
     assert packed.shape == (2, 3, 4, 32) and packed.dtype == torch.uint8
     assert bscale.shape == (2, 3, 4, 4) and bscale.dtype == torch.float8_e4m3fn
     blocks = x.unflatten(-1, (4, 16))
-    torch.testing.assert_close(bscale.float(), quant.e4m3_round(blocks.abs().amax(-1) / (6 * g)).float(), rtol=0,
-                               atol=0)
+    sixth = float(torch.tensor(1.0) / torch.tensor(6.0))  # fp32's 1/6
+    want = (blocks.abs().amax(-1).double() * sixth / g.double()).float()  # one rounding of the exact product
+    assert torch.equal(bscale.float(), quant.e4m3_round(want).float())
+    # the codes: nearest E2M1 value of the exact quotient, ties to the even code (float64 reference)
+    q = (blocks.double() / (bscale.double()[..., None] * g.double()[..., None])).flatten(-2)
+    table = torch.tensor(quant.E2M1_VALUES, dtype=torch.float64)
+    dist = (q.abs()[..., None] - table).abs()
+    nearest = (dist == dist.amin(-1, keepdim=True)) * (2 - torch.arange(8) % 2)  # at a tie the even code
+    want_codes = nearest.argmax(-1).to(torch.uint8) + 8 * torch.signbit(q).to(torch.uint8)
+    assert torch.equal(quant.unpack_nibbles(packed), want_codes)
+    # exact ties between neighbours go to the even code (block scale 1: the block's amax is 6)
+    ties = torch.tensor([[6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -5.0, 0, 0, 0, 0, 0, 0]])
+    p, s = quant.quantize_nvfp4(ties, torch.ones(1, 1))
+    assert s.float().item() == 1.0
+    assert quant.unpack_nibbles(p)[0, :10].tolist() == [7, 0, 2, 2, 4, 4, 6, 6, 8, 14]
     y = quant.dequantize_nvfp4(packed, bscale, g)
     step = (bscale.float() * g)[..., None].expand(-1, -1, -1, -1, 16).flatten(-2)  # one E2M1 unit of the block
     assert ((y - x).abs() <= step * 1.0 + 1e-12).all()  # E2M1 steps are at most 2 units apart (4 -> 6)
@@ -161,3 +179,17 @@ def test_non_finite_rows_and_blocks_decode_to_nan():
     zeros = torch.zeros(2, 32)
     assert torch.equal(quant.dequantize_nvfp4(*quant.quantize_nvfp4(zeros, quant.nvfp4_global_scale(zeros, (-1,))),
                                               torch.ones(2, 1)), zeros)
+
+
+def test_pow2_scale_is_the_least_power_of_two_that_fits():
+    for top in (448.0, 2688.0):
+        k = torch.arange(-90, 100, dtype=torch.float32)
+        exact = top * torch.exp2(k)  # amax = top · 2^k fits 2^k exactly; the next float up needs 2^(k + 1)
+        assert torch.equal(quant.pow2_scale(exact, top), torch.exp2(k))
+        above = torch.nextafter(exact, torch.tensor(math.inf))
+        assert torch.equal(quant.pow2_scale(above, top), torch.exp2(k + 1))
+        amax = torch.rand(10000, generator=torch.Generator().manual_seed(2)) * 1e6 + 1e-30
+        s = quant.pow2_scale(amax, top)
+        assert ((amax <= top * s) & (amax > top * s / 2)).all()
+    edge = torch.tensor([0.0, 2.0**-101, math.inf, math.nan, 2.0**-100])
+    assert quant.pow2_scale(edge, 448.0).tolist() == [1.0, 1.0, 1.0, 1.0, 2.0**-108]

@@ -18,7 +18,7 @@ import torch
 
 from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import state_spec
+from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import mamba2_step, slot_indices
 from trtllm_replayssm.lab.bench import timing
@@ -27,12 +27,6 @@ from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 SPECS = ["fp32", "bf16", "fp8", "nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/fp32", "nvfp4/dual/fp16+sr"]
 MODELS = ["nemotron-3-super-120b", "nemotron-3-nano-4b"]
-
-
-def parse_spec(label: str):
-    sr = label.endswith("+sr")
-    parts = label.removesuffix("+sr").split("/")
-    return state_spec(parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else None, sr)
 
 
 def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
@@ -50,7 +44,7 @@ def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
 
 def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tuning()):
     shape = shape_from_preset(model)
-    spec = parse_spec(label)
+    spec = parse_state_label(label)
     fam = family_of(shape.dims)
     step = mamba2_step(shape.dims, batch, gen, dev)
     args, kwargs = step.op_args()
@@ -87,6 +81,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
            **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
            "mode": mode, "rows_per_cta": plans[0].rows_per_cta if impl == "replay" else None,
+           "tail_fraction": plans[0].record().get("tail_fraction") if impl == "replay" else None,
            "device": torch.cuda.get_device_name(dev)}
     del layers, calls
     torch.cuda.empty_cache()
@@ -101,6 +96,7 @@ def main() -> int:
     ap.add_argument("--specs", default=",".join(SPECS))
     ap.add_argument("-L", type=int, default=16)
     ap.add_argument("--rows-per-cta", default="", help="row tiles to try besides the planner's, e.g. 32,64")
+    ap.add_argument("--tail-fractions", default="", help="claimed-tail shares to try besides the planner's, e.g. 0.5,1")
     ap.add_argument("--impls", default="replay,baseline")
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -108,6 +104,7 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     records = []
     tilings = [Tuning()] + [Tuning(rows_per_cta=int(t)) for t in a.rows_per_cta.split(",") if t]
+    tilings += [Tuning(tail_fraction=float(f)) for f in a.tail_fractions.split(",") if f]
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
             for label in a.specs.split(","):
@@ -123,7 +120,7 @@ def main() -> int:
                         continue
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
-                          f"pt{rec['rows_per_cta']} "
+                          f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} "
                           f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)

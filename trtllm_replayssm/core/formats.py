@@ -202,3 +202,16 @@ def state_spec(value: str | torch.dtype | StateSpec = "fp32", mode: str | None =
     if stochastic_rounding and spec.checkpoint_format.name == "fp32" and not spec.dual:
         raise ValueError("stochastic_rounding: an fp32 checkpoint has no rounded writes")
     return spec
+
+
+def parse_state_label(label: str, arg: str = "state") -> StateSpec:
+    """The StateSpec of a label as ``StateSpec.label`` writes it: ``fp32``, ``nvfp4``, ``nvfp4/dual/fp16``, with
+    ``+sr`` for stochastic rounding."""
+    if not isinstance(label, str):
+        raise TypeError(f"{arg}: expected a state label such as 'nvfp4/dual/fp16+sr', got {type(label).__name__}")
+    sr = label.endswith("+sr")
+    parts = label.removesuffix("+sr").split("/")
+    if len(parts) not in (1, 3) or (len(parts) == 3 and parts[1] != "dual"):
+        raise ValueError(f"{arg}: expected FORMAT or FORMAT/dual/MASTER with an optional '+sr', got {label!r}")
+    return state_spec(parts[0], "dual" if len(parts) == 3 else None, parts[2] if len(parts) == 3 else None, sr,
+                      arg=arg)

@@ -26,6 +26,7 @@ import torch
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
+SCALE_FLOOR = 2.0**-100  # rows (FP8) and second-level groups (NVFP4) whose amax is below this get scale 1
 NVFP4_BLOCK = 16  # elements per E4M3 block scale
 # The eight magnitudes of E2M1 (code & 7): exponent 2 bits (bias 1), mantissa 1 bit, subnormal 0.5.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -71,9 +72,10 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     """float32 values of uint8 E2M1 codes (the low 4 bits)."""
-    table = torch.tensor(E2M1_VALUES, device=codes.device)
     c = codes.long() & 15
-    mag = table[c & 7]
+    e, m = (c >> 1) & 3, (c & 1).float()
+    # no table tensor: nothing is copied from the host, so decoding can be captured in a CUDA graph
+    mag = torch.where(e == 0, 0.5 * m, torch.ldexp(1.0 + 0.5 * m, e - 1))
     return torch.where(c >= 8, -mag, mag)
 
 
@@ -91,16 +93,27 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- FP8 rows
+def pow2_scale(amax: torch.Tensor, top: float) -> torch.Tensor:
+    """The least power of two ``s`` with ``amax <= top · s``, elementwise (fp32); 1 where ``amax`` is below
+    :data:`SCALE_FLOOR` (zero rows) or not finite. Dividing by it is exact, so encoders need no division."""
+    amax = amax.float()
+    m, e = torch.frexp(amax)
+    m_top, e_top = math.frexp(top)
+    s = torch.ldexp(torch.ones_like(amax), e - e_top + (m > m_top).to(e.dtype))
+    return torch.where((amax >= SCALE_FLOOR) & torch.isfinite(amax), s, torch.ones_like(amax))
+
+
 def quantize_fp8_rows(x: torch.Tensor, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 state: codes ``float8_e4m3fn`` of ``x`` and one fp32 scale per row (the last axis): ``scale =
-    amax / 448`` (1 for an all-zero row), ``x ≈ codes * scale``; the codes round ``x * (1 / scale)`` (the fp32
-    reciprocal, correctly rounded: one division per row, the kernels' arithmetic). A row with a NaN or Inf gets a NaN
-    scale. With uniforms ``u`` (shaped like ``x``) the codes round stochastically (:func:`round_stochastic`), the
-    scale does not."""
+    """FP8 state: codes ``float8_e4m3fn`` of ``x`` and one fp32 scale per row (the last axis): ``scale = amax ·
+    (1/448)`` (fp32's 1/448, one rounding; 1 for a row whose amax is below :data:`SCALE_FLOOR`), ``x ≈ codes *
+    scale``; the codes round ``x · (1 / scale)`` (the fp32 reciprocal, correctly rounded: one division per row, the
+    kernels' arithmetic). A row with a NaN or Inf gets a NaN scale. With uniforms ``u`` (shaped like ``x``) the codes
+    round stochastically (:func:`round_stochastic`), the scale does not."""
     x = x.float()
     amax = x.abs().amax(dim=-1)
     bad = ~torch.isfinite(x).all(dim=-1)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(amax >= SCALE_FLOOR, amax * torch.tensor(1 / E4M3_MAX, dtype=torch.float32),
+                        torch.ones_like(amax))
     scale = torch.where(bad, torch.full_like(scale, float("nan")), scale)
     z = torch.where(bad[..., None], torch.zeros_like(x), x * torch.reciprocal(scale)[..., None])
     return (e4m3_round(z) if u is None else round_stochastic(z, "e4m3", u)), scale
@@ -113,31 +126,51 @@ def dequantize_fp8_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
 
 # ---------------------------------------------------------------------------------------------------- NVFP4
 def nvfp4_global_scale(x: torch.Tensor, reduce_dims: tuple[int, ...]) -> torch.Tensor:
-    """The fp32 second-level scale ``amax / (6 · 448)`` over ``reduce_dims`` (kept as size-1 dims), so that every
-    block scale fits E4M3; 1 where the amax is 0."""
+    """The fp32 second-level scale over ``reduce_dims`` (kept as size-1 dims): the power of two
+    :func:`pow2_scale` of the finite amax against ``6 · 448``, so that every block scale fits E4M3."""
     amax = x.float().abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=reduce_dims, keepdim=True)
-    return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+    return pow2_scale(amax, E2M1_MAX * E4M3_MAX)
+
+
+def e2m1_codes_of_quotient(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes of ``x / d`` (``d > 0``, broadcasting), rounded to nearest (ties to the even code) from the
+    exact quotient: ``|x|`` against the midpoints between E2M1 neighbours times ``d`` (exact fp32 products while
+    ``d`` has at most 20 significant bits); magnitudes beyond 6 saturate, NaN gives 0, the sign is ``x``'s."""
+    x = x.float()
+    mag = x.abs()
+    code = torch.zeros_like(x, dtype=torch.uint8)
+    for t, tie_up in ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
+                      (5.0, False)):
+        bound = t * d
+        code += ((mag >= bound) if tie_up else (mag > bound)).to(torch.uint8)
+    return code + 8 * torch.signbit(x).to(torch.uint8)
 
 
 def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor,
                    u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 of ``x`` [..., C] (C a multiple of 16): packed E2M1 codes uint8 [..., C/2] and E4M3 block scales
     [..., C/16] (float8_e4m3fn) such that ``x ≈ e2m1 · block_scale · global_scale``. ``global_scale`` broadcasts
-    against ``x`` (see :func:`nvfp4_global_scale`). The block scale is ``amax_block / (6 · global_scale)`` rounded to
-    E4M3; elements are multiplied by the fp32 reciprocal (correctly rounded) of ``block_scale · global_scale``
-    before their own rounding. A block with a NaN or an Inf gets a
-    NaN block scale. With uniforms ``u`` (shaped like ``x``) the E2M1 codes round stochastically, the scales do not."""
+    against ``x`` and is a power of two (:func:`nvfp4_global_scale`). The block scale is ``amax_block · (1/6) /
+    global_scale`` (one fp32 rounding: ``1/6`` is fp32's, the rest exact) rounded to E4M3; the codes round
+    ``x / (block_scale · global_scale)`` to nearest from the exact quotient (:func:`e2m1_codes_of_quotient`), or
+    with uniforms ``u`` (shaped like ``x``) stochastically from ``x · RN(1 / block_scale) / global_scale``. A block
+    with a NaN or an Inf gets a NaN block scale and zero codes, as does a block whose scale rounds to 0."""
     if x.shape[-1] % NVFP4_BLOCK:
         raise ValueError(f"x: expected a last dim that is a multiple of {NVFP4_BLOCK}, got shape {tuple(x.shape)}")
     blocks = x.float().unflatten(-1, (-1, NVFP4_BLOCK))                                   # [..., C/16, 16]
     g = global_scale.float()[..., None]                                                  # broadcasts to the blocks
     bad = ~torch.isfinite(blocks).all(dim=-1)                                            # [..., C/16]
     amax = blocks.abs().amax(dim=-1)
-    bscale = e4m3_round(torch.where(bad, torch.full_like(amax, float("nan")), amax / (E2M1_MAX * g[..., 0])))
-    denom = bscale.float()[..., None] * g
-    live = (denom > 0) & ~bad[..., None]
-    z = torch.where(live, blocks * torch.reciprocal(torch.where(live, denom, 1.0)), 0.0)
-    codes = e2m1_codes(z) if u is None else round_stochastic(z, "e2m1", u.float().unflatten(-1, (-1, NVFP4_BLOCK)))
+    sixth_over_g = torch.reciprocal(g[..., 0]) * torch.tensor(1 / 6, dtype=torch.float32)  # exact: g a power of two
+    bscale = e4m3_round(torch.where(bad, torch.full_like(amax, float("nan")), amax * sixth_over_g))
+    b = bscale.float()[..., None]
+    live = (b > 0) & ~bad[..., None]
+    if u is None:
+        codes = torch.where(live, e2m1_codes_of_quotient(blocks, torch.where(live, b * g, 1.0)), 0)
+    else:
+        inv = torch.reciprocal(torch.where(live, b, 1.0)) * torch.reciprocal(g)
+        z = torch.where(live, blocks * inv, 0.0)
+        codes = round_stochastic(z, "e2m1", u.float().unflatten(-1, (-1, NVFP4_BLOCK)))
     return pack_nibbles(codes.flatten(-2)), bscale
 
 

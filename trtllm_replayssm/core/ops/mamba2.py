@@ -36,6 +36,9 @@ REPLAY_MIN_WORK_PER_SM = 8
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).
 TAIL_FRACTION = 0.1
+# Stored checkpoints: every tile claimed at run time; a flush tile costs several non-flush ones (its encode), and
+# round-robin shares leave CTAs with more of them waiting (docs/decisions.md, claimed tiles for stored checkpoints).
+STORED_TAIL_FRACTION = 1.0
 DEFAULT_TUNING = Tuning()
 
 
@@ -83,7 +86,8 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     if tuning.rows_per_cta is None:
         tile = _fitting_tile(P, N, L, row_bytes, act_elem, tile, tuning.ctas_per_sm)
     num_tiles = batch * H * (P // tile)
-    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
+    stored = layer.storage is not None
+    fraction = resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored else TAIL_FRACTION)
     main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem), num_tiles,
                            mamba2_fold_bytes(L, N, act_elem), False, fraction, dev, tuning)
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
