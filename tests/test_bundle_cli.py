@@ -298,28 +298,41 @@ def test_state_option_names_match_core_formats():
     assert options.QUANT_FORMATS == formats.QUANT_FORMATS
 
 
-@pytest.mark.parametrize("args,label", [
-    (["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16"], "nvfp4/dual/fp16"),
-    (["--state-dtype", "fp8"], "fp8"),
-    (["--state-format", "fp8", "--state-mode", "shared", "--stochastic-rounding"], "fp8+sr"),
-    (["--state-format", "bf16", "--stochastic-rounding"], "bf16+sr"),
+@pytest.mark.parametrize("model,args,label,why", [
+    ("nemotron-3-nano-4b", ["--state-dtype", "fp8"], "fp8", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
+    ("nemotron-3-nano-4b", ["--state-format", "fp8", "--state-mode", "shared", "--stochastic-rounding"], "fp8+sr",
+     "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
+    ("nemotron-3-nano-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp8"],
+     "nvfp4/dual/fp8", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
+    ("qwen3.5-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16"], "nvfp4/dual/fp16",
+     "CUDA kernels for Mamba-2 only, not gdn"),
+    ("qwen3.5-4b", ["--state-format", "bf16", "--stochastic-rounding"], "bf16+sr", "CUDA kernels for Mamba-2 only"),
 ])
-def test_build_refuses_states_without_kernels(tmp_path, args, label):
-    r = run("build", "nemotron-3-nano-4b", "--gpu", "h100", "-o", str(tmp_path / "o"), *args)
+def test_build_refuses_states_it_cannot_serve(tmp_path, model, args, label, why):
+    r = run("build", model, "--gpu", "h100", "-o", str(tmp_path / "o"), *args)
     lines = r.output.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1, r.output
-    assert lines[0].startswith(f"error: {label} state: ") and "not implemented yet" in lines[0]
-    assert ("quantized-state kernels" in lines[0]) == ("fp8" in label or "nvfp4" in label)
+    assert lines[0].startswith(f"error: {label} state: ") and why in lines[0]
     assert list(tmp_path.iterdir()) == []  # nothing written, not even beside the target
 
 
 def test_write_bundle_refuses_before_writing(tmp_path):
     from trtllm_replayssm.core.formats import state_spec
     spec = get_preset(MODEL)
-    mp = memory_plan.plan(spec, "h100", state=state_spec("nvfp4", "dual", "fp16"))
-    with pytest.raises(NotImplementedError, match="quantized-state kernels .* not implemented yet"):
+    mp = memory_plan.plan(spec, "h100", state=state_spec("nvfp4"))
+    with pytest.raises(NotImplementedError, match="TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"):
         bundle.write_bundle(spec, mp, "sm_90a", tmp_path / "o")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_build_dual_mamba2_bundle(tmp_path):
+    """The pool holds the fp16 master, the NVFP4 read copy is ours: stored kernels, the master's pool dtype."""
+    m = make_bundle(tmp_path / "b", "--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16")
+    assert m["state"]["label"] == "nvfp4/dual/fp16" and m["state"]["trtllm_pool_holds"] == "master"
+    assert m["kernels"] and all("master_fmt0_read_fmt2" in k["name"] for k in m["kernels"])
+    assert "  mamba_ssm_cache_dtype: float16\n" in (tmp_path / "b" / bundle.SERVE_YAML).read_text()
+    from trtllm_replayssm.serving.trtllm import load_settings
+    assert load_settings(tmp_path / "b" / "manifest.json").state == "nvfp4/dual/fp16"
 
 
 def test_build_records_the_state_spec(tmp_path):

@@ -127,8 +127,26 @@ def test_manifest_and_yaml_of_a_dual_state():
     assert f"the rings and our state ({gib:.2f} GiB for 64+1 slots on each GPU)" in text
 
 
-def test_missing_kernels():
-    from trtllm_replayssm.core.formats import state_spec
-    assert bundle.missing_kernels(state_spec("fp16")) is None
-    assert "quantized-state kernels" in bundle.missing_kernels(state_spec("nvfp4", "dual", "fp32"))
-    assert "stochastic rounding" in bundle.missing_kernels(state_spec("bf16", stochastic_rounding=True))
+def test_build_refusal():
+    from trtllm_replayssm.core.formats import parse_state_label
+    for label in ("fp32", "fp16", "bf16"):
+        for family in ("mamba2", "gdn", "kda"):
+            assert bundle.build_refusal(parse_state_label(label), family) is None
+    for label in ("bf16+sr", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/bf16+sr"):
+        assert bundle.build_refusal(parse_state_label(label), "mamba2") is None
+        assert "CUDA kernels for Mamba-2 only, not gdn" in bundle.build_refusal(parse_state_label(label), "gdn")
+    for label in ("fp8", "nvfp4+sr", "nvfp4/dual/fp8"):
+        assert "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only" in bundle.build_refusal(parse_state_label(label),
+                                                                                           "mamba2")
+
+
+def test_dual_spec_configs_are_the_stored_kernels():
+    from trtllm_replayssm.core.formats import parse_state_label
+    from trtllm_replayssm.serving.catalog import spec_configs
+    from trtllm_replayssm.serving.presets import get_preset
+
+    plain = spec_configs(get_preset("nemotron-3-nano-4b"), "fp16", "bf16")
+    dual = spec_configs(get_preset("nemotron-3-nano-4b"), parse_state_label("nvfp4/dual/fp16"), "bf16")
+    assert len(dual) == len(plain) and all("master_fmt0_read_fmt2" in c.name for c in dual)
+    assert not any("read_fmt" in c.name for c in plain)
+    assert spec_configs(get_preset("nemotron-3-nano-4b"), parse_state_label("fp16"), "bf16") == plain

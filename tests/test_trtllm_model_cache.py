@@ -244,3 +244,66 @@ def test_settings_from_a_bundle_manifest(tmp_path, monkeypatch):
     assert settings_from_env() == settings
     with pytest.raises(ValueError, match="manifest_path: cannot read"):
         load_settings(tmp_path / "missing.json")
+
+
+def test_dual_mode_the_pool_is_the_master_and_prefill_encodes_the_read_copy():
+    """TensorRT-LLM's fp16 pool is the master; after upstream's prefill writes it, the NVFP4 read copy follows, and
+    decode steps (CPU references through the ops) equal a cache that stores both itself and got the same prefill."""
+    from trtllm_replayssm.core.dims import Mamba2Dims
+    from trtllm_replayssm.core.families import get_family
+    from trtllm_replayssm.core.formats import parse_state_label
+    from trtllm_replayssm.core.ops import mamba2
+    from trtllm_replayssm.core.samples import mamba2_step
+
+    spec = parse_state_label("nvfp4/dual/fp16")
+    pool = UnifiedPool([2, 5], 6, STATE, torch.float16, conv_bytes=3 * 16 * 8, device="cpu")
+    cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16, state=spec)
+    dims = Mamba2Dims(nheads=4, head_dim=16, d_state=32, n_groups=2)
+    own = get_family("mamba2").new_cache(dims, 2, 6, buffer_len=4, state_dtype=spec, device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    ctx = torch.tensor([4, 1], dtype=torch.int32)
+    cache.begin_step()
+    for i, lid in enumerate((2, 5)):
+        view = pool.get_ssm_states(lid)
+        cache.layer_step(lid, view, ctx, num_contexts=2)
+        prefill = torch.randn(2, *STATE, generator=gen)
+        view[ctx.long()] = prefill.half()  # upstream's prefill writes the master
+        cache.prefill_written(lid, view, ctx)
+        own.load_prefill_state(i, ctx, prefill.half().float())
+    cache.end_step()
+    for i, lid in enumerate((2, 5)):
+        served = cache.layer(lid, pool.get_ssm_states(lid)).checkpoint()
+        assert torch.equal(served.read_values(ctx.long()), own.layer(i).checkpoint().read_values(ctx.long()))
+    assert cache.cache.layer(0).state is None  # the master is the pool's, never copied
+    for _ in range(6):  # across a flush (L = 4): the kernels' write rule on both sides
+        step = mamba2_step(dims, 2, gen, "cpu")
+        args, kwargs = step.op_args()
+        cache.begin_step()
+        for i, lid in enumerate((2, 5)):
+            view = pool.get_ssm_states(lid)
+            layer = cache.layer_step(lid, view, ctx, num_contexts=0)
+            y = mamba2.replay_decode(layer, *args, **kwargs, state_batch_indices=cache.decode_slots(ctx))
+            y_own = mamba2.replay_decode(own.layer(i), *args, **kwargs, state_batch_indices=ctx)
+            assert torch.equal(y, y_own)
+        cache.end_step()
+    for i, lid in enumerate((2, 5)):
+        served = cache.layer(lid, pool.get_ssm_states(lid)).checkpoint()
+        mine = own.layer(i).checkpoint()
+        assert torch.equal(served.fold_values(ctx.long()), mine.fold_values(ctx.long()))
+        assert torch.equal(served.read_values(ctx.long()), mine.read_values(ctx.long()))
+
+
+def test_stored_state_refusals():
+    from trtllm_replayssm.core.formats import parse_state_label
+
+    args = ("mamba2", [2, 5], 2, 4, torch.bfloat16)
+    with pytest.raises(ValueError, match="^state: a shared nvfp4 checkpoint cannot live in TensorRT-LLM's SSM pool"):
+        ModelReplayCache(*args, state=parse_state_label("nvfp4"))
+    with pytest.raises(ValueError, match="^state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a nvfp4/dual/fp8"):
+        ModelReplayCache(*args, state=parse_state_label("nvfp4/dual/fp8"))
+    with pytest.raises(ValueError, match="^state: fp8/dual/fp32 has CUDA kernels for Mamba-2 only, not gdn"):
+        ModelReplayCache("gdn", [0], 2, 4, torch.bfloat16, state=parse_state_label("fp8/dual/fp32"))
+    cache = ModelReplayCache(*args, state=parse_state_label("fp8/dual/fp16"))
+    with pytest.raises(RuntimeError, match="SSM pool is torch.float32, the bundle's fp8/dual/fp16 state needs its "
+                                           "master in torch.float16"):
+        cache.layer(2, _unified().get_ssm_states(2))

@@ -34,8 +34,9 @@ def _progress_display():
 def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int, state_format: str | None,
               state_mode: str | None, master_format: str | None, stochastic_rounding: bool, max_batch_size: int,
               gpu_memory_gib: float | None, force: bool) -> None:
-    """Build a serving bundle for MODEL (a preset name or a local HF model directory). Kernels exist for plain
-    fp32/fp16/bf16 state: any other state options are checked, then refused (exit status 1)."""
+    """Build a serving bundle for MODEL (a preset name or a local HF model directory). Served: plain fp32/fp16/bf16
+    state, and for Mamba-2 also stochastic rounding and dual mode with an fp32/fp16/bf16 master; other state options
+    are checked, then refused (exit status 1)."""
     from trtllm_replayssm.serving import bundle, memory_plan
     from trtllm_replayssm.serving.hf_config import resolve_model
     from trtllm_replayssm.core.targets import resolve_gpu
@@ -49,7 +50,7 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
                                 max_batch_size=max_batch_size, gpu_memory_gib=gpu_memory_gib)
     except ValueError as exc:
         bad_value(exc)
-    if reason := bundle.missing_kernels(plan.state):
+    if reason := bundle.build_refusal(plan.state, spec.family):
         raise RunError(reason)
     model_path = str(Path(model).resolve()) if Path(model).is_dir() else None
     with _progress_display() as progress:

@@ -36,17 +36,21 @@ def toolkit_version() -> str:
         return "0+unknown"
 
 
-def missing_kernels(state: StateSpec) -> str | None:
-    """Why no kernels can be built for ``state`` yet, or None: kernels exist for plain fp32/fp16/bf16 checkpoints
-    with round-to-nearest writes."""
-    if state.quantized:
-        what = "quantized-state kernels (fp8/nvfp4, shared or dual) are"
-    elif state.stochastic_rounding:
-        what = "kernels with stochastic rounding are"
-    else:
+def build_refusal(state: StateSpec, family: str) -> str | None:
+    """Why a bundle cannot serve ``state`` for a ``family`` model yet, or None. Served: plain fp32/fp16/bf16
+    checkpoints rounded to nearest (every family); for Mamba-2 also stochastic rounding and dual mode with an
+    fp32/fp16/bf16 master (TensorRT-LLM's pool holds the master, the read copy lives in our cache). A shared fp8/nvfp4
+    checkpoint or an fp8 master cannot be TensorRT-LLM's pool (fp32/fp16/bf16 only)."""
+    if not (state.quantized or state.stochastic_rounding):
         return None
-    return (f"{state.label} state: {what} not implemented yet; build compiles plain fp32, fp16 and bf16 state "
-            f"rounded to nearest (inspect plans every state)")
+    if family != "mamba2":
+        return (f"{state.label} state: quantized and stochastically rounded checkpoints have CUDA kernels for Mamba-2 "
+                f"only, not {family}; build plain fp32, fp16 or bf16 state (inspect plans every state)")
+    if state.mode == "shared" or state.checkpoint_format.quantized:
+        return (f"{state.label} state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only, so a "
+                f"{state.checkpoint_format.name} checkpoint would sit beside it and save no memory (inspect shows the "
+                "cost); serve dual mode with an fp32, fp16 or bf16 master instead")
+    return None
 
 
 def _state_dict(mp: MemoryPlan) -> dict:
@@ -191,13 +195,13 @@ See manifest.json for the plan.
 Progress = Callable[[int, int, str], None]
 
 
-def compile_kernels(spec: ModelSpec, arch: str, state_dtype: str, act_dtype: str, tp_size: int, dest: Path,
+def compile_kernels(spec: ModelSpec, arch: str, state: StateSpec | str, act_dtype: str, tp_size: int, dest: Path,
                     progress: Progress | None = None) -> list[dict]:
     """Compile the spec's kernel configs for ``arch`` and copy the cubins into ``dest``; return manifest entries."""
     from trtllm_replayssm.core.jit import compiler
     from trtllm_replayssm.serving.catalog import spec_configs
 
-    cfgs = spec_configs(spec, state_dtype, act_dtype, tp_size)
+    cfgs = spec_configs(spec, state, act_dtype, tp_size)
     done = 0
 
     def advance(cfg) -> None:
@@ -280,16 +284,16 @@ def write_bundle(spec: ModelSpec, mp: MemoryPlan, arch: str, out_dir: Path, *, m
                  force: bool = False, progress: Progress | None = None) -> Path:
     """Write the bundle to ``out_dir`` atomically: into a new directory beside it, then renamed into place; an
     existing bundle there is replaced only with ``force`` (see :func:`check_output_dir`). NotImplementedError, before
-    anything is written, for a state no kernels exist for (:func:`missing_kernels`)."""
+    anything is written, for a state the bundle cannot serve (:func:`build_refusal`)."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
-    if reason := missing_kernels(mp.state):
+    if reason := build_refusal(mp.state, spec.family):
         raise NotImplementedError(reason)
     out_dir = out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
     try:
-        kernels = compile_kernels(spec, arch, mp.state.format, mp.act_dtype, mp.tp_size, tmp / KERNEL_DIR, progress)
+        kernels = compile_kernels(spec, arch, mp.state, mp.act_dtype, mp.tp_size, tmp / KERNEL_DIR, progress)
         (tmp / MODULE_DIR).mkdir()
         (tmp / MODULE_DIR / "__init__.py").write_text(MODULE_INIT)
         (tmp / SERVE_YAML).write_text(serve_yaml(spec, mp))

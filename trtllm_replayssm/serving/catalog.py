@@ -6,7 +6,7 @@ from typing import Iterable
 import torch
 
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import torch_dtype
+from trtllm_replayssm.core.formats import StateSpec, state_spec, torch_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, unique
 from trtllm_replayssm.serving.presets import ModelSpec, get_preset, list_presets
 
@@ -17,11 +17,14 @@ DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
 )
 
 
-def spec_configs(spec: ModelSpec, state_dtype: str | torch.dtype, act_dtype: str | torch.dtype,
+def spec_configs(spec: ModelSpec, state: str | torch.dtype | StateSpec, act_dtype: str | torch.dtype,
                  tp_size: int = 1) -> list[KernelConfig]:
-    """Every kernel module a model can launch at any batch size on one TP rank (all row tiles)."""
+    """Every kernel module a model can launch at any batch size on one TP rank (all row tiles), for a plain state
+    dtype or a stored checkpoint spec (Mamba-2)."""
     dims = spec.ssm_dims.local(tp_size)
-    return family_of(dims).kernel_configs(dims, torch_dtype(state_dtype, "state_dtype"),
+    st = state_spec(state, arg="state")
+    stored = st.quantized or st.stochastic_rounding
+    return family_of(dims).kernel_configs(dims, st if stored else torch_dtype(st.format, "state"),
                                           torch_dtype(act_dtype, "act_dtype"))
 
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.serving.trtllm.core import refusals_from_cache_manager
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
@@ -49,10 +50,11 @@ class ReplayModel:
     @classmethod
     def install(cls, model: torch.nn.Module, arch: str, family: str, swap_classes: Mapping[type, type],
                 buffer_len: int, act_dtype: torch.dtype, refusals: Sequence[str] = (),
-                planned: tuple[int, int] | None = None) -> "ReplayModel | None":
+                planned: tuple[int, int] | None = None, state: StateSpec | None = None) -> "ReplayModel | None":
         """Swap every mixer of ``model`` whose exact class is a key of ``swap_classes``; None (upstream kernels,
         one warning per reason) when ``refusals`` is not empty; ``planned``: (bytes, slots) of the bundle's ring
-        plan, to warn when TensorRT-LLM's pool needs more. Every upstream mixer needs a ``layer_idx``; replay mixer
+        plan, to warn when TensorRT-LLM's pool needs more; ``state``: the bundle's checkpoint spec
+        (:class:`ModelReplayCache`). Every upstream mixer needs a ``layer_idx``; replay mixer
         classes provide ``_rs_num_k_heads()`` and ``_rs_setup(cache)``, optionally ``_rs_cannot_hook(module) -> str |
         None`` (what an upstream mixer lacks) and ``_rs_teardown()`` (undo ``_rs_setup`` beyond the class swap)."""
         if refusals:
@@ -72,7 +74,7 @@ class ReplayModel:
         for s in swaps:
             s.module.__class__ = swap_classes[s.original]
         cache = ModelReplayCache(family, [m.layer_idx for m in found], found[0]._rs_num_k_heads(), buffer_len,
-                                 act_dtype, planned)
+                                 act_dtype, planned, state)
         for m in found:
             m._rs_setup(cache)
         _log.info("trtllm-replayssm: %s: %d %s layers run ReplaySSM decode (L=%d)", arch, len(found), family,

@@ -33,7 +33,7 @@ from tensorrt_llm._torch.modules.mamba.causal_conv1d import causal_conv1d_update
 from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
-from trtllm_replayssm.core.formats import torch_dtype
+from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_split_qkv,
@@ -77,10 +77,14 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
     def forward(self, hidden_states: torch.Tensor, attn_metadata: Any, mamba_metadata: Any,
                 spec_metadata: Any = None, lora_params: dict | None = None, **kwargs: Any) -> torch.Tensor:
-        self._rs_cache.layer_step(self.layer_idx, attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx),
-                                  mamba_metadata.state_indices, attn_metadata.num_contexts)
-        return super().forward(hidden_states, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
-                               lora_params=lora_params, **kwargs)
+        state = attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx)
+        self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, attn_metadata.num_contexts)
+        out = super().forward(hidden_states, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
+                              lora_params=lora_params, **kwargs)
+        if attn_metadata.num_contexts:  # prefill wrote these masters: the read copy follows (dual mode)
+            self._rs_cache.prefill_written(self.layer_idx, state,
+                                           mamba_metadata.state_indices[:attn_metadata.num_contexts])
+        return out
 
     def _replay_ssu(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
                     B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, **kw: Any) -> Any:  # noqa: N803
@@ -249,7 +253,8 @@ def _install(model: Any, model_config: Any) -> ReplayModel | None:
         refusals.append("speculative decoding is configured: speculative decoding with ReplaySSM is not implemented yet")
     return ReplayModel.install(model, arch, model._rs_family, model._rs_swaps, settings.buffer_len,
                                torch_dtype(settings.act_dtype, "act_dtype"), refusals,
-                               (settings.planned_ring_bytes, settings.planned_slots))
+                               (settings.planned_ring_bytes, settings.planned_slots),
+                               parse_state_label(settings.state, arg="state"))
 
 
 _MAMBA2 = {Mamba2Mixer: ReplayMamba2Mixer}

@@ -9,6 +9,11 @@ its memory-estimation cache manager before serving) reallocates them, which is r
 
 A decode step's slot ids (one per batch row, each slot once, CUDA-graph padding rows as ``PAD_SLOT_ID``) are computed
 once per model forward, by the first SSM layer, and reused by the others.
+
+With a stored spec (a dual read copy, stochastic rounding: Mamba-2) TensorRT-LLM's pool is the master and the rest
+(read copy, flush counts) lives here beside the rings; after upstream's prefill wrote a request's state,
+:meth:`prefill_written` encodes the read copy from it (the write rule of a flush). A shared fp8/nvfp4 checkpoint
+cannot live in TensorRT-LLM's pool (fp32/fp16/bf16 only) and is refused.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.families import get_family
+from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.serving.trtllm.core import decode_slot_ids
 
@@ -49,12 +55,14 @@ def capturing() -> bool:
 class ModelReplayCache:
     """Replay state of one model's SSM layers of one family (``layer_ids``: TensorRT-LLM's global layer indices).
 
-    ``num_k_heads``: TP-local group count (Mamba-2 ``n_groups``, GDN key heads; KDA ignores it). Per model forward:
-    :meth:`begin_step`, then per layer :meth:`layer` and :meth:`decode_slots`, and :meth:`end_step`.
+    ``num_k_heads``: TP-local group count (Mamba-2 ``n_groups``, GDN key heads; KDA ignores it). ``state``: the
+    bundle's checkpoint spec (None: plain, in the pool's dtype). Per model forward: :meth:`begin_step`, then per
+    layer :meth:`layer` and :meth:`decode_slots` (and :meth:`prefill_written` after a prefill), and :meth:`end_step`.
     """
 
     def __init__(self, family: str, layer_ids: Sequence[int], num_k_heads: int, buffer_len: int,
-                 act_dtype: torch.dtype, planned: tuple[int, int] | None = None) -> None:
+                 act_dtype: torch.dtype, planned: tuple[int, int] | None = None,
+                 state: StateSpec | None = None) -> None:
         ids = tuple(int(i) for i in layer_ids)
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"layer_ids: expected distinct layer indices, got {list(layer_ids)}")
@@ -65,6 +73,16 @@ class ModelReplayCache:
         self.buffer_len = check_buffer_len(buffer_len)
         self.act_dtype = act_dtype
         self.planned = planned  # (bytes, slots) the bundle's memory plan set aside for the rings
+        self.state = state
+        if state is not None:
+            if state.mode == "shared":
+                raise ValueError(f"state: a shared {state.format} checkpoint cannot live in TensorRT-LLM's SSM pool "
+                                 "(fp32/fp16/bf16 only); serve dual mode (the pool holds the master) instead")
+            if state.checkpoint_format.quantized:
+                raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
+                                 "cannot be it")
+            if (state.dual or state.stochastic_rounding) and self.family.name != "mamba2":
+                raise ValueError(f"state: {state.label} has CUDA kernels for Mamba-2 only, not {self.family.name}")
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
         self._pools: dict[int, PoolKey] = {}
@@ -89,10 +107,15 @@ class ModelReplayCache:
                                "must be bound by an eager step first (TensorRT-LLM runs eager warm-up steps before "
                                "capturing, so this TensorRT-LLM does something the module does not support)")
         self.cache = None  # free the old rings before allocating the new ones
+        if self.state is not None and self.state.checkpoint_format.storage_dtype != state.dtype:
+            raise RuntimeError(f"trtllm-replayssm: TensorRT-LLM's SSM pool is {state.dtype}, the bundle's "
+                               f"{self.state.label} state needs its master in "
+                               f"{self.state.checkpoint_format.storage_dtype} (mamba_ssm_cache_dtype in the bundle's "
+                               "YAML)")
         dims = self.family.dims.of_state(tuple(state.shape), self.num_k_heads)
         self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.buffer_len,
-                                           state_dtype=state.dtype, act_dtype=self.act_dtype, device=state.device,
-                                           checkpoints=False)
+                                           state_dtype=self.state or state.dtype, act_dtype=self.act_dtype,
+                                           device=state.device, checkpoints=False)
         self._pools.clear()
         self.binds += 1
         gib, slots = self.ring_bytes() / (1 << 30), state.shape[0]
@@ -135,6 +158,18 @@ class ModelReplayCache:
             if num_contexts:
                 self.cache.reset_slots(state_indices[:num_contexts])
         return layer
+
+    def prefill_written(self, layer_id: int, state: torch.Tensor, context_slots: torch.Tensor) -> None:
+        """After upstream's prefill wrote ``state`` (the master) for ``context_slots`` this step: with a stored spec,
+        the read copy is encoded from it and the flush counted (the write rule: the master's values are kept, being
+        representable); nothing for a plain checkpoint. Device-side only; prefill steps are never captured."""
+        self._check_in_step("prefill_written")
+        layer = self.layer(layer_id, state)
+        if layer.storage is None or context_slots.numel() == 0:
+            return
+        ids = context_slots.to(torch.long)
+        checkpoint = layer.checkpoint()
+        checkpoint.store_(ids, checkpoint.fold_values(ids))
 
     def decode_slots(self, decode_state_indices: torch.Tensor) -> torch.Tensor:
         """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks)."""
