@@ -157,3 +157,34 @@ def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
     assert all(r.finite for r in recs)
     assert len(skipped) == 1 and skipped[0]["impl"] == "flashinfer_ssu" and skipped[0]["model"] == "tiny"
     assert skipped[0]["reason"].startswith("import flashinfer.mamba failed")
+
+
+@pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8+sr"])
+def test_runner_times_stored_checkpoints(label):
+    """Quantized / dual / stochastically rounded Mamba-2 state: our replay and baseline (not with SR), the spec's
+    fields in every record, the peers skipped with the reason; labels outside Mamba-2 are refused."""
+    from trtllm_replayssm.core.formats import parse_state_label
+    from trtllm_replayssm.lab.bench import byte_model, kernels
+
+    def one_pass(calls, replays):
+        for fn in calls:
+            fn()
+        return 10.0
+
+    spec = parse_state_label(label)
+    config = kernels.KernelBenchConfig(families=["mamba2"], batches=[4], state_dtypes=[label], buffer_len=4)
+    shape, skipped = TINY["mamba2"], []
+    recs = kernels._run_case(config, shape, label, 4, 2000.0, 1000, skipped, CPU, lambda _m: None, one_pass)
+    impls = [r.impl for r in recs]
+    assert impls == ["replay"] * 3 + ([] if spec.stochastic_rounding else ["baseline"])
+    for r in recs:
+        assert (r.state_dtype, r.state_format, r.state_mode, r.master_format, r.stochastic_rounding) == (
+            label, spec.format, spec.mode, spec.master, spec.stochastic_rounding)
+        assert r.finite
+    assert recs[0].bytes_per_call == 4 * core.replay_bytes(shape.dims, spec, byte_model.ACT_DTYPE, 4)
+    reasons = {s["impl"]: s["reason"] for s in skipped}
+    assert reasons["peers"] == f"no peer adapter times a {label} state"
+    assert ("baseline" in reasons) == spec.stochastic_rounding
+    with pytest.raises(ValueError, match=r"^state_dtypes: fp8\+sr: quantized and stochastically rounded"):
+        kernels.KernelBenchConfig(families=["mamba2", "gdn"], state_dtypes=["fp32", label if "sr" in label
+                                                                            else "fp8+sr"])

@@ -273,9 +273,9 @@ def test_usage_errors_are_one_line():
     r = run("build", MODEL, "--no-such-option")
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: ")
     one_error_line(run("bench", "kernels", "--family", "mamba3"), "--family")
-    assert "no quantized-state kernels yet" in one_error_line(run("bench", "kernels", "--state-dtype", "fp8"),
-                                                             "--state-dtype")
-    assert "nvfp4: no quantized-state kernels yet" in one_error_line(
+    assert "unknown state format 'fp9'" in one_error_line(run("bench", "kernels", "--state-dtype", "fp9"),
+                                                         "--state-dtype")
+    assert "nvfp4: quantized and stochastically rounded checkpoints have kernels for Mamba-2 only" in one_error_line(
         run("bench", "kernels", "--state-format", "bf16,nvfp4"), "--state-dtype")
     one_error_line(run("bench", "kernels", "--batch", "x"), "--batch")
 

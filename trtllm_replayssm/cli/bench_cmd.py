@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from trtllm_replayssm.cli.errors import RunError, bad_value
-from trtllm_replayssm.cli.options import QUANT_FORMATS
 
 QUICK_BATCHES = [8, 256]
 QUICK_STATE_DTYPES = "fp32"
@@ -31,14 +30,17 @@ def _int_csv(_ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def _state_dtypes(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str] | None:
-    """The --state-dtype list; fp8 and nvfp4 state have no kernels to time yet."""
+    """The --state-dtype list: state labels (fp32, bf16, fp8, nvfp4/dual/fp16, bf16+sr, ...)."""
     if value is None:
         return None
+    from trtllm_replayssm.core.formats import parse_state_label
+
     out = _csv(value)
-    quantized = [v for v in out if v.lower() in QUANT_FORMATS]
-    if quantized:
-        raise click.BadParameter(f"{', '.join(quantized)}: no quantized-state kernels yet; the benchmark runs fp32, "
-                                 f"fp16 and bf16 state")
+    for label in out:
+        try:
+            parse_state_label(label, arg="state")
+        except (ValueError, TypeError) as exc:
+            raise click.BadParameter(str(exc).removeprefix("state: ")) from None
     return out
 
 
@@ -69,7 +71,8 @@ def bench_cmd() -> None:
               help="Comma-separated batch sizes [default: 1,8,64,256,512; --quick: 8,256].")
 @click.option("--state-dtype", "--state-format", "state_dtypes", default=None, callback=_state_dtypes,
               show_default=False,
-              help="Comma-separated state dtypes fp32,bf16,fp16 [default: fp32,bf16; --quick: fp32].")
+              help="Comma-separated states: fp32, fp16, bf16, and for --family mamba2 also fp8, nvfp4, "
+                   "FORMAT/dual/MASTER and +sr (e.g. nvfp4/dual/fp16) [default: fp32,bf16; --quick: fp32].")
 @click.option("--buffer-len", default=16, show_default=True, type=int, help="Ring length L (FlashInfer window).")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="Also time FlashInfer, mamba-ssm, fla-core.")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,

@@ -29,7 +29,8 @@ def checkpointing_ssu_bytes(shape: BenchShape, state_dtype: str, window: int) ->
     return s + rec * (window + 1) / 2 + rec + s / window + core.io_bytes(shape.dims, ACT_DTYPE)
 
 
-def step_bytes(impl: str, shape: BenchShape, state_dtype: str, buffer_len: int, mode: str | None = None) -> float:
+def step_bytes(impl: str, shape: BenchShape, state_dtype: core.StateLike, buffer_len: int,
+               mode: str | None = None) -> float:
     """Bytes per decode step per sequence for ``impl``; ``mode`` (what our op ran: ``replay`` or ``flush``) only for
     ours."""
     d = shape.dims

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import DTYPE_NAMES
+from trtllm_replayssm.core.formats import StateSpec, parse_state_label
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
 
@@ -48,9 +48,13 @@ class KernelBenchConfig:
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
             raise ValueError(f"batches: expected positive ints, got {self.batches!r}")
-        bad = [sd for sd in self.state_dtypes if sd not in DTYPE_NAMES]
-        if bad or not self.state_dtypes:
-            raise ValueError(f"state_dtypes: expected some of {list(DTYPE_NAMES)}, got {bad or '[]'}")
+        if not self.state_dtypes:
+            raise ValueError("state_dtypes: expected at least one state (fp32, bf16, fp8, nvfp4/dual/fp16, ...)")
+        specs = [parse_state_label(sd, arg="state_dtypes") for sd in self.state_dtypes]
+        stored = [s.label for s in specs if stored_spec(s)]
+        if stored and any(f != "mamba2" for f in self.families):
+            raise ValueError(f"state_dtypes: {', '.join(stored)}: quantized and stochastically rounded checkpoints "
+                             f"have kernels for Mamba-2 only; run them with --family mamba2")
         if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= MAX_BUFFER_LEN:
             raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {self.buffer_len!r}")
         if self.replays < timing.MIN_REPLAYS:
@@ -66,7 +70,7 @@ class Record:
     model: str
     impl: str
     batch: int
-    state_dtype: str
+    state_dtype: str  # the spec's label (fp32, nvfp4, nvfp4/dual/fp16+sr, ...)
     L: int
     median_us: float
     bytes_per_call: float
@@ -80,9 +84,19 @@ class Record:
     calls_per_graph: int = 0
     finite: bool | None = None
     notes: str = ""
+    state_format: str = "fp32"  # the StateSpec's fields (docs/benchmarks.md, results schema)
+    state_mode: str = "plain"
+    master_format: str | None = None
+    stochastic_rounding: bool = False
 
 
-def _modes(shape: BenchShape, batch: int, state_dtype: str, buffer_len: int, device: torch.device) -> list[str]:
+def stored_spec(spec: StateSpec) -> bool:
+    """Whether ``spec`` keeps storage besides a plain pool (quantized, dual, stochastic rounding): Mamba-2 kernels."""
+    return spec.quantized or spec.stochastic_rounding
+
+
+def _modes(shape: BenchShape, batch: int, state_dtype: StateSpec, buffer_len: int,
+           device: torch.device) -> list[str]:
     """Modes recorded for our replay: all three at small batch or wherever ``auto`` would flush, else ``replay``."""
     if batch <= BOTH_MODES_MAX_BATCH:
         return ["replay", "flush", "auto"]
@@ -153,20 +167,30 @@ def case_inputs(shape: BenchShape, sd: str, batch: int, l2: int, device: torch.d
     inputs, and the number of state pools that keeps L2 (``l2`` bytes) cold."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"{seed_prefix}{shape.model}/{sd}/{batch}".encode()))
     step = family_of(shape.dims).random_step(shape.dims, batch, gen, device)
-    return gen, step, timing.pools_for_cold_l2(int((batch + 1) * core_bytes.state_bytes(shape.dims, sd)), l2)
+    spec = parse_state_label(sd, arg="state_dtype")
+    return gen, step, timing.pools_for_cold_l2(int((batch + 1) * core_bytes.state_bytes(shape.dims, spec)), l2)
 
 
 def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int, copy_gbps: float, l2: int,
               skipped: list[dict], device: torch.device, log: Callable[[str], None],
               timer: Timer = timing.time_calls) -> list[Record]:
     L = config.buffer_len
+    spec = parse_state_label(sd, arg="state_dtype")
     gen, step, n_pools = case_inputs(shape, sd, batch, l2, device, seed_prefix=f"{config.seed}/")
     builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
-    for mode in _modes(shape, batch, sd, L, device):
-        builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, sd, step, n_pools, L, m, gen,
-                                                                           device)))
-    builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, sd, step, n_pools, gen, device)))
-    if config.peers:
+    for mode in _modes(shape, batch, spec, L, device):
+        builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, spec, step, n_pools, L, m,
+                                                                           gen, device)))
+    if spec.stochastic_rounding:  # the baseline update has no write counter (docs/design.md, quantized state)
+        skipped.append(dict(family=shape.family, model=shape.model, impl="baseline", batch=batch, state_dtype=sd,
+                            mode=None, reason="stochastic rounding: the baseline update has no write counter"))
+    else:
+        builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, spec, step, n_pools, gen,
+                                                                      device)))
+    if config.peers and stored_spec(spec):
+        skipped.append(dict(family=shape.family, model=shape.model, impl="peers", batch=batch, state_dtype=sd,
+                            mode=None, reason=f"no peer adapter times a {spec.label} state"))
+    elif config.peers:
         for impl in (i for i in peers.PEERS_BY_FAMILY[shape.family]
                      if config.peer_impls is None or i in config.peer_impls):
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
@@ -187,11 +211,11 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
             _release()
             continue
         resolved = case.plan["mode"] if impl == "replay" else None
-        nbytes = batch * byte_model.step_bytes(impl, shape, sd, L, resolved)
+        nbytes = batch * byte_model.step_bytes(impl, shape, spec, L, resolved)
         gbps = nbytes / (us * 1e-6) / 1e9
         rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,
                      mode=mode, resolved_mode=resolved, plan=case.plan, variant=variant, n_pools=n_pools,
-                     calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes)
+                     calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes, **spec.to_dict())
         out.append(rec)
         log(f"  {shape.model:22s} {sd} b={batch:<4d} {impl + ('/' + mode if mode else ''):34s} "
             f"{us:9.2f} us {gbps:7.0f} GB/s {rec.pct_of_copy:5.1f}% of copy")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.formats import StateSpec, state_spec
 from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, fill_rings_, random_state, slot_indices
 
@@ -19,7 +20,7 @@ from .shapes import BenchShape
 DEFAULT_TUNING = Tuning()
 
 
-def planned_mode(shape: BenchShape, batch: int, state_dtype: str, buffer_len: int, mode: str,
+def planned_mode(shape: BenchShape, batch: int, state_dtype: str | StateSpec, buffer_len: int, mode: str,
                  device: torch.device, tuning: Tuning = DEFAULT_TUNING) -> str:
     """What our op runs for ``mode`` at ``batch`` (``replay`` or ``flush``), from its planner."""
     fam = family_of(shape.dims)
@@ -43,34 +44,45 @@ def fill_layer_(layer, shape: BenchShape, state_dtype: str, idx: torch.Tensor, b
     layer.cursor[idx.long()] = rows % (cursor_period or buffer_len)
 
 
-def replay_case(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep, n_pools: int,
-                buffer_len: int, mode: str, gen: torch.Generator, device: torch.device,
+def replay_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, step: Mamba2Step | DeltaStep,
+                n_pools: int, buffer_len: int, mode: str, gen: torch.Generator, device: torch.device,
                 tuning: Tuning = DEFAULT_TUNING) -> PeerCase:
-    """The family's ``replay_decode`` on ``n_pools`` independent single-layer caches of ``batch + 1`` slots."""
+    """The family's ``replay_decode`` on ``n_pools`` independent single-layer caches of ``batch + 1`` slots
+    (``state_dtype``: a plain dtype name or any checkpoint spec)."""
     fam = family_of(shape.dims)
+    spec = state_spec(state_dtype)
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
     for _ in range(n_pools):
-        layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=buffer_len, state_dtype=state_dtype,
+        layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=buffer_len, state_dtype=spec,
                               device=device).layer(0)
         idx = slot_indices(batch, gen, device)
-        fill_layer_(layer, shape, state_dtype, idx, buffer_len, gen)
+        fill_layer_(layer, shape, spec.checkpoint_format.name, idx, buffer_len, gen)
         plan = fam.replay_plan(layer, batch, mode, tuning)
         calls.append(lambda layer=layer, idx=idx, plan=plan: fam.replay_decode(
             layer, *args, **kwargs, state_batch_indices=idx, out=out, plan=plan))
     return PeerCase("replay", calls, variant=f"mode={mode}", outputs=[out], plan=plan.record())
 
 
-def baseline_case(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep, n_pools: int,
-                  gen: torch.Generator, device: torch.device, tuning: Tuning = DEFAULT_TUNING) -> PeerCase:
-    """The family's ``state_update`` (read S, update, write S) on ``n_pools`` state pools of ``batch + 1`` slots."""
+def baseline_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, step: Mamba2Step | DeltaStep,
+                  n_pools: int, gen: torch.Generator, device: torch.device,
+                  tuning: Tuning = DEFAULT_TUNING) -> PeerCase:
+    """The family's ``state_update`` (read S, update, write S) on ``n_pools`` state pools of ``batch + 1`` slots;
+    a stored spec's checkpoint (quantized, dual: the master and the read copy written every step) from a cache."""
     fam = family_of(shape.dims)
+    spec = state_spec(state_dtype)
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
     for _ in range(n_pools):
-        state = random_state(batch + 1, shape.dims, state_dtype, gen, device)
+        if spec.quantized or spec.stochastic_rounding:
+            layer = fam.new_cache(shape.dims, 1, batch + 1, state_dtype=spec, device=device).layer(0)
+            state = layer.checkpoint()
+            state.store_(torch.arange(batch + 1, device=device),
+                         random_state(batch + 1, shape.dims, "fp32", gen, device))
+        else:
+            state = random_state(batch + 1, shape.dims, spec.format, gen, device)
         idx = slot_indices(batch, gen, device)
         plan = fam.state_update_plan(state, batch, args[0].dtype, tuning)
         calls.append(lambda s=state, i=idx, plan=plan: fam.state_update(
