@@ -1,7 +1,10 @@
 """Mamba-2 decode in pure PyTorch: the float64 sequential recurrence (ground truth) and the float32 replay step.
 
 ``replay_step_`` / ``state_update_`` have the exact semantics of the CUDA kernels (cursor rules of docs/design.md,
-ring contents, pad rows) and serve as the CPU fallback of the ops.
+ring contents, pad rows) and serve as the CPU fallback of the ops. ``verify_step_`` / ``commit_`` are speculative
+decoding from checkpoint + ring (docs/algorithm.md, speculative verify): outputs for a window of T tokens, their
+records appended past the cursor, and a commit that moves the cursor by the accepted count (rejected records are
+never read again) and folds the committed history into the checkpoint when the next window would not fit.
 """
 from __future__ import annotations
 
@@ -75,6 +78,14 @@ def state_update_(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.T
     out[valid] = y.to(out.dtype)
 
 
+def _weights(deltas: torch.Tensor, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring weights ``s_j = Δ_j exp(A Σ_{i>j} Δ_i)`` [H, n] and the checkpoint's ``decay = exp(A ΣΔ)`` [H] of the
+    entries ``deltas`` [H, n] (the newest last)."""
+    suffix = deltas.flip(1).cumsum(1).flip(1)                                                    # Σ_{i>=j} Δ_i
+    excl = torch.cat([suffix[:, 1:], torch.zeros_like(suffix[:, :1])], dim=1)                    # Σ_{i>j} Δ_i
+    return deltas * torch.exp(decay_exponent(A[:, None], excl)), torch.exp(decay_exponent(A, deltas.sum(1)))
+
+
 def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
                  cursor: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
@@ -101,11 +112,7 @@ def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
         w = int(cursor[slot])
         flush = force_flush or w >= L - 1
         deltas = torch.cat([dt_ring[slot, :, :w].to(f32), delta_all[b, :, None]], dim=1)        # [H, w+1]
-        suffix = deltas.flip(1).cumsum(1).flip(1)                                                # Σ_{i>=j} Δ_i
-        excl = torch.cat([suffix[:, 1:], torch.zeros_like(suffix[:, :1])], dim=1)                # Σ_{i>j} Δ_i
-        tot = deltas.sum(1)                                                                       # [H]
-        s = deltas * torch.exp(decay_exponent(A32[:, None], excl))                               # [H, w+1]
-        decay = torch.exp(decay_exponent(A32, tot))                                               # [H]
+        s, decay = _weights(deltas, A32)
         xs = torch.cat([x_ring[slot, :, :w].to(f32), x[b, :, None].to(f32)], dim=1)              # [H, w+1, P]
         Bs = torch.cat([B_ring[slot, :, :w].to(f32), B[b, :, None].to(f32)], dim=1)              # [G, w+1, N]
         Bs = Bs.repeat_interleave(heads_per_group, dim=0)                                         # [H, w+1, N]
@@ -130,3 +137,78 @@ def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
         if z is not None:
             y = y * F.silu(z[b].to(f32))
         out[b] = y.to(out.dtype)
+
+
+def verify_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+                 cursor: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                 C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                 dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
+    """Speculative verify in float32: each row's window of ``T`` tokens (x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N],
+    z [b,T,H,P]) decoded from the checkpoint and the row's committed ring entries ``0 .. w-1`` (``w`` its cursor),
+    token ``t`` seeing the window's tokens before it; out [b,T,H,P]. The window's records go to ring positions
+    ``w .. w+T-1``; no checkpoint and no cursor is written (``commit_`` does that). Requires ``w + T <= L`` on every
+    row, which ``commit_`` keeps for windows of ``T``. Pad rows get zero outputs and touch no slot."""
+    ckpt = as_checkpoint(state)
+    f32 = torch.float32
+    T, H, L = x.shape[1], x.shape[2], x_ring.shape[2]
+    heads_per_group = H // B.shape[2]
+    A32 = A.to(f32)
+    for b in range(x.shape[0]):
+        slot = int(state_batch_indices[b])
+        if slot == pad_slot_id:
+            out[b] = 0
+            continue
+        w = int(cursor[slot])
+        if w + T > L:
+            raise ValueError(f"cursor: slot {slot} holds {w} committed entries, a window of {T} needs w + T <= L = "
+                             f"{L} (commit_ with window={T} flushes early enough)")
+        x_ring[slot, :, w:w + T] = x[b].transpose(0, 1).to(x_ring.dtype)
+        dt_ring[slot, :, w:w + T] = _delta(dt[b], dt_bias, dt_softplus, f32).transpose(0, 1)
+        B_ring[slot, :, w:w + T] = B[b].transpose(0, 1).to(B_ring.dtype)
+        S0 = ckpt.read_values(torch.tensor([slot], device=x.device))[0]
+        for t in range(T):
+            n = w + t + 1                                                                          # entries seen
+            s, decay = _weights(dt_ring[slot, :, :n].to(f32), A32)
+            xs = x_ring[slot, :, :n].to(f32)                                                       # [H, n, P]
+            Bs = B_ring[slot, :, :n].to(f32).repeat_interleave(heads_per_group, dim=0)             # [H, n, N]
+            Ch = C[b, t].to(f32).repeat_interleave(heads_per_group, dim=0)                        # [H, N]
+            bc = torch.einsum("hjn,hn->hj", Bs, Ch)
+            y = decay[:, None] * torch.einsum("hpn,hn->hp", S0, Ch) + torch.einsum("hj,hjp->hp", s * bc, xs)
+            if D is not None:
+                y = y + D.to(f32)[:, None] * x[b, t].to(f32)
+            if z is not None:
+                y = y * F.silu(z[b, t].to(f32))
+            out[b, t] = y.to(out.dtype)
+
+
+def commit_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+            cursor: torch.Tensor, A: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor,
+            pad_slot_id: int, window: int) -> None:
+    """After a verify: each row's first ``accepted[b]`` window tokens (1 .. window: the bonus token counts) become
+    committed history (cursor ``w <- w + accepted``), the rest are never read again. When the next window of
+    ``window`` tokens would not fit (``w + window > L``), the committed entries are folded into a new checkpoint
+    (``S = decay S0 + Σ_j s_j x_j B_jᵀ``, stored by the write rule) and the cursor goes to 0. Pad rows touch no
+    slot."""
+    ckpt = as_checkpoint(state)
+    f32 = torch.float32
+    L = x_ring.shape[2]
+    heads_per_group = x_ring.shape[1] // B_ring.shape[1]
+    A32 = A.to(f32)
+    for b in range(state_batch_indices.shape[0]):
+        slot = int(state_batch_indices[b])
+        if slot == pad_slot_id:
+            continue
+        a, w = int(accepted[b]), int(cursor[slot])
+        if not 1 <= a <= window:
+            raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got {a} in row {b}")
+        n = w + a
+        if n + window <= L:
+            cursor[slot] = n
+            continue
+        s, decay = _weights(dt_ring[slot, :, :n].to(f32), A32)
+        xs = x_ring[slot, :, :n].to(f32)
+        Bs = B_ring[slot, :, :n].to(f32).repeat_interleave(heads_per_group, dim=0)
+        slot_ids = torch.tensor([slot], device=x_ring.device)
+        S = decay[:, None, None] * ckpt.fold_values(slot_ids)[0] + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
+        ckpt.store_(slot_ids, S[None])
+        cursor[slot] = 0

@@ -1,0 +1,110 @@
+"""Speculative decoding from checkpoint + ring, Mamba-2 reference (``core/reference/mamba2.py`` verify_step_ /
+commit_): every accepted token's output equals sequential float64 decode of exactly the accepted tokens, over many
+windows with random per-row acceptance (only the bonus token, all drafts, mixed), early flushes, a pad row and slot
+reuse; the checkpoint after a commit's flush equals the sequential state."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.families import get_family
+from trtllm_replayssm.core.reference import mamba2 as ref
+
+DIMS = Mamba2Dims(nheads=4, head_dim=8, d_state=16, n_groups=2)
+PAD = -1
+SHAPE = (DIMS.nheads, DIMS.head_dim, DIMS.d_state)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _window(batch: int, T: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    H, P, N, G = DIMS.nheads, DIMS.head_dim, DIMS.d_state, DIMS.n_groups
+    return {"x": torch.randn(batch, T, H, P, generator=gen).bfloat16(),
+            "dt": 0.5 * torch.randn(batch, T, H, generator=gen),
+            "B": (torch.randn(batch, T, G, N, generator=gen) / 4).bfloat16(),
+            "C": (torch.randn(batch, T, G, N, generator=gen) / 4).bfloat16()}
+
+
+@pytest.mark.parametrize("T,L,state", [(1, 8, "fp32"), (2, 8, "fp32"), (4, 8, "fp32"), (4, 16, "fp32"),
+                                       (8, 16, "fp32"), (4, 8, "bf16")])
+def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(T, L, state):
+    gen = torch.Generator().manual_seed(T * 100 + L)
+    H = DIMS.nheads
+    cache = get_family("mamba2").new_cache(DIMS, 1, 7, buffer_len=L, state_dtype=state, device="cpu")
+    layer = cache.layer(0)
+    idx = torch.tensor([5, 2, PAD, 0, 6], dtype=torch.int32)  # row 2 pads
+    rows = [0, 1, 3, 4]
+    A = -torch.empty(H).uniform_(0.5, 4.0, generator=gen)
+    D = torch.randn(H, generator=gen)
+    dt_bias = torch.log(torch.expm1(torch.empty(H).uniform_(0.01, 0.2, generator=gen)))
+    start = torch.randn(len(rows), *SHAPE, generator=gen) * 0.3
+    cache.load_prefill_state(0, idx[rows], start)
+    seq = layer.checkpoint().fold_values(idx[rows].long()).double()  # the prefill state as stored
+    untouched = {k: v.clone() for k, v in layer.tensors().items()}
+    worst = 0.0
+    for k in range(40):
+        if k == 23:  # slot reuse: row 3's slot gets a new request (prefill hand-off: new checkpoint, cursor 0)
+            fresh = torch.randn(1, *SHAPE, generator=gen) * 0.3
+            cache.load_prefill_state(0, idx[[3]], fresh)
+            seq[2] = layer.checkpoint().fold_values(idx[[3]].long())[0].double()
+        inp = _window(len(idx), T, gen)
+        out = torch.full((len(idx), T, H, DIMS.head_dim), float("nan"), dtype=torch.bfloat16)
+        ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
+                         inp["dt"], A, inp["B"], inp["C"], D, None, dt_bias, True, idx, PAD, out)
+        assert (out[2] == 0).all()
+        accepted = torch.randint(1, T + 1, (len(idx),), generator=gen)
+        accepted[0], accepted[1] = T, 1  # all drafts / only the bonus token, every window
+        for i, b in enumerate(rows):
+            for t in range(int(accepted[b])):
+                seq_new, y = ref.sequential_step(seq[i:i + 1], inp["x"][b:b + 1, t], inp["dt"][b:b + 1, t], A,
+                                                 inp["B"][b:b + 1, t], inp["C"][b:b + 1, t], D, dt_bias=dt_bias)
+                seq[i] = seq_new[0]
+                worst = max(worst, _rel(out[b, t].float(), y[0]))
+        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A, accepted, idx,
+                    PAD, window=T)
+        for i, b in enumerate(rows):
+            w = int(layer.cursor[idx[b]])
+            assert w + T <= L  # the next window fits
+            if w == 0:  # the commit flushed: the checkpoint is the state after the accepted tokens
+                tol = 1e-5 if state == "fp32" else 1e-2
+                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], seq[i]) < tol
+    assert worst < 5e-3  # bf16 outputs: their own rounding (2^-9 per element)
+    for name in ("x_ring", "dt_ring", "B_ring", "cursor", "state"):  # slots 1, 3, 4 belong to no row
+        assert torch.equal(layer.tensors()[name][[1, 3, 4]], untouched[name][[1, 3, 4]]), name
+
+
+def test_commit_flushes_exactly_when_the_next_window_would_not_fit():
+    gen = torch.Generator().manual_seed(1)
+    cache = get_family("mamba2").new_cache(DIMS, 1, 2, buffer_len=8, device="cpu")
+    layer = cache.layer(0)
+    idx = torch.tensor([1], dtype=torch.int32)
+    A = -torch.ones(DIMS.nheads)
+    cursors = []
+    for a in (3, 1, 2, 3):  # T = 3: w 0 -> 3 -> 4 -> 6 (6 + 3 > 8: flush) -> 3
+        inp = _window(1, 3, gen)
+        out = torch.empty(1, 3, DIMS.nheads, DIMS.head_dim, dtype=torch.bfloat16)
+        ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
+                         inp["dt"], A, inp["B"], inp["C"], None, None, None, True, idx, PAD, out)
+        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A,
+                    torch.tensor([a]), idx, PAD, window=3)
+        cursors.append(int(layer.cursor[1]))
+    assert cursors == [3, 4, 0, 3]
+
+
+def test_verify_and_commit_checks():
+    cache = get_family("mamba2").new_cache(DIMS, 1, 2, buffer_len=4, device="cpu")
+    layer = cache.layer(0)
+    layer.cursor[1] = 2
+    idx = torch.tensor([1], dtype=torch.int32)
+    inp = _window(1, 3, torch.Generator().manual_seed(0))
+    out = torch.empty(1, 3, DIMS.nheads, DIMS.head_dim, dtype=torch.bfloat16)
+    A = -torch.ones(DIMS.nheads)
+    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds 2 committed entries, a window of 3 needs w \+ T"):
+        ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
+                         inp["dt"], A, inp["B"], inp["C"], None, None, None, True, idx, PAD, out)
+    with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
+        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A,
+                    torch.tensor([0]), idx, PAD, window=3)
