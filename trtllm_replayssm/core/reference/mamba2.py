@@ -78,6 +78,17 @@ def state_update_(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.T
     out[valid] = y.to(out.dtype)
 
 
+def _live_rows(state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor | None):
+    """``(row, slot)`` of every batch row that is not a pad row; a pad row's ``out`` (if given) is zeroed."""
+    for b in range(state_batch_indices.shape[0]):
+        slot = int(state_batch_indices[b])
+        if slot == pad_slot_id:
+            if out is not None:
+                out[b] = 0
+            continue
+        yield b, slot
+
+
 def _weights(deltas: torch.Tensor, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring weights ``s_j = Δ_j exp(A Σ_{i>j} Δ_i)`` [H, n] and the checkpoint's ``decay = exp(A ΣΔ)`` [H] of the
     entries ``deltas`` [H, n] (the newest last)."""
@@ -104,11 +115,7 @@ def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
     heads_per_group = H // B.shape[1]
     delta_all = _delta(dt, dt_bias, dt_softplus, f32)
     A32 = A.to(f32)
-    for b in range(x.shape[0]):
-        slot = int(state_batch_indices[b])
-        if slot == pad_slot_id:
-            out[b] = 0
-            continue
+    for b, slot in _live_rows(state_batch_indices, pad_slot_id, out):
         w = int(cursor[slot])
         flush = force_flush or w >= L - 1
         deltas = torch.cat([dt_ring[slot, :, :w].to(f32), delta_all[b, :, None]], dim=1)        # [H, w+1]
@@ -153,11 +160,7 @@ def verify_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
     T, H, L = x.shape[1], x.shape[2], x_ring.shape[2]
     heads_per_group = H // B.shape[2]
     A32 = A.to(f32)
-    for b in range(x.shape[0]):
-        slot = int(state_batch_indices[b])
-        if slot == pad_slot_id:
-            out[b] = 0
-            continue
+    for b, slot in _live_rows(state_batch_indices, pad_slot_id, out):
         w = int(cursor[slot])
         if w + T > L:
             raise ValueError(f"cursor: slot {slot} holds {w} committed entries, a window of {T} needs w + T <= L = "
@@ -194,10 +197,7 @@ def commit_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: tor
     L = x_ring.shape[2]
     heads_per_group = x_ring.shape[1] // B_ring.shape[1]
     A32 = A.to(f32)
-    for b in range(state_batch_indices.shape[0]):
-        slot = int(state_batch_indices[b])
-        if slot == pad_slot_id:
-            continue
+    for b, slot in _live_rows(state_batch_indices, pad_slot_id, None):
         a, w = int(accepted[b]), int(cursor[slot])
         if not 1 <= a <= window:
             raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got {a} in row {b}")
