@@ -1,15 +1,16 @@
-"""Speculative decoding from checkpoint + ring, Mamba-2 reference (``core/reference/mamba2.py`` verify_step_ /
-commit_): every accepted token's output equals sequential float64 decode of exactly the accepted tokens, over many
-windows with random per-row acceptance (only the bonus token, all drafts, mixed), early flushes, a pad row and slot
-reuse; the checkpoint after a commit's flush equals the sequential state."""
+"""Speculative decoding from checkpoint + ring, the float32 references (``verify_step_`` / ``commit_`` of
+``core/reference/mamba2.py``, ``gdn.py``, ``kda.py``): every accepted token's output equals sequential float64 decode of
+exactly the accepted tokens, over many windows with random per-row acceptance (only the bonus token, all drafts,
+mixed), early flushes, a pad row and (Mamba-2) slot reuse; the checkpoint after a commit's flush equals the sequential
+state."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import get_family
-from trtllm_replayssm.core.reference import mamba2 as ref
+from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref
 
 DIMS = Mamba2Dims(nheads=4, head_dim=8, d_state=16, n_groups=2)
 PAD = -1
@@ -108,3 +109,79 @@ def test_verify_and_commit_checks():
     with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
         ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A,
                     torch.tensor([0]), idx, PAD, window=3)
+
+
+# ------------------------------------------------------------------------------------------------ GDN and KDA
+DELTA_DIMS = {"gdn": GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8),
+              "kda": KDADims(num_heads=2, head_dim=16)}
+
+
+def _delta_window(family: str, batch: int, T: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    d = DELTA_DIMS[family]
+    H, HV, K, V = d.key_heads, d.heads, d.cols, d.rows
+    win = {"q": torch.randn(batch, T, H, K, generator=gen).bfloat16(),
+           "k": torch.randn(batch, T, H, K, generator=gen).bfloat16(),
+           "v": torch.randn(batch, T, HV, V, generator=gen).bfloat16(),
+           "b": torch.randn(batch, T, HV, generator=gen)}
+    win["a"] = 0.5 * torch.randn(batch, T, HV, K, generator=gen) if family == "kda" else \
+        0.5 * torch.randn(batch, T, HV, generator=gen)
+    return win
+
+
+@pytest.mark.parametrize("family,T,L", [("gdn", 1, 8), ("gdn", 3, 8), ("gdn", 8, 16), ("kda", 2, 8),
+                                        ("kda", 4, 16)])
+def test_delta_rule_verify_and_commit_equal_sequential_decode(family, T, L):
+    mod = {"gdn": ref_gdn, "kda": ref_kda}[family]
+    d = DELTA_DIMS[family]
+    HV = d.heads
+    gen = torch.Generator().manual_seed(len(family) * 1000 + T * 10 + L)
+    cache = get_family(family).new_cache(d, 1, 6, buffer_len=L, device="cpu")
+    layer = cache.layer(0)
+    idx = torch.tensor([4, PAD, 1, 3], dtype=torch.int32)
+    rows = [0, 2, 3]
+    A_log = torch.empty(HV).uniform_(-1.0, 0.5, generator=gen)
+    dt_bias = torch.randn(HV, d.cols, generator=gen) if family == "kda" else torch.randn(HV, generator=gen)
+    cache.load_prefill_state(0, idx[rows], torch.randn(len(rows), HV, d.rows, d.cols, generator=gen) * 0.2)
+    seq = layer.checkpoint().fold_values(idx[rows].long()).double()
+    gates = (None,) if family == "kda" else ()  # KDA takes a lower bound (None: the plain gate) before the scale
+    worst = 0.0
+    for _ in range(30):
+        win = _delta_window(family, len(idx), T, gen)
+        out = torch.full((len(idx), T, HV, d.rows), float("nan"), dtype=torch.bfloat16)
+        mod.verify_step_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, win["q"],
+                         win["k"], win["v"], win["a"], win["b"], A_log, dt_bias, *gates, None, idx, PAD, out)
+        assert (out[1] == 0).all()
+        accepted = torch.randint(1, T + 1, (len(idx),), generator=gen)
+        accepted[0], accepted[2] = T, 1
+        for i, b in enumerate(rows):
+            for t in range(int(accepted[b])):
+                y, new = mod.sequential_step(seq[i:i + 1], win["q"][b:b + 1, t], win["k"][b:b + 1, t],
+                                             win["v"][b:b + 1, t], win["a"][b:b + 1, t], win["b"][b:b + 1, t],
+                                             A_log, dt_bias)
+                seq[i] = new[0]
+                worst = max(worst, _rel(out[b, t].float(), y[0]))
+        mod.commit_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, accepted, idx, PAD,
+                    window=T)
+        for i, b in enumerate(rows):
+            w = int(layer.cursor[idx[b]])
+            assert w + T <= L
+            if w == 0:
+                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], seq[i]) < 2e-2  # bf16 u and k rings
+    assert worst < 1e-2  # bf16 rings of u and k (docs/algorithm.md, numerics) and bf16 outputs
+
+
+def test_delta_rule_verify_checks():
+    d = DELTA_DIMS["gdn"]
+    cache = get_family("gdn").new_cache(d, 1, 2, buffer_len=4, device="cpu")
+    layer = cache.layer(0)
+    layer.cursor[1] = 2
+    idx = torch.tensor([1], dtype=torch.int32)
+    win = _delta_window("gdn", 1, 3, torch.Generator().manual_seed(0))
+    out = torch.empty(1, 3, d.heads, d.rows, dtype=torch.bfloat16)
+    args = (torch.zeros(d.heads), torch.zeros(d.heads))
+    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds 2 committed entries, a window of 3"):
+        ref_gdn.verify_step_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, win["q"],
+                             win["k"], win["v"], win["a"], win["b"], *args, None, idx, PAD, out)
+    with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
+        ref_gdn.commit_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
+                        torch.tensor([4]), idx, PAD, window=3)

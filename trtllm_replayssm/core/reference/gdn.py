@@ -223,10 +223,10 @@ def delta_rule_replay_(
     cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor, scale: float,
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
-    predecayed_keys: bool = False,
+    predecayed_keys: bool = False, never_flush: bool = False,
 ) -> None:
     """Float32 ReplaySSM step in place (docs/design.md "Cursor semantics"); pad rows get zero outputs and touch no
-    slot.
+    slot. ``never_flush``: every row appends, at ring position L-1 too (a speculative window's tokens).
 
     ``g_ring [slots,HV,L,C]`` holds the inclusive cumulative log-gate since the checkpoint; ``log_gate [b,HV,C]`` and
     ``beta [b,HV]`` are float32. With ``x~ = alpha x``: ``a_q = S_h q~``, ``u = beta (v - S_h k~)``,
@@ -248,7 +248,10 @@ def delta_rule_replay_(
     q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, num_v_heads, f32)
     v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
     alpha = torch.exp(g)
-    is_flush = torch.ones_like(w, dtype=torch.bool) if force_flush else w == ring_len - 1
+    if force_flush or never_flush:
+        is_flush = torch.full_like(w, force_flush, dtype=torch.bool)
+    else:
+        is_flush = w == ring_len - 1
     if ckpt.read is None:
         s0 = ckpt.fold_values(slots)
     else:  # each row decodes one copy: flush rows the master, the others the read copy
@@ -284,6 +287,63 @@ def delta_rule_replay_(
         g_ring[s_sel, hv_idx, w_sel] = g_new
         cursor[slots[sel]] = (w[sel] + 1).to(cursor.dtype)
         out[rows[sel]] = (a_q + u * (k_v[sel] * q_v[sel]).sum(-1, keepdim=True)).to(out.dtype)
+
+
+def delta_rule_verify_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor,
+    beta: torch.Tensor, scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
+    predecayed_keys: bool = False,
+) -> None:
+    """Speculative verify in float32 (docs/algorithm.md): each row's window of T tokens (q, k [b,T,H,K], v
+    [b,T,HV,V], log_gate [b,T,HV,C], beta [b,T,HV]) decoded in exact order from the checkpoint and the committed ring
+    entries ``0 .. w-1``: token t's corrected value ``u_t`` sees the window's earlier ones, and its record goes to ring
+    position ``w + t``; out [b,T,HV,V]. Neither the checkpoint nor the cursor changes (:func:`delta_rule_commit_`).
+    Requires ``w + T <= L`` on every row. Pad rows get zero outputs and touch no slot."""
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, as_checkpoint(state).shape[0])
+    T, ring_len = q.shape[1], u_ring.shape[2]
+    w0 = cursor[slots].clone()
+    long = (w0.long() + T > ring_len).nonzero()
+    if long.numel():
+        slot, w = int(slots[long[0, 0]]), int(w0[long[0, 0]])
+        raise ValueError(f"cursor: slot {slot} holds {w} committed entries, a window of {T} needs w + T <= L = "
+                         f"{ring_len} (commit with window={T} flushes early enough)")
+    for t in range(T):
+        out_t = torch.empty_like(out[:, t])
+        delta_rule_replay_(state, u_ring, k_ring, g_ring, cursor, q[:, t], k[:, t], v[:, t], log_gate[:, t],
+                           beta[:, t], scale, state_batch_indices, pad_slot_id, False, out_t, predecayed_keys,
+                           never_flush=True)
+        out[:, t] = out_t
+    cursor[slots] = w0
+
+
+def delta_rule_commit_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
+    predecayed_keys: bool = False,
+) -> None:
+    """After a verify: each row's first ``accepted[b]`` window tokens (1 .. window) become committed history
+    (cursor ``w <- w + accepted``); when the next window would not fit (``w + window > L``) the committed entries are
+    folded into a new checkpoint (stored by the write rule) and the cursor goes to 0. Pad rows touch no slot."""
+    ckpt = as_checkpoint(state)
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, ckpt.shape[0])
+    if rows.numel() == 0:
+        return
+    a = accepted[rows].long()
+    bad = ((a < 1) | (a > window)).nonzero()
+    if bad.numel():
+        row = int(rows[bad[0, 0]])
+        raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got "
+                         f"{int(accepted[row])} in row {row}")
+    w = cursor[slots].long() + a
+    flush = w + window > u_ring.shape[2]
+    cursor[slots[~flush]] = w[~flush].to(cursor.dtype)
+    sel = flush.nonzero().squeeze(1)
+    if sel.numel():
+        hist = _History(ckpt.fold_values(slots[sel]), u_ring, k_ring, g_ring, slots[sel], w[sel], u_ring.shape[1],
+                        predecayed_keys)
+        ckpt.store_(slots[sel], hist.materialize(torch.arange(sel.numel(), device=sel.device)))
+        cursor[slots[sel]] = 0
 
 
 # -------------------------------------------------------------------------------------------------------------- GDN API
@@ -388,3 +448,25 @@ def replay_step_(
         state, u_ring, k_ring, g_ring.unsqueeze(-1), cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),
         state_batch_indices, pad_slot_id, force_flush, out,
     )
+
+
+def verify_step_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None,  # noqa: N803
+    state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
+) -> None:
+    """GDN speculative verify (:func:`delta_rule_verify_`): q, k [b,T,H,K], v [b,T,HV,V], raw a, b [b,T,HV];
+    out [b,T,HV,V]."""
+    g, beta = _step_gates(a, b, A_log, dt_bias)
+    delta_rule_verify_(state, u_ring, k_ring, g_ring.unsqueeze(-1), cursor, q, k, v, g, beta,
+                       resolve_scale(scale, q.shape[-1]), state_batch_indices, pad_slot_id, out)
+
+
+def commit_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
+) -> None:
+    """GDN commit after a verify (:func:`delta_rule_commit_`)."""
+    delta_rule_commit_(state, u_ring, k_ring, g_ring.unsqueeze(-1), cursor, accepted, state_batch_indices,
+                       pad_slot_id, window)

@@ -29,7 +29,9 @@ from trtllm_replayssm.core.reference.gdn import (
     check_scalars,
     check_state_io,
     check_tensor,
+    delta_rule_commit_,
     delta_rule_replay_,
+    delta_rule_verify_,
     delta_rule_sequential_step,
     delta_rule_update_,
     resolve_scale,
@@ -149,3 +151,25 @@ def replay_step_(
         state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, resolve_scale(scale, dim_k),
         state_batch_indices, pad_slot_id, force_flush, out, predecayed_keys=True,
     )
+
+
+def verify_step_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw: torch.Tensor,
+    beta_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None,  # noqa: N803
+    scale: float | None, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
+) -> None:
+    """KDA speculative verify (``gdn.delta_rule_verify_``): q, k [b,T,H,K], v [b,T,HV,V], g_raw [b,T,HV,K],
+    beta_raw [b,T,HV]; out [b,T,HV,V]."""
+    g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
+    delta_rule_verify_(state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, resolve_scale(scale, q.shape[-1]),
+                       state_batch_indices, pad_slot_id, out, predecayed_keys=True)
+
+
+def commit_(
+    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
+) -> None:
+    """KDA commit after a verify (``gdn.delta_rule_commit_``)."""
+    delta_rule_commit_(state, u_ring, k_ring, g_ring, cursor, accepted, state_batch_indices, pad_slot_id, window,
+                       predecayed_keys=True)
