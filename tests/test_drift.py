@@ -10,8 +10,9 @@ from trtllm_replayssm.lab.drift import DriftConfig, plot_drift, run_drift
 
 
 def test_config_checks():
-    with pytest.raises(ValueError, match=r"^model: the drift study runs Mamba-2 layers"):
-        DriftConfig(model="qwen3.5-4b")
+    with pytest.raises(ValueError, match=r"^specs: fp8, nvfp4/dual/fp16 on gdn have no CUDA kernels yet"):
+        DriftConfig(model="qwen3.5-4b", specs=("fp32", "fp8", "nvfp4/dual/fp16")).check_device(torch.device("cuda"))
+    DriftConfig(model="qwen3.5-4b", specs=("fp32", "fp8")).check_device(torch.device("cpu"))
     with pytest.raises(ValueError, match=r"^state_every: expected a multiple of buffer_len"):
         DriftConfig(model="tiny-nemotron", steps=64, state_every=24)
     with pytest.raises(ValueError, match=r"^specs: unknown state format 'fp9'"):
@@ -36,13 +37,32 @@ def test_short_run_orders_the_formats(tmp_path):
     assert (tmp_path / "drift.png").stat().st_size > 0
 
 
+def test_delta_rule_drift_on_the_cpu(tmp_path):
+    """GDN with a dual NVFP4 read copy: the read copy's error reaches the master through u (docs/design.md), so the
+    dual master is no longer the plain one's; the CLI runs it on the CPU and writes JSON and plot."""
+    from click.testing import CliRunner
+
+    from trtllm_replayssm.cli import main
+
+    out = tmp_path / "drift.json"
+    r = CliRunner().invoke(main, ["bench", "drift", "--model", "tiny-qwen", "--device", "cpu", "--specs",
+                                  "fp32,nvfp4/dual/fp32,nvfp4", "--steps", "32", "--state-every", "16", "--batch",
+                                  "2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    recs = {rec["label"]: rec for rec in __import__("json").loads(out.read_text())["records"]}
+    assert recs["fp32"]["family"] == "gdn" and out.with_suffix(".png").exists()
+    fp32, dual, shared = (recs[k]["state_rel_err"][-1] for k in ("fp32", "nvfp4/dual/fp32", "nvfp4"))
+    assert fp32 < 1e-2 < shared and fp32 < dual < shared  # bf16 u and k rings: GDN's fp32 floor is ~2e-3
+
+
 def test_cli_checks_before_running():
     from click.testing import CliRunner
 
     from trtllm_replayssm.cli import main
 
     bad = CliRunner().invoke(main, ["bench", "drift", "--model", "kimi-linear-48b"])
-    assert bad.exit_code == 2 and "error: --model: the drift study runs Mamba-2 layers" in bad.output
+    assert bad.exit_code == 2 and "error: --specs: fp16+sr, fp8, fp8+sr, fp8/dual/fp32, nvfp4" in bad.output
+    assert "on kda have no CUDA kernels yet" in bad.output
     bad = CliRunner().invoke(main, ["bench", "drift", "--specs", "fp8/shared/fp32"])
     assert bad.exit_code == 2 and "--specs: expected FORMAT or FORMAT/dual/MASTER" in bad.output
     if not torch.cuda.is_available():

@@ -44,18 +44,22 @@ def _state_dtypes(_ctx: click.Context, _param: click.Parameter, value: str | Non
     return out
 
 
-def _gpu_run_output(command: str, output: Path | None, stem: str) -> Path:
-    """RunError unless a CUDA GPU is here; the results path (default benchmarks/results/<stem>-<UTC time>.json)
-    with its folder made."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RunError(f"bench {command} needs a CUDA GPU (torch.cuda.is_available() is False); run it on the GPU host")
+def _results_path(stem: str, output: Path | None = None) -> Path:
+    """``output``, or benchmarks/results/<stem>-<UTC time>.json, with its folder made."""
     if output is None:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
         output = Path("benchmarks/results") / f"{stem}-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     return output
+
+
+def _gpu_run_output(command: str, output: Path | None, stem: str) -> Path:
+    """RunError unless a CUDA GPU is here; the results path (:func:`_results_path`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RunError(f"bench {command} needs a CUDA GPU (torch.cuda.is_available() is False); run it on the GPU host")
+    return _results_path(stem, output)
 
 
 @click.group("bench")
@@ -105,30 +109,39 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
 
 
 @bench_cmd.command("drift")
-@click.option("--model", default="nemotron-3-nano-4b", show_default=True, help="A Mamba-2 model preset.")
-@click.option("--specs", default=None, help="Comma-separated state specs (format, format/dual/master, +sr for stochastic rounding), e.g. "
-              "fp32,nvfp4,nvfp4/dual/fp16+sr [default: twelve formats and modes].")
+@click.option("--model", default="nemotron-3-nano-4b", show_default=True, help="A model preset (any family).")
+@click.option("--specs", default=None, help="Comma-separated state specs (format, format/dual/master, +sr for "
+              "stochastic rounding), e.g. fp32,nvfp4,nvfp4/dual/fp16+sr [default: twelve formats and modes].")
 @click.option("--steps", default=131072, show_default=True, type=int, help="Decode steps.")
 @click.option("--batch", default=4, show_default=True, type=int, help="Sequences decoded side by side.")
 @click.option("--buffer-len", default=16, show_default=True, type=int, help="Ring length L.")
 @click.option("--state-every", default=1024, show_default=True, type=int,
               help="Measure the checkpoints every this many steps (a multiple of L dividing --steps).")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
+              help="cuda: CUDA-graph replays of the kernels; cpu: the references, eagerly (every family and spec, "
+                   "slowly).")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,
               help="Results JSON [default: benchmarks/results/drift-<model>-<UTC time>.json]; a .png beside it.")
 def drift(model: str, specs: str | None, steps: int, batch: int, buffer_len: int, state_every: int, seed: int,
-          output: Path | None) -> None:
+          device: str, output: Path | None) -> None:
     """Long-run error of each checkpoint spec against a float64 recurrence (state after flushes, outputs)."""
+    import torch
+
     from trtllm_replayssm.lab.drift import DEFAULT_SPECS, DriftConfig, plot_drift, run_drift
     from trtllm_replayssm.lab.plotting import PLOT_EXTRA, PlotUnavailable
 
     try:
         config = DriftConfig(model=model, specs=tuple(_csv(specs)) if specs else DEFAULT_SPECS, steps=steps,
                              batch=batch, buffer_len=buffer_len, state_every=state_every, seed=seed)
+        config.check_device(torch.device(device))
     except (ValueError, TypeError) as exc:
         bad_value(exc)
-    output = _gpu_run_output("drift", output, f"drift-{model}")
-    doc = run_drift(config, "cuda", progress=lambda done, total: click.echo(f"  step {done}/{total}", err=True)
+    if device == "cuda":
+        output = _gpu_run_output("drift", output, f"drift-{model}")
+    else:
+        output = _results_path(f"drift-{model}", output)
+    doc = run_drift(config, device, progress=lambda done, total: click.echo(f"  step {done}/{total}", err=True)
                     if done % (total // 8 or 1) == 0 else None)
     output.write_text(json.dumps(doc, indent=1))
     click.echo(f"{'spec':22s} {'state err (last)':>17s} {'state err (max)':>16s} {'output err (median)':>20s}")

@@ -1,18 +1,24 @@
 """Drift study: how far each checkpoint spec's state and outputs wander from a float64 recurrence over a long decode.
 
-One Mamba-2 layer of a model preset decodes ``steps`` tokens for ``batch`` sequences through ``replay_decode``
-(``mode='replay'``) once per spec, all specs fed the same tokens, beside the float64 sequential recurrence
-(``core.reference.mamba2.sequential_step``) of the same bf16 inputs. Inputs follow the published configs' ranges:
-A = -exp(U(0, log 16)) per head, Δ = softplus(dt + dt_bias) with dt_bias the inverse softplus of a log-uniform
-[1e-3, 1e-1] per head and dt ~ N(0, 0.5²) per token, x, B and C normal with log-normal per-channel scales (σ = 1;
-B and C over sqrt(N)), D = 0 so that an output is the state's read-out alone. Every row starts from a zero state with cursor 0, so all rows flush on the same steps and the
-checkpoint right after a flush is the state itself.
+One recurrent layer of a model preset decodes ``steps`` tokens for ``batch`` sequences through the family's
+``replay_decode`` (``mode='replay'``) once per spec, all specs fed the same tokens, beside the float64 sequential
+recurrence of the same bf16 inputs. Every row starts from a zero state with cursor 0, so all rows flush on the same
+steps and the checkpoint right after a flush is the state itself. Inputs follow the published configs' ranges:
+
+* Mamba-2: A = -exp(U(0, log 16)) per head, Δ = softplus(dt + dt_bias) with dt_bias the inverse softplus of a
+  log-uniform [1e-3, 1e-1] per head and dt ~ N(0, 0.5²) per token, x, B and C normal with log-normal per-channel
+  scales (σ = 1; B and C over sqrt(N)), D = 0 so that an output is the state's read-out alone.
+* GDN / KDA: q, k, v normal with log-normal per-channel scales (q and k are l2-normalised by the recurrence), the
+  log-gate ``-softplus(a + dt_bias)`` (A_log = 0) with dt_bias the inverse softplus of a rate log-uniform in
+  [1e-4, 0.105] (decay e^g from 0.9 to 0.9999) per head (GDN) or per head and key channel (KDA), a ~ N(0, 0.3²) and
+  the beta logit ~ N(0, 1) per token.
 
 Measured per spec: the relative error ``||S - S_ref|| / ||S_ref||`` of the master checkpoint (decoded to float32)
 every ``state_every`` steps (a multiple of L, right after a flush), and the relative error of each step's outputs
 ``||y - y_ref|| / ||y_ref||`` (the outputs are bf16: about 2^-9 of error is their own rounding), summarised per
 window of ``state_every`` steps (median and max). On CUDA the steps run as CUDA-graph replays (inputs drawn on the
-device); on the CPU eagerly through the references (small runs: tests).
+device; quantized and stochastically rounded specs need the Mamba-2 kernels); on the CPU eagerly through the
+references (every family and spec, slowly).
 """
 from __future__ import annotations
 
@@ -23,19 +29,20 @@ import torch
 
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import StateSpec, parse_state_label
-from trtllm_replayssm.core.ops import mamba2 as mamba2_ops
-from trtllm_replayssm.core.reference import mamba2 as ref_mamba2
+from trtllm_replayssm.core.ops import gdn as gdn_ops, kda as kda_ops, mamba2 as mamba2_ops
+from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref_mamba2
 from trtllm_replayssm.serving.presets import get_preset
 
 DEFAULT_SPECS = ("fp32", "bf16", "fp16", "fp16+sr", "fp8", "fp8+sr", "fp8/dual/fp32", "nvfp4", "nvfp4/dual/fp32",
                  "nvfp4/dual/fp16", "nvfp4/dual/fp16+sr", "nvfp4/dual/fp8")
 F64 = torch.float64
+BF16 = torch.bfloat16
 
 
 @dataclass(frozen=True)
 class DriftConfig:
-    """What to run: ``model`` (a Mamba-2 preset), ``specs`` (state labels, ``StateSpec.label``), ``steps`` tokens
-    for ``batch`` sequences with ring length ``buffer_len``; the state error every ``state_every`` steps."""
+    """What to run: ``model`` (a preset), ``specs`` (state labels, ``StateSpec.label``), ``steps`` tokens for
+    ``batch`` sequences with ring length ``buffer_len``; the state error every ``state_every`` steps."""
 
     model: str = "nemotron-3-nano-4b"
     specs: tuple[str, ...] = DEFAULT_SPECS
@@ -47,10 +54,7 @@ class DriftConfig:
     parsed: tuple[StateSpec, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        preset = get_preset(self.model)
-        if preset.family != "mamba2":
-            raise ValueError(f"model: the drift study runs Mamba-2 layers (GDN/KDA have no quantized CUDA kernels "
-                             f"yet), got {self.model!r} ({preset.family})")
+        get_preset(self.model)  # ValueError naming the presets
         if not self.specs:
             raise ValueError("specs: expected at least one state spec")
         object.__setattr__(self, "parsed", tuple(parse_state_label(s, arg="specs") for s in self.specs))
@@ -61,31 +65,88 @@ class DriftConfig:
             raise ValueError(f"state_every: expected a multiple of buffer_len ({self.buffer_len}) dividing steps "
                              f"({self.steps}), got {self.state_every}")
 
+    @property
+    def family(self) -> str:
+        return get_preset(self.model).family
 
-class _Stream:
-    """The layer's constants and one token's inputs, drawn on ``device`` from the default generator there."""
+    def check_device(self, device: torch.device) -> None:
+        """ValueError where ``device`` has no kernels for a spec (quantized or stochastically rounded GDN/KDA)."""
+        stored = [s.label for s in self.parsed if s.quantized or s.stochastic_rounding]
+        if device.type == "cuda" and self.family != "mamba2" and stored:
+            raise ValueError(f"specs: {', '.join(stored)} on {self.family} have no CUDA kernels yet; run them on "
+                             "the CPU (device='cpu', slow) or drop them")
+
+
+def _log_normal(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.exp(torch.randn(*shape, generator=gen))
+
+
+def _log_uniform(gen: torch.Generator, lo: float, hi: float, *shape: int) -> torch.Tensor:
+    return torch.exp(torch.empty(*shape).uniform_(math.log(lo), math.log(hi), generator=gen))
+
+
+class _Mamba2Stream:
+    """A Mamba-2 layer's constants and tokens, drawn on ``device`` from the default generator there."""
 
     def __init__(self, dims, batch: int, gen: torch.Generator, device: torch.device):
         H, P, N, G = dims.nheads, dims.head_dim, dims.d_state, dims.n_groups
-        self.shape = (batch, H, P, N, G)
-        self.device = device
-        log_normal = lambda *s: torch.exp(torch.randn(*s, generator=gen))  # noqa: E731
+        self.shape, self.device = (batch, H, P, N, G), device
         self.A = (-torch.exp(torch.empty(H).uniform_(0.0, math.log(16.0), generator=gen))).to(device)
-        delta = torch.exp(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
-        self.dt_bias = torch.log(torch.expm1(delta)).to(device)  # inverse softplus
+        self.dt_bias = torch.log(torch.expm1(_log_uniform(gen, 1e-3, 1e-1, H))).to(device)  # inverse softplus
         self.D = torch.zeros(H, device=device)  # outputs are S·C: the read-out the checkpoint's error reaches
-        self.x_scale = log_normal(1, H, P).to(device)
-        self.B_scale = (log_normal(1, G, N) / math.sqrt(N)).to(device)
-        self.C_scale = (log_normal(1, G, N) / math.sqrt(N)).to(device)
+        self.x_scale = _log_normal(gen, 1, H, P).to(device)
+        self.B_scale = (_log_normal(gen, 1, G, N) / math.sqrt(N)).to(device)
+        self.C_scale = (_log_normal(gen, 1, G, N) / math.sqrt(N)).to(device)
 
-    def token(self) -> tuple[torch.Tensor, ...]:
+    def token(self) -> dict[str, torch.Tensor]:
         b, H, P, N, G = self.shape
         dev = self.device
-        x = (torch.randn(b, H, P, device=dev) * self.x_scale).to(torch.bfloat16)
-        dt = 0.5 * torch.randn(b, H, device=dev)
-        B = (torch.randn(b, G, N, device=dev) * self.B_scale).to(torch.bfloat16)
-        C = (torch.randn(b, G, N, device=dev) * self.C_scale).to(torch.bfloat16)
-        return x, dt, B, C
+        return {"x": (torch.randn(b, H, P, device=dev) * self.x_scale).to(BF16),
+                "dt": 0.5 * torch.randn(b, H, device=dev),
+                "B": (torch.randn(b, G, N, device=dev) * self.B_scale).to(BF16),
+                "C": (torch.randn(b, G, N, device=dev) * self.C_scale).to(BF16)}
+
+    def reference(self, state: torch.Tensor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(new float64 state, float64 output)."""
+        return ref_mamba2.sequential_step(state, t["x"], t["dt"], self.A, t["B"], t["C"], self.D, dt_bias=self.dt_bias)
+
+    def decode(self, layer, t: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor, plan) -> None:
+        mamba2_ops.replay_decode(layer, t["x"], t["dt"], self.A, t["B"], t["C"], D=self.D, z=None,
+                                 dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=idx, out=out, plan=plan)
+
+
+class _DeltaStream:
+    """A GDN or KDA layer's constants and tokens, drawn on ``device`` from the default generator there."""
+
+    def __init__(self, dims, batch: int, gen: torch.Generator, device: torch.device):
+        self.kda = dims.per_channel_gate
+        H, HV, K, V = dims.key_heads, dims.heads, dims.cols, dims.rows
+        self.shape, self.device = (batch, H, HV, K, V), device
+        gate_shape = (HV, K) if self.kda else (HV,)
+        self.dt_bias = torch.log(torch.expm1(_log_uniform(gen, 1e-4, -math.log(0.9), *gate_shape))).to(device)
+        self.A_log = torch.zeros(HV, device=device)
+        self.q_scale, self.k_scale = _log_normal(gen, 1, H, K).to(device), _log_normal(gen, 1, H, K).to(device)
+        self.v_scale = _log_normal(gen, 1, HV, V).to(device)
+
+    def token(self) -> dict[str, torch.Tensor]:
+        b, H, HV, K, V = self.shape
+        dev = self.device
+        gate_shape = (b, HV, K) if self.kda else (b, HV)
+        return {"q": (torch.randn(b, H, K, device=dev) * self.q_scale).to(BF16),
+                "k": (torch.randn(b, H, K, device=dev) * self.k_scale).to(BF16),
+                "v": (torch.randn(b, HV, V, device=dev) * self.v_scale).to(BF16),
+                "a": 0.3 * torch.randn(*gate_shape, device=dev), "b": torch.randn(b, HV, device=dev)}
+
+    def reference(self, state: torch.Tensor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(new float64 state, float64 output)."""
+        ref = ref_kda if self.kda else ref_gdn
+        y, new = ref.sequential_step(state, t["q"], t["k"], t["v"], t["a"], t["b"], self.A_log, self.dt_bias)
+        return new, y
+
+    def decode(self, layer, t: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor, plan) -> None:
+        ops = kda_ops if self.kda else gdn_ops
+        ops.replay_decode(layer, t["q"], t["k"], t["v"], t["a"], t["b"], self.A_log, self.dt_bias,
+                          state_batch_indices=idx, out=out, plan=plan)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -100,16 +161,17 @@ class DriftRun:
         self.config = config
         dims = get_preset(config.model).ssm_dims
         gen = torch.Generator().manual_seed(config.seed)
-        self.stream = _Stream(dims, config.batch, gen, device)
-        b, H, P, N, _ = self.stream.shape
+        self.stream = (_Mamba2Stream if config.family == "mamba2" else _DeltaStream)(dims, config.batch, gen, device)
+        shape = (config.batch, dims.heads, dims.rows)
         self.idx = torch.arange(config.batch, dtype=torch.int32, device=device)
+        fam = family_of(dims)
         self.layers = []
         for spec in config.parsed:
-            layer = family_of(dims).new_cache(dims, 1, config.batch, buffer_len=config.buffer_len,
-                                              state_dtype=spec, device=device).layer(0)
-            plan = mamba2_ops.replay_plan(layer, config.batch, "replay") if device.type == "cuda" else None
-            self.layers.append((layer, plan, torch.empty(b, H, P, dtype=torch.bfloat16, device=device)))
-        self.ref_state = torch.zeros(b, H, P, N, dtype=F64, device=device)
+            layer = fam.new_cache(dims, 1, config.batch, buffer_len=config.buffer_len, state_dtype=spec,
+                                  device=device).layer(0)
+            plan = fam.replay_plan(layer, config.batch, "replay") if device.type == "cuda" else None
+            self.layers.append((layer, plan, torch.empty(shape, dtype=BF16, device=device)))
+        self.ref_state = torch.zeros(*shape, dims.cols, dtype=F64, device=device)
         n = len(self.layers)
         self.out_err = torch.zeros(n, config.steps, dtype=F64, device=device)
         self.state_err = torch.zeros(n, config.steps // config.state_every, dtype=F64, device=device)
@@ -117,14 +179,12 @@ class DriftRun:
         self.k = torch.zeros(1, dtype=torch.long, device=device)          # the next state measurement
 
     def step(self) -> None:
-        s = self.stream
-        x, dt, B, C = s.token()
-        new, y_ref = ref_mamba2.sequential_step(self.ref_state, x, dt, s.A, B, C, s.D, dt_bias=s.dt_bias)
+        tok = self.stream.token()
+        new, y_ref = self.stream.reference(self.ref_state, tok)
         self.ref_state.copy_(new)
         errs = []
         for layer, plan, out in self.layers:
-            mamba2_ops.replay_decode(layer, x, dt, s.A, B, C, D=s.D, z=None, dt_bias=s.dt_bias, dt_softplus=True,
-                                     state_batch_indices=self.idx, out=out, plan=plan)
+            self.stream.decode(layer, tok, self.idx, out, plan)
             errs.append(_rel(out, y_ref))
         self.out_err.index_copy_(1, self.t, torch.stack(errs)[:, None])
         self.t += 1
@@ -139,15 +199,20 @@ def run_drift(config: DriftConfig, device: torch.device | str, progress=None) ->
     """Run the study; returns the results document (``records`` of ``kind: "drift"``). ``progress(done, total)`` is
     called after each state measurement."""
     device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(config.seed)
+    config.check_device(device)
     if device.type == "cuda":  # every spec's kernels at once, on all CPUs (a first call would compile one by one)
         from trtllm_replayssm.core.jit.compiler import compile_all
         from trtllm_replayssm.core.jit.loader import device_arch
 
+        torch.cuda.manual_seed(config.seed)
         dims = get_preset(config.model).ssm_dims
-        compile_all([c for spec in config.parsed for c in mamba2_ops.kernel_configs(dims, spec, torch.bfloat16)],
+        fam = family_of(dims)
+        compile_all([c for spec in config.parsed
+                     for c in fam.kernel_configs(dims, spec if spec.quantized or spec.stochastic_rounding
+                                                 else spec.checkpoint_format.storage_dtype, BF16)],
                     device_arch(device))
+    else:
+        torch.manual_seed(config.seed)
     run = DriftRun(config, device)
     every = config.state_every
     step, measure = run.step, run.measure_state
@@ -173,7 +238,7 @@ def run_drift(config: DriftConfig, device: torch.device | str, progress=None) ->
     for n, spec in enumerate(config.parsed):
         windows = out_err[n].view(-1, every)
         records.append({
-            "kind": "drift", "model": config.model, **spec.to_dict(), "label": spec.label,
+            "kind": "drift", "model": config.model, "family": config.family, **spec.to_dict(), "label": spec.label,
             "steps": config.steps, "batch": config.batch, "L": config.buffer_len, "state_every": every,
             "state_steps": [every * (k + 1) for k in range(state_err.shape[1])],
             "state_rel_err": state_err[n].tolist(),
