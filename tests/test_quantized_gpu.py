@@ -196,3 +196,33 @@ def test_sanitizer_smoke():
     for k in range(L + 1):
         _run(gpu, _step(gen, len(SLOT_IDS)), ids, "flush" if k == L else "replay")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("name", ["nvfp4-dual-fp16", "bf16-sr"])
+def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode):
+    """Served by TensorRT-LLM the master is a strided view of its unified pool (each slot's SSM bytes followed by
+    its conv bytes) and our cache holds the rest: outputs, master, read copy and counters equal a dense cache's."""
+    gen = torch.Generator().manual_seed(11)
+    spec = SPECS[name]
+    dense = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
+    dense.checkpoint().store_(torch.arange(SLOTS, device="cuda"), random_state(SLOTS, DIMS, "fp32", gen, "cuda"))
+    dense.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32, device="cuda") % L)
+    ssm_bytes = dense.state[0].numel() * dense.state.element_size()
+    pool = torch.zeros(SLOTS, ssm_bytes + 2 * 4 * 64 * 2, dtype=torch.uint8, device="cuda")
+    master = pool[:, :ssm_bytes].view(dense.state.dtype).view(dense.state.shape)
+    assert not master.is_contiguous()
+    served = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda", checkpoints=False)
+    layer = served.with_checkpoint(0, master)
+    master.copy_(dense.state)
+    for key, t in dense.tensors().items():
+        if key != "state":
+            layer.tensors()[key].copy_(t)
+    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
+    for _ in range(2 * L):
+        step = _step(gen, len(SLOT_IDS))
+        assert torch.equal(_run(layer, step, ids, mode), _run(dense, step, ids, mode))
+    assert torch.equal(master, dense.state)
+    for key, t in dense.tensors().items():
+        if key != "state":
+            assert torch.equal(layer.tensors()[key], t), key
