@@ -46,10 +46,6 @@ constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
 constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
-// Non-flush rows read NVFP4 on the tensor cores (mma_nonflush_dot) where a warp holds 16 rows of 64..512 columns.
-constexpr bool kMmaNonflush = kStored && (kDual ? READ_FMT : MASTER_FMT) == rssm::kFmtNvfp4 &&
-                              PT / rssm::kNumWarps == 16 && N % 64 == 0 &&
-                              (rssm::IsSame<act_t, __half>::value || rssm::IsSame<act_t, __nv_bfloat16>::value);
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && P % PT == 0 && PT <= rssm::kThreads,
@@ -664,61 +660,6 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
   return dot_lane;
 }
 
-// S·C of the warp's 16 NVFP4 rows in `stage` on the tensor cores; row r's value (times its second-level scale) on lane
-// r. m16n8k16 in act_t: A = 16 rows × 16 columns of E2M1 values times their block scales (exact in fp16 and bf16),
-// B = C in all 8 columns (only column 0 is read). The k order is the lane's: lane (g = lane / 4, t = lane % 4) holds
-// columns 32t .. of rows g and g + 8 (N / 8 bytes each, one load) and feeds its four columns 32t + 4j .. of k-tile j
-// as k slots 2t, 2t+1 (columns 0, 1) and 2t+8, 2t+9 (columns 2, 3); B's lanes with the same t hold the same columns,
-// so no cross-lane reduction is left after the mma.
-__device__ __forceinline__ float mma_nonflush_dot(const unsigned char* stage, const act_t* C_s) {
-  constexpr int kLaneCols = N / 4, kLaneWords = kLaneCols / 8, kLaneBlocks = kLaneCols / rssm::kNvfp4Block;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
-  const int g = lane / 4, t = lane % 4;
-  const ReadRows rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * 16);
-  unsigned int cw[kLaneCols / 2];  // C of the lane's columns, act_t pairs
-  const uint4* c_src = reinterpret_cast<const uint4*>(C_s + t * kLaneCols);
-#pragma unroll
-  for (int i = 0; i < kLaneCols / 8; ++i) {
-    const uint4 v = c_src[i];
-    cw[4 * i] = v.x, cw[4 * i + 1] = v.y, cw[4 * i + 2] = v.z, cw[4 * i + 3] = v.w;
-  }
-  unsigned int codes[2][kLaneWords], bscale[2][kLaneBlocks];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = g + 8 * h;
-    const uint4* src = reinterpret_cast<const uint4*>(rows.data + r * ReadRows::kDataBytes + t * (kLaneCols / 2));
-    if constexpr (kLaneWords == 2) {
-      const uint2 v = *reinterpret_cast<const uint2*>(src);
-      codes[h][0] = v.x, codes[h][1] = v.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kLaneWords / 4; ++i) {
-        const uint4 v = src[i];
-        codes[h][4 * i] = v.x, codes[h][4 * i + 1] = v.y, codes[h][4 * i + 2] = v.z, codes[h][4 * i + 3] = v.w;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kLaneBlocks; ++k)
-      bscale[h][k] = rssm::e4m3_to_pair<act_t>(rows.block[r * ReadRows::kBlockBytes + t * kLaneBlocks + k]);
-  }
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < N / 16; ++j) {
-    unsigned int a[4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned int lo, hi;
-      rssm::e2m1x4_to_pairs<act_t>(codes[h][j / 2] >> (16 * (j % 2)), lo, hi);
-      a[h] = rssm::mul_pairs<act_t>(lo, bscale[h][j / 4]);
-      a[2 + h] = rssm::mul_pairs<act_t>(hi, bscale[h][j / 4]);
-    }
-    rssm::mma_16x8x16<act_t>(d, a, cw[2 * j], cw[2 * j + 1]);
-  }
-  const float row_lo = __shfl_sync(0xffffffffu, d[0], 4 * (lane % 8));  // rows g (lanes 0..7) and g + 8
-  const float row_hi = __shfl_sync(0xffffffffu, d[2], 4 * (lane % 8));
-  return lane < 16 ? (lane < 8 ? row_lo : row_hi) * rows.scale[lane] : 0.f;
-}
-
 // One consumer warp's rows (warp * kRowsPerWarp ...) of the tile in `stage` (complete). Lane r finishes row r:
 // y = gate (scale S·C + extra), extra = D x (+ Σ_{j<=w} coef_j x_j for non-flush rows). Non-flush: S is the
 // checkpoint (never written), scale = decay, appends x. Flush: S is the folded new checkpoint (stored), scale = 1.
@@ -762,9 +703,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
-    if constexpr (kMmaNonflush) {
-      dot_lane = mma_nonflush_dot(stage, reinterpret_cast<const act_t*>(stage + lay.C));
-    } else if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
+    if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
       // Decoding leaves little issue slack: one transposed reduction for the warp's rows (lane r: row r).
       const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);
       float part[kRowsPerWarp];

@@ -15,8 +15,6 @@ constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in t
 template <bool kCond, class A, class B> struct Conditional { using type = A; };
 template <class A, class B> struct Conditional<false, A, B> { using type = B; };
 template <bool kCond, class A, class B> using conditional_t = typename Conditional<kCond, A, B>::type;
-template <class A, class B> struct IsSame { static constexpr bool value = false; };
-template <class A> struct IsSame<A, A> { static constexpr bool value = true; };
 
 // ---------------------------------------------------------------------------------------------- dtype codecs
 __device__ __forceinline__ float to_float(float v) { return v; }

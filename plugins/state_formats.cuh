@@ -85,75 +85,20 @@ __device__ __forceinline__ float2 e2m1x2_to_float2_scaled(unsigned int byte) {
 }
 constexpr float kE2m1Unscale = 16384.f;  // 2^14
 
-
-// Four E2M1 codes (bits 0..15) as two pairs of T (__half or __nv_bfloat16) holding their exact values, as raw words
-// (element 0 in the low half of `lo`): the fp16 table needs the high byte only, bf16 a high and a low byte per value.
-template <typename T>
-__device__ __forceinline__ void e2m1x4_to_pairs(unsigned int codes, unsigned int& lo, unsigned int& hi) {
-  const unsigned int sel = codes & 0x7777u;
-  unsigned int a, b;
-  if constexpr (IsSame<T, __half>::value) {
-    const unsigned int mags = __byte_perm(0x3E3C3800u, 0x46444240u, sel);  // fp16 high bytes of 0 .. 6
-    a = __byte_perm(mags, 0u, 0x1404u);
-    b = __byte_perm(mags, 0u, 0x3424u);
-  } else {
-    const unsigned int high = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);  // bf16 high bytes of 0 .. 6
-    const unsigned int low = __byte_perm(0xC0800000u, 0xC0804000u, sel);   // and low bytes
-    a = __byte_perm(low, high, 0x5140u);
-    b = __byte_perm(low, high, 0x7362u);
-  }
+// Four E2M1 codes (bits 0..15, element 0 lowest) as two fp16 pairs of their exact values: a byte permute looks the
+// magnitudes' fp16 high bytes up in an eight-byte table, two more place them, and two sign-replicating permutes of
+// the codes give the sign bits (element 0's sign is bit 3, brought to a byte's top by the shift).
+__device__ __forceinline__ void e2m1x4_to_half2x2(unsigned int codes, __half2& lo, __half2& hi) {
+  constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
+  const unsigned int mags = __byte_perm(kLutLo, kLutHi, codes & 0x7777u);
   const unsigned int c = codes & 0xffffu, shifted = c << 4;
   unsigned int signs_lo, signs_hi;  // bytes 1 / 3: 0xFF where element 0 / 1 (2 / 3) is negative
   asm("prmt.b32 %0, %1, %2, 0xC686;" : "=r"(signs_lo) : "r"(shifted), "r"(c));
   asm("prmt.b32 %0, %1, %2, 0xD696;" : "=r"(signs_hi) : "r"(shifted), "r"(c));
-  lo = a | (signs_lo & 0x80008000u);
-  hi = b | (signs_hi & 0x80008000u);
-}
-
-// Four E2M1 codes as two fp16 pairs of their exact values (e2m1x4_to_pairs).
-__device__ __forceinline__ void e2m1x4_to_half2x2(unsigned int codes, __half2& lo, __half2& hi) {
-  unsigned int a, b;
-  e2m1x4_to_pairs<__half>(codes, a, b);
+  const unsigned int a = __byte_perm(mags, 0u, 0x1404u) | (signs_lo & 0x80008000u);
+  const unsigned int b = __byte_perm(mags, 0u, 0x3424u) | (signs_hi & 0x80008000u);
   lo = *reinterpret_cast<const __half2*>(&a);
   hi = *reinterpret_cast<const __half2*>(&b);
-}
-
-// An E4M3 code's value in both halves of a T pair (exact in fp16 and bf16), as a raw word.
-template <typename T>
-__device__ __forceinline__ unsigned int e4m3_to_pair(unsigned int code) {
-  if constexpr (IsSame<T, __half>::value) {
-    unsigned int h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(code * 0x101u)));
-    return h2;
-  } else {
-    const __nv_bfloat162 v = __float2bfloat162_rn(e4m3_to_float(code));
-    return *reinterpret_cast<const unsigned int*>(&v);
-  }
-}
-
-// The product of two T pairs (raw words), rounded to T: exact for an E2M1 value times an E4M3 scale.
-template <typename T>
-__device__ __forceinline__ unsigned int mul_pairs(unsigned int a, unsigned int b) {
-  using T2 = conditional_t<IsSame<T, __half>::value, __half2, __nv_bfloat162>;
-  const T2 r = __hmul2(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
-  return *reinterpret_cast<const unsigned int*>(&r);
-}
-
-// d += A·B on the tensor cores: m16n8k16, A row-major and B column-major in T (fp16 or bf16) pairs, fp32 d.
-template <typename T>
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
-                                            unsigned int b1) {
-  if constexpr (IsSame<T, __half>::value) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 // ---------------------------------------------------------------------------------------------- power-of-two scales

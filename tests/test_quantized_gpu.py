@@ -226,34 +226,3 @@ def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode):
     for key, t in dense.tensors().items():
         if key != "state":
             assert torch.equal(layer.tensors()[key], t), key
-
-
-@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-dual-fp16", "nvfp4-dual-bf16"])
-def test_tensor_core_nonflush_rows_follow_the_reference(name, act):
-    """64-row tiles (16 rows per warp) read NVFP4 non-flush rows on the tensor cores (mma_nonflush_dot): outputs
-    follow the reference over three staggered cycles, in bf16 and fp16 activations."""
-    from trtllm_replayssm.core.plans import Tuning
-
-    spec = SPECS[name]
-    gen = torch.Generator().manual_seed(9)
-    layers = [FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, act_dtype=act, device=d).layer(0)
-              for d in ("cpu", "cuda")]
-    cpu, gpu = layers
-    cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, DIMS, "fp32", gen, "cpu"))
-    cpu.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32) % L)
-    for key, t in cpu.tensors().items():
-        gpu.tensors()[key].copy_(t)
-    ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
-    live = [i for i, s in enumerate(SLOT_IDS) if s >= 0]
-    plan = FAM.replay_plan(gpu, len(SLOT_IDS), "replay", Tuning(rows_per_cta=64))
-    assert plan.rows_per_cta == 64
-    for k in range(3 * L):
-        step = mamba2_step(DIMS, len(SLOT_IDS), gen, "cpu", act_dtype=act)
-        args, kwargs = step.op_args()
-        want = FAM.replay_decode(cpu, *args, **kwargs, state_batch_indices=ids, mode="replay")
-        g_args = tuple(a.cuda() for a in args)
-        g_kwargs = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in kwargs.items()}
-        got = FAM.replay_decode(gpu, *g_args, **g_kwargs, state_batch_indices=ids.cuda(), plan=plan).cpu()
-        assert got[1].abs().max() == 0
-        assert _rel(got[live], want[live]) < 0.02, (k, _rel(got[live], want[live]))
