@@ -185,3 +185,34 @@ def test_delta_rule_verify_checks():
     with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
         ref_gdn.commit_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
                         torch.tensor([4]), idx, PAD, window=3)
+
+
+# ------------------------------------------------------------------------------------------------ conv window
+@pytest.mark.parametrize("T,width", [(1, 4), (3, 4), (8, 4), (4, 2)])
+def test_conv_window_equals_sequential_conv_of_the_accepted_tokens(T, width):
+    """The causal conv1d of a speculative window (``lab/layers/reference.py``): each token's output equals
+    sequential conv steps, and the committed conv state is the sequential one after exactly the accepted tokens."""
+    from trtllm_replayssm.lab.layers import reference as layers_ref
+
+    gen = torch.Generator().manual_seed(T * 10 + width)
+    batch, C = 5, 12
+    weight = torch.randn(C, 1, width, generator=gen)
+    bias = torch.randn(C, generator=gen)
+    state = torch.randn(batch, C, width - 1, generator=gen)
+    seq_state = state.clone()
+    for _ in range(6):
+        x = torch.randn(batch, T, C, generator=gen)
+        y = layers_ref.conv1d_verify(x, state, weight, bias, silu=True)
+        accepted = torch.randint(1, T + 1, (batch,), generator=gen)
+        accepted[0], accepted[1] = T, 1
+        for b in range(batch):
+            st = seq_state[b:b + 1].clone()
+            for t in range(T):  # every window position matches a sequential step (accepted or not)
+                assert torch.allclose(layers_ref.conv1d_update_(x[b:b + 1, t], st, weight, bias, True)[0], y[b, t],
+                                      atol=1e-6)
+                if t + 1 == int(accepted[b]):
+                    seq_state[b] = st[0]
+        layers_ref.conv1d_commit_(state, x, accepted)
+        assert torch.equal(state, seq_state)
+    with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
+        layers_ref.conv1d_commit_(state, torch.zeros(batch, 3, C), torch.zeros(batch, dtype=torch.long))

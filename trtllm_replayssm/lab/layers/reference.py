@@ -51,6 +51,33 @@ def conv1d_update_(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tens
     return F.silu(y) if silu else y
 
 
+def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  silu: bool) -> torch.Tensor:
+    """A speculative window of a causal depthwise conv: ``x [b, T, C]`` (the window's tokens), ``conv_state
+    [b, C, W-1]`` (not written: :func:`conv1d_commit_` keeps the accepted prefix). Returns ``[b, T, C]``, token t's
+    conv over the committed inputs and the window's tokens up to t, as :func:`conv1d_update_` would give them."""
+    width = weight.shape[-1]
+    inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
+    windows = inputs.unfold(-1, width, 1)                                                        # [b, C, T, W]
+    y = (windows.float() * weight.reshape(weight.shape[0], 1, -1).float()).sum(-1).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.float()
+    y = y.to(x.dtype)
+    return F.silu(y) if silu else y
+
+
+def conv1d_commit_(conv_state: torch.Tensor, x: torch.Tensor, accepted: torch.Tensor) -> None:
+    """After a verify of ``x [b, T, C]``: each row's conv state becomes the last W-1 inputs up to its accepted count
+    (``accepted [b]``, 1 .. T), in place; the rejected tokens leave no trace."""
+    keep = conv_state.shape[-1]
+    inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
+    a = accepted.to(torch.long)
+    if ((a < 1) | (a > x.shape[1])).any():
+        raise ValueError(f"accepted: expected 1..{x.shape[1]} per row, got {accepted.tolist()}")
+    cols = (a[:, None] + torch.arange(keep, device=a.device)[None, :])[:, None, :]              # [b, 1, W-1]
+    conv_state.copy_(inputs.gather(-1, cols.expand(-1, inputs.shape[1], -1)))
+
+
 def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     """``relu2``: ``relu(a)^2``; ``swiglu``: ``silu(a) * b``."""
     if kind == "relu2":
