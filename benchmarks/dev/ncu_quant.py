@@ -23,7 +23,7 @@ spec = parse_state_label(label)
 fam = family_of(shape.dims)
 layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=L, state_dtype=spec, device=dev).layer(0)
 idx = slot_indices(batch, gen, dev)
-fill_layer_(layer, shape, spec.checkpoint_format.name, idx, L, gen, {"cycle": L, "nonflush": L - 1, "flush": 1}[phase])
+fill_layer_(layer, shape, idx, L, gen, {"cycle": L, "nonflush": L - 1, "flush": 1}[phase])
 if phase == "flush":
     layer.cursor[idx.long()] = L - 1
 step = mamba2_step(shape.dims, batch, gen, dev)

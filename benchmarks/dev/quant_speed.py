@@ -37,7 +37,7 @@ def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
     for _ in range(n):
         layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=L, state_dtype=spec, device=dev).layer(0)
         idx = slot_indices(batch, gen, dev)
-        fill_layer_(layer, shape, spec.checkpoint_format.name, idx, L, gen, L - 1 if nonflush else L)
+        fill_layer_(layer, shape, idx, L, gen, L - 1 if nonflush else L)
         out.append((layer, idx, layer.cursor.clone()))
     return out
 

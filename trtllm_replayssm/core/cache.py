@@ -311,7 +311,7 @@ def _checkpoint(spec: StateSpec, slots: int, shape: tuple[int, int, int], device
     if not checkpoints and fmt.quantized:
         raise ValueError(f"checkpoints: a {spec.label} checkpoint ({fmt.name}) is stored in the cache, so it needs "
                          "checkpoints=True")
-    if spec.mode == "plain" and not spec.stochastic_rounding:
+    if not spec.stored:
         return {"state": torch.zeros(slots, *shape, dtype=fmt.storage_dtype, device=device) if checkpoints else None}
     storage = Checkpoint.allocate(spec, slots, shape, device, seed=seed, master_slots=slots if checkpoints else 0)
     return {"state": storage.master.data if checkpoints else None, "storage": storage}

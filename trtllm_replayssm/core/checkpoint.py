@@ -127,8 +127,10 @@ class Checkpoint:
         """float32 checkpoints a flush folds from (the master)."""
         return self.master.decode(slots)
 
-    def store_(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """A flush's write: the master and the read copy from the same float32 ``values``, then count the flush."""
+    def store_(self, slots: torch.Tensor, values: torch.Tensor, write_master: bool = True) -> None:
+        """A flush's write: the master and the read copy from the same float32 ``values``, then count the flush.
+        ``write_master=False``: the master already holds ``values`` (someone else wrote it, e.g. a prefill into
+        TensorRT-LLM's pool); only the read copy and the count follow."""
         u_master = u_read = None
         if self.flushes is not None:
             n = self.flushes[slots].long()
@@ -137,10 +139,10 @@ class Checkpoint:
             if self.read is not None:
                 u_read = quant.sr_uniforms(values.shape, slots, n, self.seed, READ_STREAM, values.device)
             self.flushes[slots] = (n + 1).to(torch.int32)
-        self.master.encode_(slots, values, u_master)
+        if write_master:
+            self.master.encode_(slots, values, u_master)
         if self.read is not None:
             self.read.encode_(slots, values, u_read)
-
 
     def op_tensors(self) -> tuple[torch.Tensor | None, ...]:
         """The master data and the tensors of :data:`OP_TENSORS`, as a custom op takes them (FP8 tensors as uint8

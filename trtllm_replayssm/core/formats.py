@@ -142,6 +142,12 @@ class StateSpec:
     def quantized(self) -> bool:
         return self.mode != "plain"
 
+    @property
+    def stored(self) -> bool:
+        """Whether the checkpoint keeps storage besides a plain pool (quantized, dual, stochastic rounding): the
+        stored-checkpoint ops and kernels (Mamba-2 on CUDA)."""
+        return self.quantized or self.stochastic_rounding
+
     def row_bytes(self, cols: int) -> int:
         """Bytes one state row occupies: the checkpoint plus, in dual mode, the read copy."""
         extra = self.read_format.row_bytes(cols) if self.dual else 0

@@ -29,8 +29,7 @@ import torch
 
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import StateSpec, parse_state_label
-from trtllm_replayssm.core.ops import gdn as gdn_ops, kda as kda_ops, mamba2 as mamba2_ops
-from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref_mamba2
+from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
 from trtllm_replayssm.serving.presets import get_preset
 
 DEFAULT_SPECS = ("fp32", "bf16", "fp16", "fp16+sr", "fp8", "fp8+sr", "fp8/dual/fp32", "nvfp4", "nvfp4/dual/fp32",
@@ -71,7 +70,7 @@ class DriftConfig:
 
     def check_device(self, device: torch.device) -> None:
         """ValueError where ``device`` has no kernels for a spec (quantized or stochastically rounded GDN/KDA)."""
-        stored = [s.label for s in self.parsed if s.quantized or s.stochastic_rounding]
+        stored = [s.label for s in self.parsed if s.stored]
         if device.type == "cuda" and self.family != "mamba2" and stored:
             raise ValueError(f"specs: {', '.join(stored)} on {self.family} have no CUDA kernels yet; run them on "
                              "the CPU (device='cpu', slow) or drop them")
@@ -86,7 +85,8 @@ def _log_uniform(gen: torch.Generator, lo: float, hi: float, *shape: int) -> tor
 
 
 class _Mamba2Stream:
-    """A Mamba-2 layer's constants and tokens, drawn on ``device`` from the default generator there."""
+    """A Mamba-2 layer's constants and per-token steps (``Mamba2Step``), drawn on ``device`` from the default
+    generator there."""
 
     def __init__(self, dims, batch: int, gen: torch.Generator, device: torch.device):
         H, P, N, G = dims.nheads, dims.head_dim, dims.d_state, dims.n_groups
@@ -98,25 +98,19 @@ class _Mamba2Stream:
         self.B_scale = (_log_normal(gen, 1, G, N) / math.sqrt(N)).to(device)
         self.C_scale = (_log_normal(gen, 1, G, N) / math.sqrt(N)).to(device)
 
-    def token(self) -> dict[str, torch.Tensor]:
+    def token(self) -> Mamba2Step:
         b, H, P, N, G = self.shape
         dev = self.device
-        return {"x": (torch.randn(b, H, P, device=dev) * self.x_scale).to(BF16),
-                "dt": 0.5 * torch.randn(b, H, device=dev),
-                "B": (torch.randn(b, G, N, device=dev) * self.B_scale).to(BF16),
-                "C": (torch.randn(b, G, N, device=dev) * self.C_scale).to(BF16)}
-
-    def reference(self, state: torch.Tensor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(new float64 state, float64 output)."""
-        return ref_mamba2.sequential_step(state, t["x"], t["dt"], self.A, t["B"], t["C"], self.D, dt_bias=self.dt_bias)
-
-    def decode(self, layer, t: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor, plan) -> None:
-        mamba2_ops.replay_decode(layer, t["x"], t["dt"], self.A, t["B"], t["C"], D=self.D, z=None,
-                                 dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=idx, out=out, plan=plan)
+        return Mamba2Step(x=(torch.randn(b, H, P, device=dev) * self.x_scale).to(BF16),
+                          dt=0.5 * torch.randn(b, H, device=dev), A=self.A,
+                          B=(torch.randn(b, G, N, device=dev) * self.B_scale).to(BF16),
+                          C=(torch.randn(b, G, N, device=dev) * self.C_scale).to(BF16), D=self.D,
+                          dt_bias=self.dt_bias)
 
 
 class _DeltaStream:
-    """A GDN or KDA layer's constants and tokens, drawn on ``device`` from the default generator there."""
+    """A GDN or KDA layer's constants and per-token steps (``DeltaStep``), drawn on ``device`` from the default
+    generator there."""
 
     def __init__(self, dims, batch: int, gen: torch.Generator, device: torch.device):
         self.kda = dims.per_channel_gate
@@ -128,25 +122,15 @@ class _DeltaStream:
         self.q_scale, self.k_scale = _log_normal(gen, 1, H, K).to(device), _log_normal(gen, 1, H, K).to(device)
         self.v_scale = _log_normal(gen, 1, HV, V).to(device)
 
-    def token(self) -> dict[str, torch.Tensor]:
+    def token(self) -> DeltaStep:
         b, H, HV, K, V = self.shape
         dev = self.device
         gate_shape = (b, HV, K) if self.kda else (b, HV)
-        return {"q": (torch.randn(b, H, K, device=dev) * self.q_scale).to(BF16),
-                "k": (torch.randn(b, H, K, device=dev) * self.k_scale).to(BF16),
-                "v": (torch.randn(b, HV, V, device=dev) * self.v_scale).to(BF16),
-                "a": 0.3 * torch.randn(*gate_shape, device=dev), "b": torch.randn(b, HV, device=dev)}
-
-    def reference(self, state: torch.Tensor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(new float64 state, float64 output)."""
-        ref = ref_kda if self.kda else ref_gdn
-        y, new = ref.sequential_step(state, t["q"], t["k"], t["v"], t["a"], t["b"], self.A_log, self.dt_bias)
-        return new, y
-
-    def decode(self, layer, t: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor, plan) -> None:
-        ops = kda_ops if self.kda else gdn_ops
-        ops.replay_decode(layer, t["q"], t["k"], t["v"], t["a"], t["b"], self.A_log, self.dt_bias,
-                          state_batch_indices=idx, out=out, plan=plan)
+        return DeltaStep(q=(torch.randn(b, H, K, device=dev) * self.q_scale).to(BF16),
+                         k=(torch.randn(b, H, K, device=dev) * self.k_scale).to(BF16),
+                         v=(torch.randn(b, HV, V, device=dev) * self.v_scale).to(BF16),
+                         a=0.3 * torch.randn(*gate_shape, device=dev), b=torch.randn(b, HV, device=dev),
+                         A_log=self.A_log, dt_bias=self.dt_bias)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -164,7 +148,7 @@ class DriftRun:
         self.stream = (_Mamba2Stream if config.family == "mamba2" else _DeltaStream)(dims, config.batch, gen, device)
         shape = (config.batch, dims.heads, dims.rows)
         self.idx = torch.arange(config.batch, dtype=torch.int32, device=device)
-        fam = family_of(dims)
+        self.fam = fam = family_of(dims)
         self.layers = []
         for spec in config.parsed:
             layer = fam.new_cache(dims, 1, config.batch, buffer_len=config.buffer_len, state_dtype=spec,
@@ -179,12 +163,13 @@ class DriftRun:
         self.k = torch.zeros(1, dtype=torch.long, device=device)          # the next state measurement
 
     def step(self) -> None:
-        tok = self.stream.token()
-        new, y_ref = self.stream.reference(self.ref_state, tok)
+        step = self.stream.token()
+        y_ref, new = self.fam.reference_step(self.ref_state, step)
         self.ref_state.copy_(new)
+        args, kwargs = step.op_args()
         errs = []
         for layer, plan, out in self.layers:
-            self.stream.decode(layer, tok, self.idx, out, plan)
+            self.fam.replay_decode(layer, *args, **kwargs, state_batch_indices=self.idx, out=out, plan=plan)
             errs.append(_rel(out, y_ref))
         self.out_err.index_copy_(1, self.t, torch.stack(errs)[:, None])
         self.t += 1
@@ -203,13 +188,10 @@ def run_drift(config: DriftConfig, device: torch.device | str, progress=None) ->
     if device.type == "cuda":  # every spec's kernels at once, on all CPUs (a first call would compile one by one)
         from trtllm_replayssm.core.jit.compiler import compile_all
         from trtllm_replayssm.core.jit.loader import device_arch
+        from trtllm_replayssm.serving.catalog import spec_configs
 
         torch.cuda.manual_seed(config.seed)
-        dims = get_preset(config.model).ssm_dims
-        fam = family_of(dims)
-        compile_all([c for spec in config.parsed
-                     for c in fam.kernel_configs(dims, spec if spec.quantized or spec.stochastic_rounding
-                                                 else spec.checkpoint_format.storage_dtype, BF16)],
+        compile_all([c for spec in config.parsed for c in spec_configs(get_preset(config.model), spec, BF16)],
                     device_arch(device))
     else:
         torch.manual_seed(config.seed)

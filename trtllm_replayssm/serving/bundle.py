@@ -41,7 +41,7 @@ def build_refusal(state: StateSpec, family: str) -> str | None:
     checkpoints rounded to nearest (every family); for Mamba-2 also stochastic rounding and dual mode with an
     fp32/fp16/bf16 master (TensorRT-LLM's pool holds the master, the read copy lives in our cache). A shared fp8/nvfp4
     checkpoint or an fp8 master cannot be TensorRT-LLM's pool (fp32/fp16/bf16 only)."""
-    if not (state.quantized or state.stochastic_rounding):
+    if not state.stored:
         return None
     if family != "mamba2":
         return (f"{state.label} state: quantized and stochastically rounded checkpoints have CUDA kernels for Mamba-2 "

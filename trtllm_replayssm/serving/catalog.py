@@ -23,8 +23,7 @@ def spec_configs(spec: ModelSpec, state: str | torch.dtype | StateSpec, act_dtyp
     dtype or a stored checkpoint spec (Mamba-2)."""
     dims = spec.ssm_dims.local(tp_size)
     st = state_spec(state, arg="state")
-    stored = st.quantized or st.stochastic_rounding
-    return family_of(dims).kernel_configs(dims, st if stored else torch_dtype(st.format, "state"),
+    return family_of(dims).kernel_configs(dims, st if st.stored else torch_dtype(st.format, "state"),
                                           torch_dtype(act_dtype, "act_dtype"))
 
 

@@ -383,7 +383,7 @@ def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Te
     launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as :func:`replay_decode`.
     Stochastic rounding on CUDA needs the replay op's per-slot counters: use ``replay_decode(mode='flush')``."""
     idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
-    stored = isinstance(state, Checkpoint) and (state.spec.quantized or state.spec.stochastic_rounding)
+    stored = isinstance(state, Checkpoint) and state.spec.stored
     if stored and state.device.type == "cuda":
         chk.check_stored_for_kernels(state)
         if state.spec.stochastic_rounding:

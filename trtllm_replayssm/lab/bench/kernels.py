@@ -51,7 +51,7 @@ class KernelBenchConfig:
         if not self.state_dtypes:
             raise ValueError("state_dtypes: expected at least one state (fp32, bf16, fp8, nvfp4/dual/fp16, ...)")
         specs = [parse_state_label(sd, arg="state_dtypes") for sd in self.state_dtypes]
-        stored = [s.label for s in specs if stored_spec(s)]
+        stored = [s.label for s in specs if s.stored]
         if stored and any(f != "mamba2" for f in self.families):
             raise ValueError(f"state_dtypes: {', '.join(stored)}: quantized and stochastically rounded checkpoints "
                              f"have kernels for Mamba-2 only; run them with --family mamba2")
@@ -88,11 +88,6 @@ class Record:
     state_mode: str = "plain"
     master_format: str | None = None
     stochastic_rounding: bool = False
-
-
-def stored_spec(spec: StateSpec) -> bool:
-    """Whether ``spec`` keeps storage besides a plain pool (quantized, dual, stochastic rounding): Mamba-2 kernels."""
-    return spec.quantized or spec.stochastic_rounding
 
 
 def _modes(shape: BenchShape, batch: int, state_dtype: StateSpec, buffer_len: int,
@@ -187,7 +182,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
     else:
         builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, spec, step, n_pools, gen,
                                                                       device)))
-    if config.peers and stored_spec(spec):
+    if config.peers and spec.stored:
         skipped.append(dict(family=shape.family, model=shape.model, impl="peers", batch=batch, state_dtype=sd,
                             mode=None, reason=f"no peer adapter times a {spec.label} state"))
     elif config.peers:

@@ -28,15 +28,21 @@ def planned_mode(shape: BenchShape, batch: int, state_dtype: str | StateSpec, bu
     return fam.replay_plan(probe.layer(0), batch, mode, tuning).mode
 
 
-def fill_layer_(layer, shape: BenchShape, state_dtype: str, idx: torch.Tensor, buffer_len: int,
-                gen: torch.Generator, cursor_period: int | None = None) -> None:
-    """Random checkpoint (a stored one encoded as a flush writes it), valid ring records, staggered cursors
-    ``row % cursor_period`` (default L: whole cycles; L - 1: non-flush steps only) for the batch rows' slots."""
+def fill_checkpoints_(layer, shape: BenchShape, gen: torch.Generator) -> None:
+    """Random checkpoints in every slot of ``layer`` (a stored one encoded as a flush writes it)."""
+    dev = layer.state.device
     if layer.storage is None:
-        layer.state.copy_(random_state(layer.state.shape[0], shape.dims, state_dtype, gen, layer.state.device))
+        layer.state.copy_(random_state(layer.slots, shape.dims, layer.state.dtype, gen, dev))
     else:
-        slots = torch.arange(layer.slots, device=layer.state.device)
-        layer.checkpoint().store_(slots, random_state(layer.slots, shape.dims, "fp32", gen, layer.state.device))
+        layer.checkpoint().store_(torch.arange(layer.slots, device=dev),
+                                  random_state(layer.slots, shape.dims, "fp32", gen, dev))
+
+
+def fill_layer_(layer, shape: BenchShape, idx: torch.Tensor, buffer_len: int, gen: torch.Generator,
+                cursor_period: int | None = None) -> None:
+    """Random checkpoints (:func:`fill_checkpoints_`), valid ring records, staggered cursors ``row % cursor_period``
+    (default L: whole cycles; L - 1: non-flush steps only) for the batch rows' slots."""
+    fill_checkpoints_(layer, shape, gen)
     fill_rings_(layer, gen)
     layer.cursor.zero_()
     layer.arrive.zero_()
@@ -58,7 +64,7 @@ def replay_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, ste
         layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=buffer_len, state_dtype=spec,
                               device=device).layer(0)
         idx = slot_indices(batch, gen, device)
-        fill_layer_(layer, shape, spec.checkpoint_format.name, idx, buffer_len, gen)
+        fill_layer_(layer, shape, idx, buffer_len, gen)
         plan = fam.replay_plan(layer, batch, mode, tuning)
         calls.append(lambda layer=layer, idx=idx, plan=plan: fam.replay_decode(
             layer, *args, **kwargs, state_batch_indices=idx, out=out, plan=plan))
@@ -76,11 +82,10 @@ def baseline_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, s
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
     for _ in range(n_pools):
-        if spec.quantized or spec.stochastic_rounding:
+        if spec.stored:
             layer = fam.new_cache(shape.dims, 1, batch + 1, state_dtype=spec, device=device).layer(0)
+            fill_checkpoints_(layer, shape, gen)
             state = layer.checkpoint()
-            state.store_(torch.arange(batch + 1, device=device),
-                         random_state(batch + 1, shape.dims, "fp32", gen, device))
         else:
             state = random_state(batch + 1, shape.dims, spec.format, gen, device)
         idx = slot_indices(batch, gen, device)

@@ -81,7 +81,7 @@ class ModelReplayCache:
             if state.checkpoint_format.quantized:
                 raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
                                  "cannot be it")
-            if (state.dual or state.stochastic_rounding) and self.family.name != "mamba2":
+            if state.stored and self.family.name != "mamba2":
                 raise ValueError(f"state: {state.label} has CUDA kernels for Mamba-2 only, not {self.family.name}")
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
@@ -161,15 +161,15 @@ class ModelReplayCache:
 
     def prefill_written(self, layer_id: int, state: torch.Tensor, context_slots: torch.Tensor) -> None:
         """After upstream's prefill wrote ``state`` (the master) for ``context_slots`` this step: with a stored spec,
-        the read copy is encoded from it and the flush counted (the write rule: the master's values are kept, being
-        representable); nothing for a plain checkpoint. Device-side only; prefill steps are never captured."""
+        the read copy is encoded from it and the write counted (the write rule, the master left as upstream wrote
+        it); nothing for a plain checkpoint. Device-side only; prefill steps are never captured."""
         self._check_in_step("prefill_written")
         layer = self.layer(layer_id, state)
         if layer.storage is None or context_slots.numel() == 0:
             return
         ids = context_slots.to(torch.long)
         checkpoint = layer.checkpoint()
-        checkpoint.store_(ids, checkpoint.fold_values(ids))
+        checkpoint.store_(ids, checkpoint.fold_values(ids), write_master=False)
 
     def decode_slots(self, decode_state_indices: torch.Tensor) -> torch.Tensor:
         """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks)."""
