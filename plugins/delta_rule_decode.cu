@@ -619,7 +619,7 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
   constexpr int kRingKeyBytes = kK * int(sizeof(kring_t));
   unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
   int folds = 0;
-  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info, unsigned long long*) {
     const int w = info < 0 ? -info - 1 : info;
     if (lane == 0 && c.hv == 0 && c.row0 == 0) p.cursor[slot] = info < 0 ? 0 : w + 1;  // prep has read it
     rssm::cp_async_words(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * rec_len(p.L),

@@ -514,15 +514,22 @@ __host__ __device__ constexpr StageLayout stage_layout(int L) {
 __host__ __device__ constexpr int fold_buffer_bytes(int L) { return round16(L * N * int(sizeof(act_t))); }
 
 struct TileCoord {
-  int b, head, row0;
+  int b, head, group, row0;
 };
 
-// Tile t of the replay: batch row, head and first state row (row tiles fastest, then heads, then batch rows).
-__device__ __forceinline__ TileCoord tile_coord(const Mamba2Params& p, int t) {
-  constexpr int kRowTiles = P / PT;
-  const int hb = t / kRowTiles;
-  return {hb / p.nheads, hb % p.nheads, (t % kRowTiles) * PT};
-}
+// Tile t of the replay: batch row, head, its group and first state row (row tiles fastest, then heads, then batch
+// rows), by multiplies: one per kernel thread.
+struct TileMap {
+  rssm::FastDiv by_heads, by_group_heads;
+  int nheads, group_heads;
+  __device__ explicit TileMap(const Mamba2Params& p)
+      : by_heads(p.nheads), by_group_heads(p.nheads / p.ngroups), nheads(p.nheads), group_heads(p.nheads / p.ngroups) {}
+  __device__ __forceinline__ TileCoord operator()(int t) const {
+    constexpr int kRowTiles = P / PT;
+    const int hb = t / kRowTiles, b = by_heads(hb), head = hb - b * nheads;
+    return {b, head, by_group_heads(head), (t % kRowTiles) * PT};
+  }
+};
 
 __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slot, int head) {
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
@@ -531,7 +538,7 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
 // Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and
 // the x ring rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).
 __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
-                                        int num_tiles) {
+                                        int num_tiles, const TileMap& coord) {
   const int lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
   auto state_src = [&](int slot, const TileCoord& c) {
@@ -548,9 +555,9 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
   };
   int folds = 0;
   act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
-  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info) {
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info, unsigned long long* full) {
     if (lane == 0 && p.D) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
-    const int group = c.head / (p.nheads / p.ngroups);
+    const int group = c.group;
     const int w = info < 0 ? -info - 1 : info;
     constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
     rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
@@ -559,27 +566,35 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
     if (p.z)
       rssm::cp_async_words(stage + lay.z, static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0,
                            kRowWords);
-    rssm::cp_async_words(stage + lay.C, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group), N * int(sizeof(act_t)) / 4);
+    constexpr int kCBytes = N * int(sizeof(act_t));
+    const act_t* C = group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group);
+    if (!rssm::bulk_copy_input(stage + lay.C, C, kCBytes, full)) rssm::cp_async_words(stage + lay.C, C, kCBytes / 4);
+    // The x ring rows j < w of the tile: one bulk copy where the tile spans the head's rows (contiguous rows).
     const act_t* ring = x_ring_at(p, slot, c.head) + c.row0;
-    for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
-      const int j = q / kRowWords, word = q % kRowWords;
-      rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
-                      reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
+    if (PT != P || !rssm::bulk_copy_input(stage + lay.x_ring, ring, w * PT * int(sizeof(act_t)), full)) {
+      for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+        const int j = q / kRowWords, word = q % kRowWords;
+        rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
+                        reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
+      }
     }
     const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
     if (info < 0 && p.fold_bytes) {  // the fold's B rows: ring rows j < w, then the current B at row w
       rssm::fold_buffer_acquire(pipe, folds++);
-      constexpr int kBWords = N * int(sizeof(act_t)) / 4;
-      rssm::cp_async_words(fold_buf, B_ring, w * kBWords);
-      rssm::cp_async_words(fold_buf + w * N, group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group), kBWords);
+      constexpr int kBBytes = N * int(sizeof(act_t));
+      const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group);
+      if (!rssm::bulk_copy_input(fold_buf, B_ring, w * kBBytes, &pipe.fold_full))
+        rssm::cp_async_words(fold_buf, B_ring, w * kBBytes / 4);
+      if (!rssm::bulk_copy_input(fold_buf + w * N, B_cur, kBBytes, &pipe.fold_full))
+        rssm::cp_async_words(fold_buf + w * N, B_cur, kBBytes / 4);
       rssm::cp_async_arrive(&pipe.fold_full);
     } else if (info < 0) {  // the fold loads the ring's B rows itself: have them in L2 by then
       rssm::prefetch_l2(B_ring, w * N * int(sizeof(act_t)));
     }
   };
   rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
-                                    p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1,
-                                    [&](int t) { return tile_coord(p, t); }, state_src, copy_inputs);
+                                    p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
+                                    copy_inputs);
 }
 
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
@@ -593,7 +608,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;  // plain
   const int wrow0 = warp * kRowsPerWarp;  // in the tile
-  const int group = c.head / (p.nheads / p.ngroups);
+  const int group = c.group;
   const float sj = lane <= w ? coef[lane] : 0.f;
   const act_t* xj = (lane < w ? ring_s + lane * PT : x_s) + wrow0;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
@@ -761,10 +776,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * p.nheads * (P / PT);
+  const TileMap coord(p);
   rssm::persistent_main<true>(pipe, stage_mem, p.stages, p.stage_bytes, stage_layout(p.L).bytes, num_tiles,
-                              p.tail_start, kTileBytes, [&] { produce(p, pipe, stage_mem, num_tiles); },
+                              p.tail_start, kTileBytes, [&] { produce(p, pipe, stage_mem, num_tiles, coord); },
                               [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf, int& folds) {
-                                replay_tile(p, tile_coord(p, t), stage, pipe, s,
+                                replay_tile(p, coord(t), stage, pipe, s,
                                             reinterpret_cast<const act_t*>(fold_buf), folds);
                               });
 #endif

@@ -179,6 +179,20 @@ __device__ __forceinline__ float softplus_thr20(float v) { return v > 20.f ? v :
 __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
 __device__ __forceinline__ float siluf(float v) { return v * sigmoidf(v); }
 
+// n / d for 0 <= n < 2^31 by a multiply-high and a shift (1 <= d < 2^31): the tile coordinates of the persistent
+// kernels, where a division by a runtime head count cost ~25 dependent instructions per tile. The constructor (one
+// 64-bit division) runs once per thread.
+struct FastDiv {
+  unsigned m, s;
+  __device__ explicit FastDiv(unsigned d) : m(0), s(0) {
+    while ((1u << s) < d) ++s;
+    m = static_cast<unsigned>((1ull << 32) * ((1ull << s) - d) / d + 1);
+  }
+  __device__ __forceinline__ int operator()(int n) const {
+    return static_cast<int>((__umulhi(static_cast<unsigned>(n), m) + static_cast<unsigned>(n)) >> s);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------- rows a step skips
 // The row contract of every kernel (docs/design.md, "Rows a step skips"): a row whose slot id is pad_slot_id, outside
 // [0, slots), repeats the id of an earlier row of the batch, or (replay kernels) whose slot's cursor is outside
@@ -187,10 +201,13 @@ __device__ __forceinline__ float siluf(float v) { return v * sigmoidf(v); }
 // A prep kernel's step word for a row it skips (flush steps are -(w + 1) < 0, others w < L <= kMaxL).
 constexpr int kSkipStep = 0x7fffffff;
 
-// Row b's slot, or pad_slot_id when its id is outside [0, slots) (read as a pad row from here on).
+// A slot id, or pad_slot_id when it is outside [0, slots) (read as a pad row from here on); row_slot: row b's.
+__device__ __forceinline__ int checked_slot(int id, int pad_slot_id, int slots) {
+  return static_cast<unsigned>(id) < static_cast<unsigned>(slots) ? id : pad_slot_id;
+}
+
 __device__ __forceinline__ int row_slot(const int* slot_idx, int b, int pad_slot_id, int slots) {
-  const int slot = slot_idx[b];
-  return static_cast<unsigned>(slot) < static_cast<unsigned>(slots) ? slot : pad_slot_id;
+  return checked_slot(slot_idx[b], pad_slot_id, slots);
 }
 
 __device__ __forceinline__ bool cursor_in_ring(int w, int L) {
@@ -279,6 +296,26 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+
+// More transaction bytes for the current phase of `bar` (issued before the bulk copies that bring them).
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// Producer warp, a tile input: `bytes` from `src` into `dst` by one bulk copy from lane 0 completing on the stage's
+// `full` barrier, where both addresses are 16-byte aligned and `bytes` a multiple of 16; returns false (nothing
+// issued) otherwise, and the caller copies by words. Warp-uniform arguments.
+__device__ __forceinline__ bool bulk_copy_input(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  if (((reinterpret_cast<unsigned long long>(src) | smem_addr(dst) | bytes) & 15u) != 0) return false;
+  if (bytes != 0 && threadIdx.x % kWarpSize == 0) {
+    mbar_expect_tx(bar, bytes);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+  }
+  return true;
 }
 
 // Bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned) global -> shared, completing on `bar`;
@@ -397,7 +434,8 @@ __device__ __forceinline__ int preload_states(TilePipe& pipe, unsigned char* sta
 }
 
 // Producer: after a tile's checkpoint copy into stage s, its slot and step into the stage's info words and, for a
-// row the step does not skip, `copy_inputs(stage, c, slot, info)`, all completing on the stage's `full` barrier.
+// row the step does not skip, `copy_inputs(stage, c, slot, info, full)`, all completing on the stage's `full` barrier
+// (async copies, or bulk copies from lane 0 that add their bytes to `full`: bulk_copy_input).
 // `slot`: rssm::row_slot's (pad_slot_id for an id outside the pool); the consumers test the copied words with
 // skipped_stage_row.
 template <class Coord, class InputsFn>
@@ -408,14 +446,29 @@ __device__ __forceinline__ void stage_tile_inputs(TilePipe& pipe, int s, unsigne
     cp_async4(stage + tile_bytes, slot_idx + c.b);
     if (slot != pad_slot_id) cp_async4(stage + tile_bytes + 4, step + c.b);
   }
-  if (slot != pad_slot_id && info != kSkipStep) copy_inputs(stage, c, slot, info);
+  if (slot != pad_slot_id && info != kSkipStep) copy_inputs(stage, c, slot, info, &pipe.full[s]);
   cp_async_arrive(&pipe.full[s]);
 }
+
+// The stage of a CTA's i-th tile, i % stages, and the parity of its use, (i / stages) & 1, advanced one tile at a time
+// (a division by the runtime stage count cost each producer and consumer ~40 instructions per tile).
+struct StageCursor {
+  int i = 0, s = 0, round = 0;
+  __device__ __forceinline__ void next(int stages) {
+    ++i;
+    if (++s == stages) s = 0, ++round;
+  }
+  // Producer: wait until the consumers released the stage's previous use.
+  __device__ __forceinline__ void wait_empty(TilePipe& pipe) const {
+    if (round > 0) mbar_wait(&pipe.empty[s], (round - 1) & 1);
+  }
+  __device__ __forceinline__ void wait_full(TilePipe& pipe) const { mbar_wait(&pipe.full[s], round & 1); }
+};
 
 // The persistent replay kernels' schedule. Producer warp: the checkpoint tile of each of the CTA's tiles by one bulk
 // copy into its stage (the first kPreloadTiles before the prep kernel has finished, preload_states), then,
 // after `griddepcontrol.wait`, the tile's slot and step into the stage's first words (`info`, right after the
-// checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info)` (async copies of everything else),
+// checkpoint tile) and, for a non-pad row, `copy_inputs(stage, c, slot, info, full)` (async copies of everything else),
 // all completing on the stage's `full` barrier. Slots and steps of 32 tiles are loaded at once (one lane each).
 // `coord(t)`: tile t's coordinates (batch row `.b`); `state_src(slot, c)`: its checkpoint tile.
 template <class CoordFn, class StateSrcFn, class InputsFn>
@@ -432,22 +485,21 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
   const int preloaded =
       preload_states(pipe, stage_mem, stages, stage_bytes, num_tiles, tile_bytes, slot_lane, coord, state_src);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch and ring appends
-  int i = 0;
+  StageCursor at;
   for (int base = blockIdx.x; base < num_tiles; base += kWarpSize * stride) {
     if (base != blockIdx.x) slot_lane = lane_slot(base);
     const int t_lane = base + lane * stride;
     const int step_lane = t_lane < num_tiles ? step[coord(t_lane).b] : 0;
-    for (int k = 0; k < kWarpSize && base + k * stride < num_tiles; ++k, ++i) {
+    for (int k = 0; k < kWarpSize && base + k * stride < num_tiles; ++k, at.next(stages)) {
       const auto c = coord(base + k * stride);
       const int slot = __shfl_sync(0xffffffffu, slot_lane, k);
       const int info = __shfl_sync(0xffffffffu, step_lane, k);
-      const int s = i % stages;
-      unsigned char* stage = stage_mem + (long long)s * stage_bytes;
-      if (i >= preloaded) {
-        if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
-        stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
+      unsigned char* stage = stage_mem + (long long)at.s * stage_bytes;
+      if (at.i >= preloaded) {
+        at.wait_empty(pipe);
+        stage_state_copy(pipe, at.s, stage, state_src(slot, c), tile_bytes);
       }
-      stage_tile_inputs(pipe, s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
+      stage_tile_inputs(pipe, at.s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
     }
   }
 }
@@ -456,10 +508,10 @@ __device__ __forceinline__ void produce_tiles(TilePipe& pipe, unsigned char* sta
 template <class TileFn>
 __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* stage_mem, int stages, int stage_bytes,
                                               int num_tiles, TileFn tile) {
-  for (int t = blockIdx.x, i = 0; t < num_tiles; t += gridDim.x, ++i) {
-    const int s = i % stages;
-    mbar_wait(&pipe.full[s], (i / stages) & 1);
-    tile(t, stage_mem + (long long)s * stage_bytes, s);
+  StageCursor at;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x, at.next(stages)) {
+    at.wait_full(pipe);
+    tile(t, stage_mem + (long long)at.s * stage_bytes, at.s);
   }
 }
 
@@ -483,15 +535,27 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
       preload_states(pipe, stage_mem, stages, stage_bytes, static_end, tile_bytes, slot_lane, coord, state_src);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the prep kernel's scratch, ring appends and claim counter
   const int statics = blockIdx.x < static_end ? (static_end - blockIdx.x + stride - 1) / stride : 0;
-  int claim = 0;  // lane 0: the claim for the next tail tile (made one tile ahead)
-  int i = 0;
-  for (;; ++i) {  // one call site of copy_inputs: the kernels inline it
-    int t = blockIdx.x + i * stride, slot, info;
+  // Claims run one tile ahead: while a claimed tile's copies are issued, the next claim's tile is known and its row's
+  // slot id and step word are in flight (raw: checked where used), and the claim after it is out.
+  int claim = 0;                                     // lane 0: the claim in flight
+  int next_t = num_tiles, next_id = 0, next_step = 0;  // the next claimed tile, its row's slot id and step word
+  auto take_claim = [&] {
+    next_t = tail_start + __shfl_sync(0xffffffffu, claim, 0);
+    if (next_t < num_tiles) {
+      const int b = coord(next_t).b;
+      next_id = slot_idx[b];
+      next_step = step[b];  // every row has one (b < batch); a pad row's is stale and unused
+    }
+    claim = lane == 0 ? atomicAdd(claims, 1) : 0;
+  };
+  StageCursor at;
+  for (;; at.next(stages)) {  // one call site of copy_inputs: the kernels inline it
+    int t = blockIdx.x + at.i * stride, slot, info;
     const bool claimed = t >= static_end;
     if (!claimed) {
-      const int k = i % kWarpSize;
+      const int k = at.i % kWarpSize;
       if (k == 0) {
-        if (i > 0) slot_lane = lane_slot(t);
+        if (at.i > 0) slot_lane = lane_slot(t);
         const int t_lane = t + lane * stride;
         step_lane = t_lane < static_end ? step[coord(t_lane).b] : 0;
       }
@@ -499,31 +563,32 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
       info = __shfl_sync(0xffffffffu, step_lane, k);
     } else {
       if (static_end == num_tiles) return;
-      if (i == statics) claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the CTA's first claim
-      t = tail_start + __shfl_sync(0xffffffffu, claim, 0);
+      if (at.i == statics) {  // the CTA's first claim
+        claim = lane == 0 ? atomicAdd(claims, 1) : 0;
+        take_claim();
+      }
+      t = next_t;
       if (t >= num_tiles) break;
-      const int b = coord(t).b;
-      slot = row_slot(slot_idx, b, pad_slot_id, slots);
-      info = slot == pad_slot_id ? 0 : step[b];
-      claim = lane == 0 ? atomicAdd(claims, 1) : 0;  // the next claim, in flight while this tile waits
+      slot = checked_slot(next_id, pad_slot_id, slots);
+      info = slot == pad_slot_id ? 0 : next_step;
+      take_claim();
     }
     const auto c = coord(t);
-    const int s = i % stages;
-    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
-    if (i >= preloaded) {
-      if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+    unsigned char* stage = stage_mem + (long long)at.s * stage_bytes;
+    if (at.i >= preloaded) {
+      at.wait_empty(pipe);
       if (claimed && lane == 0) *stage_tile_word(stage, tile_bytes) = t;  // published by the arrive below
-      stage_state_copy(pipe, s, stage, state_src(slot, c), tile_bytes);
+      stage_state_copy(pipe, at.s, stage, state_src(slot, c), tile_bytes);
     }
-    stage_tile_inputs(pipe, s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
+    stage_tile_inputs(pipe, at.s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
   }
-  const int s = i % stages;  // no tile left: a stage with tile index -1
-  if (i >= stages) mbar_wait(&pipe.empty[s], ((i / stages) - 1) & 1);
+  at.wait_empty(pipe);  // no tile left: a stage with tile index -1
+  unsigned char* last = stage_mem + (long long)at.s * stage_bytes;
   if (lane == 0) {
-    *stage_tile_word(stage_mem + (long long)s * stage_bytes, tile_bytes) = -1;
-    mbar_arrive(&pipe.full[s]);
+    *stage_tile_word(last, tile_bytes) = -1;
+    mbar_arrive(&pipe.full[at.s]);
   }
-  cp_async_arrive(&pipe.full[s]);
+  cp_async_arrive(&pipe.full[at.s]);
 }
 
 // Programmatic dependent launches: a replay step's prep and main kernels are each launched as programmatic dependents
@@ -546,18 +611,17 @@ __device__ __forceinline__ void consume_tiles_claiming_tail(TilePipe& pipe, unsi
                                                             int stage_bytes, int num_tiles, int tail_start,
                                                             int tile_bytes, TileFn tile) {
   const int static_end = min(tail_start, num_tiles);
-  for (int i = 0;; ++i) {  // one call site of `tile`: the kernels inline it
-    int t = blockIdx.x + i * gridDim.x;
+  for (StageCursor at;; at.next(stages)) {  // one call site of `tile`: the kernels inline it
+    int t = blockIdx.x + at.i * gridDim.x;
     const bool claimed = t >= static_end;
     if (claimed && static_end == num_tiles) return;
-    const int s = i % stages;
-    unsigned char* stage = stage_mem + (long long)s * stage_bytes;
-    mbar_wait(&pipe.full[s], (i / stages) & 1);
+    unsigned char* stage = stage_mem + (long long)at.s * stage_bytes;
+    at.wait_full(pipe);
     if (claimed) {
       t = *stage_tile_word(stage, tile_bytes);
       if (t < 0) return;
     }
-    tile(t, stage, s);
+    tile(t, stage, at.s);
   }
 }
 
