@@ -13,9 +13,9 @@
 //   flush:     S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ ; store S ; y = S · C + D x
 // The replay is two launches: `prep` (grid (batch, ngroups)) computes the per-head weights into a per-batch-row
 // scratch, appends Δ/B, advances the cursor; `main` is persistent and warp-specialised: a producer warp streams each
-// (PT x N) checkpoint tile with a bulk copy and the tile's inputs with async copies into shared-memory stages, four
-// consumer warps compute the rows from shared memory. `flush_decode` (adaptive small-batch mode) is the baseline step
-// with a fold of any pending ring entries.
+// (PT x N) checkpoint tile (PT a multiple of P: PT / P adjacent heads) with a bulk copy and the tile's inputs with
+// bulk or async copies into shared-memory stages, four consumer warps compute the rows from shared memory.
+// `flush_decode` (adaptive small-batch mode) is the baseline step with a fold of any pending ring entries.
 #include "state_formats.cuh"
 
 #ifndef MASTER_FMT
@@ -39,6 +39,11 @@ namespace {
 
 constexpr int kEpl = N / rssm::kWarpSize;     // state columns per lane
 constexpr int kRowsPerWarp = PT / rssm::kNumWarps;
+// A row tile of more rows than a head has (PT a multiple of P, the persistent replay kernel only) spans kTileHeads
+// adjacent heads of one batch row: twice the bytes per tile for the producer warp, whose per-tile work bounds small
+// tiles (docs/decisions.md, the persistent producer bounds small tiles). The state kernels need PT <= P.
+constexpr int kTileHeads = PT > P ? PT / P : 1;
+constexpr int kHeadRows = PT / kTileHeads;  // a tile's rows of each head
 
 // Checkpoint storage (plugins/state_formats.cuh): the master (the one checkpoint outside dual mode) and the rows a
 // non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
@@ -48,8 +53,8 @@ using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
-static_assert(PT % rssm::kNumWarps == 0 && P % PT == 0 && PT <= rssm::kThreads,
-              "row tile must divide head_dim, be a multiple of 4 and at most 128");
+static_assert(PT % rssm::kNumWarps == 0 && (P % PT == 0 || PT % P == 0) && PT <= rssm::kThreads,
+              "row tile must divide head_dim or be a multiple of it, be a multiple of 4 and at most 128");
 
 // The state tile stays in registers in its storage format while its loads are in flight (half the registers for
 // 16-bit states); rows are widened to fp32 one at a time when used. FP8 and NVFP4 rows are decoded as they load.
@@ -334,6 +339,7 @@ __device__ __forceinline__ float decay_weights(float delta_lane, float a, float&
 
 }  // namespace
 
+#if PT <= P  // the state kernels (a tile within one head); a module with PT > P holds the replay kernels only
 // Baseline: S = exp(A Δ) S + Δ x Bᵀ ; y = S C + D x (⊙ silu z). Reads and writes the whole state every step.
 // Repeated slot ids are not detected here (the rows race on their slot, within it): the per-CTA scan of the batch's
 // ids cost up to 18% at batch 256 (docs/decisions.md, rows a step skips).
@@ -385,6 +391,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
   }
   finish_output(p, t, st);
 }
+
+#endif
 
 // Replay step 1, grid (batch, ngroups), 4..16 warps: per (row, group) the B·C products, per head the decay weights
 // into the per-row scratch; appends Δ (per head) and B (per group) for non-flush rows; advances the cursor. Every
@@ -483,7 +491,10 @@ namespace {
 
 constexpr int kTileBytes = PT * ReadRows::kRowBytes;  // the rows non-flush steps read
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
-static_assert(PT * sizeof(act_t) % 4 == 0 && N * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
+static_assert(kHeadRows * sizeof(act_t) % 4 == 0 && N * sizeof(act_t) % 4 == 0,
+              "row inputs move by 4-byte async copies");
+static_assert(kTileHeads == 1 || kRowsPerWarp * (rssm::kNumWarps / kTileHeads) == kHeadRows,
+              "a consumer warp's rows lie in one head");
 constexpr int kRowGroups = rssm::kWarpSize / kRowsPerWarp;  // lanes per row that split its ring entries
 constexpr int kFoldChunk = 8;  // ring entries whose B loads a flush issues at once
 // State rows a flush folds at once (registers): all of a warp's rows up to 10 (one pass over the ring), else 8.
@@ -495,18 +506,20 @@ __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 // producer warp (offsets from the ring length L; trtllm_replayssm/core/layouts.py mirrors the total, checked at
 // compilation).
 struct StageLayout {
-  int info, coef, x, z, C, x_ring, bytes;
+  int info, D, coef, x, z, C, x_ring, ring_head, bytes;
 };
 
 __host__ __device__ constexpr StageLayout stage_layout(int L) {
   StageLayout l{};
-  l.info = kTileBytes;                                                // slot, step, D, tile (4 words)
-  l.coef = l.info + 16;                                               // coef[0..L] (weights, decay)
-  l.x = l.coef + round16((L + 1) * 4);                                // x of the tile rows
+  l.info = kTileBytes;                                                // slot, step, D (one head), tile (4 words)
+  l.D = kTileHeads == 1 ? l.info + 8 : l.info + 16;                   // D of the tile's heads
+  l.coef = l.info + 16 + (kTileHeads == 1 ? 0 : round16(kTileHeads * 4));  // coef[0..L] (weights, decay) per head
+  l.x = l.coef + round16(kTileHeads * (L + 1) * 4);                   // x of the tile rows, head by head
   l.z = l.x + round16(PT * int(sizeof(act_t)));                       // z of the tile rows
-  l.C = l.z + round16(PT * int(sizeof(act_t)));                       // C of the head's group
-  l.x_ring = l.C + round16(N * int(sizeof(act_t)));                   // x ring rows j < w: [L][PT]
-  l.bytes = (l.x_ring + round16(L * PT * int(sizeof(act_t))) + 127) / 128 * 128;
+  l.C = l.z + round16(PT * int(sizeof(act_t)));                       // C of the heads' group
+  l.x_ring = l.C + round16(N * int(sizeof(act_t)));                   // per head: x ring rows j < w, [L][kHeadRows]
+  l.ring_head = round16(L * kHeadRows * int(sizeof(act_t)));
+  l.bytes = (l.x_ring + kTileHeads * l.ring_head + 127) / 128 * 128;
   return l;
 }
 
@@ -514,20 +527,21 @@ __host__ __device__ constexpr StageLayout stage_layout(int L) {
 __host__ __device__ constexpr int fold_buffer_bytes(int L) { return round16(L * N * int(sizeof(act_t))); }
 
 struct TileCoord {
-  int b, head, group, row0;
+  int b, head, group, row0;  // head: the tile's first
 };
 
-// Tile t of the replay: batch row, head, its group and first state row (row tiles fastest, then heads, then batch
-// rows), by multiplies: one per kernel thread.
+// Tile t of the replay: batch row, first head, their group and first state row (row tiles fastest, then heads, then
+// batch rows), by multiplies: one per kernel thread.
 struct TileMap {
-  rssm::FastDiv by_heads, by_group_heads;
-  int nheads, group_heads;
+  rssm::FastDiv by_tiles_per_row, by_group_heads;
+  int tiles_per_row;  // head tiles of a batch row
   __device__ explicit TileMap(const Mamba2Params& p)
-      : by_heads(p.nheads), by_group_heads(p.nheads / p.ngroups), nheads(p.nheads), group_heads(p.nheads / p.ngroups) {}
+      : by_tiles_per_row(p.nheads / kTileHeads), by_group_heads(p.nheads / p.ngroups),
+        tiles_per_row(p.nheads / kTileHeads) {}
   __device__ __forceinline__ TileCoord operator()(int t) const {
-    constexpr int kRowTiles = P / PT;
-    const int hb = t / kRowTiles, b = by_heads(hb), head = hb - b * nheads;
-    return {b, head, by_group_heads(head), (t % kRowTiles) * PT};
+    constexpr int kRowTiles = P / kHeadRows;
+    const int hb = t / kRowTiles, b = by_tiles_per_row(hb), head = (hb - b * tiles_per_row) * kTileHeads;
+    return {b, head, by_group_heads(head), (t % kRowTiles) * kHeadRows};
   }
 };
 
@@ -556,26 +570,32 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
   int folds = 0;
   act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
   auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int info, unsigned long long* full) {
-    if (lane == 0 && p.D) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
+    if (p.D && lane < kTileHeads) rssm::cp_async4(stage + lay.D + lane * 4, p.D + c.head + lane);
     const int group = c.group;
     const int w = info < 0 ? -info - 1 : info;
-    constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
-    rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1), p.L + 1);
-    rssm::cp_async_words(stage + lay.x, static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0,
-                         kRowWords);
-    if (p.z)
-      rssm::cp_async_words(stage + lay.z, static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0,
-                           kRowWords);
+    constexpr int kRowWords = kHeadRows * int(sizeof(act_t)) / 4;  // one head's rows of x, z or a ring entry
+    rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * (p.L + 1),
+                         kTileHeads * (p.L + 1));
     constexpr int kCBytes = N * int(sizeof(act_t));
     const act_t* C = group_vec(p.C, p.s_C_b, p.s_C_g, c.b, group);
     if (!rssm::bulk_copy_input(stage + lay.C, C, kCBytes, full)) rssm::cp_async_words(stage + lay.C, C, kCBytes / 4);
-    // The x ring rows j < w of the tile: one bulk copy where the tile spans the head's rows (contiguous rows).
-    const act_t* ring = x_ring_at(p, slot, c.head) + c.row0;
-    if (PT != P || !rssm::bulk_copy_input(stage + lay.x_ring, ring, w * PT * int(sizeof(act_t)), full)) {
-      for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
-        const int j = q / kRowWords, word = q % kRowWords;
-        rssm::cp_async4(stage + lay.x_ring + (j * kRowWords + word) * 4,
-                        reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
+#pragma unroll
+    for (int hl = 0; hl < kTileHeads; ++hl) {
+      const int h = c.head + hl;
+      rssm::cp_async_words(stage + lay.x + hl * kRowWords * 4,
+                           static_cast<const act_t*>(p.x) + c.b * p.s_x_b + h * p.s_x_h + c.row0, kRowWords);
+      if (p.z)
+        rssm::cp_async_words(stage + lay.z + hl * kRowWords * 4,
+                             static_cast<const act_t*>(p.z) + c.b * p.s_z_b + h * p.s_z_h + c.row0, kRowWords);
+      // The head's x ring rows j < w: one bulk copy where the tile spans the head's rows (contiguous rows).
+      unsigned char* ring_dst = stage + lay.x_ring + hl * lay.ring_head;
+      const act_t* ring = x_ring_at(p, slot, h) + c.row0;
+      if (kHeadRows != P || !rssm::bulk_copy_input(ring_dst, ring, w * kHeadRows * int(sizeof(act_t)), full)) {
+        for (int q = lane; q < w * kRowWords; q += rssm::kWarpSize) {
+          const int j = q / kRowWords, word = q % kRowWords;
+          rssm::cp_async4(ring_dst + (j * kRowWords + word) * 4,
+                          reinterpret_cast<const unsigned*>(ring + (long long)j * P) + word);
+        }
       }
     }
     const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
@@ -597,27 +617,39 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
                                     copy_inputs);
 }
 
+// A consumer warp's rows of a tile: its head, its first row among that head's rows in the tile and among the
+// tile's rows (stage order: head by head).
+struct WarpRows {
+  int head, head_row0, tile_row0;
+};
+
+__device__ __forceinline__ WarpRows warp_rows(const TileCoord& c, int warp) {
+  const int hl = warp / (rssm::kNumWarps / kTileHeads), tile_row0 = warp * kRowsPerWarp;
+  return {c.head + hl, tile_row0 - hl * kHeadRows, tile_row0};
+}
+
 // Flush rows of one consumer warp: S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage rows, stored; returns row
 // r's S·C on lane r. x_j come from the stage (ring rows j < w, then x), B_j from the fold buffer `B_s` ([w + 1][N])
 // or, without one, from global memory in chunks of kFoldChunk entries (the producer prefetched them to L2). S0: the
 // tile in `stage` (outside dual mode) or the master in global memory (dual mode).
-__device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, int slot, int w,
-                                           const float* coef, const act_t* x_s, const act_t* ring_s,
-                                           const act_t* B_s, const float (&cv)[kEpl], const unsigned char* stage) {
+__device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const TileCoord& c, const WarpRows& wr,
+                                                 int slot, int w, const float* coef, const act_t* x_s,
+                                                 const act_t* ring_s, const act_t* B_s, const float (&cv)[kEpl],
+                                                 const unsigned char* stage) {
   using BRaw = rssm::VecTraits<act_t, kEpl>;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
-  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;  // plain
-  const int wrow0 = warp * kRowsPerWarp;  // in the tile
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + wr.tile_row0 * N + lane * kEpl;  // plain
+  const int wrow0 = wr.tile_row0;
   const int group = c.group;
   const float sj = lane <= w ? coef[lane] : 0.f;
-  const act_t* xj = (lane < w ? ring_s + lane * PT : x_s) + wrow0;
+  const act_t* xj = lane < w ? ring_s + lane * kHeadRows + wr.head_row0 : x_s + wrow0;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
   const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, c.b, group);
-  state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
-                 (long long)(c.row0 + wrow0) * N + lane * kEpl;
+  state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + wr.head * p.s_state_head +
+                 (long long)(c.row0 + wr.head_row0) * N + lane * kEpl;
   const float decay = coef[p.L];
   const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
-  const CheckpointRows ckpt = checkpoint_rows(p, slot, c.head, c.row0 + wrow0);
+  const CheckpointRows ckpt = checkpoint_rows(p, slot, wr.head, c.row0 + wr.head_row0);
   float dot_lane = 0.f;
 #pragma unroll
   for (int r0 = 0; r0 < kRowsPerWarp; r0 += kFoldRows) {
@@ -683,24 +715,27 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
                                             rssm::TilePipe& pipe, int s, const act_t* fold_buf, int& folds) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
+  const WarpRows rows_of_warp = warp_rows(c, warp);
   const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
   const int slot = info_words[0], info = info_words[1];  // info: stale for a pad row (not read then)
+  act_t* out = static_cast<act_t*>(p.out) + c.b * p.s_out_b + rows_of_warp.head * p.s_out_h + c.row0 +
+               rows_of_warp.head_row0;
   if (rssm::skipped_stage_row(slot, info, p.pad_slot_id, p.slots)) {
     rssm::release_stage(pipe, s);
-    if (lane < kRowsPerWarp)
-      static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.head * p.s_out_h + c.row0 + warp * kRowsPerWarp + lane] =
-          rssm::from_float<act_t>(0.f);
+    if (lane < kRowsPerWarp) out[lane] = rssm::from_float<act_t>(0.f);
     return;
   }
-  const float d_h = p.D ? reinterpret_cast<const float*>(info_words)[2] : 0.f;
-  const float* coef = reinterpret_cast<const float*>(stage + lay.coef);
+  const int hl = rows_of_warp.head - c.head;
+  const float d_h = p.D ? reinterpret_cast<const float*>(stage + lay.D)[hl] : 0.f;
+  const float* coef = reinterpret_cast<const float*>(stage + lay.coef) + hl * (p.L + 1);
   const act_t* x_s = reinterpret_cast<const act_t*>(stage + lay.x);
   const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
-  const act_t* ring = reinterpret_cast<const act_t*>(stage + lay.x_ring);
+  const act_t* ring = reinterpret_cast<const act_t*>(stage + lay.x_ring + hl * lay.ring_head);
   const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;
   const bool flush = info < 0;
   const int w = flush ? -info - 1 : info;
   const int r = lane % kRowsPerWarp, wr = warp * kRowsPerWarp + r;  // lane r < kRowsPerWarp: tile row wr
+  const int hr = rows_of_warp.head_row0 + r;                         // and its row among the head's in the tile
   float cv[kEpl];
   rssm::load_vec<act_t, kEpl>(reinterpret_cast<const act_t*>(stage + lay.C) + lane * kEpl, cv);
   const act_t x_act = x_s[wr];
@@ -712,7 +747,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     float part = 0.f;
     const int grp = lane / kRowsPerWarp;
     if (grp < kRowGroups)
-      for (int j = grp; j < w; j += kRowGroups) part = fmaf(coef[j], rssm::to_float(ring[j * PT + wr]), part);
+      for (int j = grp; j < w; j += kRowGroups) part = fmaf(coef[j], rssm::to_float(ring[j * kHeadRows + hr]), part);
     float total = part;
 #pragma unroll
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
@@ -744,7 +779,8 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     dot_lane *= decay;
   } else {
     if (p.fold_bytes) rssm::fold_buffer_wait(pipe, folds);
-    dot_lane = fold_stage_rows(p, c, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv, stage);
+    dot_lane = fold_stage_rows(p, c, rows_of_warp, slot, w, coef, x_s, ring, p.fold_bytes ? fold_buf : nullptr, cv,
+                               stage);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;
@@ -752,12 +788,10 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   }
   rssm::release_stage(pipe, s);
   if (lane < kRowsPerWarp) {
-    const int row = c.row0 + wr;
-    static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.head * p.s_out_h + row] =
-        rssm::from_float<act_t>((dot_lane + extra) * gate);
+    out[lane] = rssm::from_float<act_t>((dot_lane + extra) * gate);
     if (!flush) {
-      act_t* x_ring = static_cast<act_t*>(p.x_ring) + slot * p.s_xr_slot + c.head * p.s_xr_head;
-      x_ring[(long long)w * P + row] = x_act;
+      act_t* x_ring = static_cast<act_t*>(p.x_ring) + slot * p.s_xr_slot + rows_of_warp.head * p.s_xr_head;
+      x_ring[(long long)w * P + c.row0 + hr] = x_act;
     }
   }
 }
@@ -775,7 +809,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
-  const int num_tiles = p.batch * p.nheads * (P / PT);
+  const int num_tiles = p.batch * (p.nheads / kTileHeads) * (P / kHeadRows);
   const TileMap coord(p);
   rssm::persistent_main<true>(pipe, stage_mem, p.stages, p.stage_bytes, stage_layout(p.L).bytes, num_tiles,
                               p.tail_start, kTileBytes, [&] { produce(p, pipe, stage_mem, num_tiles, coord); },

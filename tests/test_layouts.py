@@ -77,6 +77,6 @@ def test_record_and_stage_sizes_by_hand():
     assert layouts.delta_record_len(16, 128, False) == 32 + 4 + 4
     assert layouts.delta_record_len(16, 128, True) == 32 + 128 + 8  # KDA: per-channel log-decay, key form
     # Mamba-2 Super-120B fp32, 64-row tile, L = 16: tile 32768 + info 16 + coef 80 + x, z 128 each + C 256 + ring 2048
-    assert layouts.mamba2_stage_bytes(16, 64, 128, 4 * 128, 2) == 35456
+    assert layouts.mamba2_stage_bytes(16, 64, 128, 4 * 128, 2, 64) == 35456
     assert layouts.key_ring_dtype(torch.float16, True) == torch.float32
     assert layouts.key_ring_dtype(torch.float16, False) == torch.float16

@@ -147,7 +147,11 @@ def test_persistent_stage_plan_fits_every_preset():
         for state_elem in (4, 2):
             for L in (1, 16, 32):
                 fits = [t for t in tile_choices(head_dim, d_state)
-                        if stages_for(mamba2_stage_bytes(L, t, d_state, state_elem * d_state, 2), Tuning().ctas_per_sm) >= 2]
+                        if stages_for(mamba2_stage_bytes(L, t, d_state, state_elem * d_state, 2, head_dim),
+                                      Tuning().ctas_per_sm) >= 2]
                 assert fits, (head_dim, d_state, state_elem, L)
-    # one layout by hand: Super-120B fp32, 64-row tile, L = 16 (tile 32768 + 16 + 80 + 128 + 128 + 256 + 2048 bytes)
-    assert mamba2_stage_bytes(16, 64, 128, 4 * 128, 2) == 35456
+    # layouts by hand, Super-120B, L = 16. fp32, 64-row tile: tile 32768 + info 16 (D a word of it) + coef 80 + x, z 128 each
+    # + C 256 + ring 2048 bytes. NVFP4 (76 bytes a row), two heads: tile 9728 + 16 + 16 + coef 144 + x, z 256 each +
+    # C 256 + two rings of 2048.
+    assert mamba2_stage_bytes(16, 64, 128, 4 * 128, 2, 64) == 35456
+    assert mamba2_stage_bytes(16, 128, 128, 76, 2, 64) == (9728 + 16 + 16 + 144 + 256 + 256 + 256 + 4096 + 127) // 128 * 128

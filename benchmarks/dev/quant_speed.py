@@ -82,6 +82,8 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
            **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
            "mode": mode, "rows_per_cta": plans[0].rows_per_cta if impl == "replay" else None,
            "tail_fraction": plans[0].record().get("tail_fraction") if impl == "replay" else None,
+           "stages": plans[0].stages if impl == "replay" else None,
+           "fold_bytes": plans[0].fold_bytes if impl == "replay" else None,
            "device": torch.cuda.get_device_name(dev)}
     del layers, calls
     torch.cuda.empty_cache()
@@ -97,6 +99,7 @@ def main() -> int:
     ap.add_argument("-L", type=int, default=16)
     ap.add_argument("--rows-per-cta", default="", help="row tiles to try besides the planner's, e.g. 32,64")
     ap.add_argument("--tail-fractions", default="", help="claimed-tail shares to try besides the planner's, e.g. 0.5,1")
+    ap.add_argument("--stages", default="", help="shared-memory stage counts to try besides the planner's, e.g. 4")
     ap.add_argument("--impls", default="replay,baseline")
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -105,6 +108,7 @@ def main() -> int:
     records = []
     tilings = [Tuning()] + [Tuning(rows_per_cta=int(t)) for t in a.rows_per_cta.split(",") if t]
     tilings += [Tuning(tail_fraction=float(f)) for f in a.tail_fractions.split(",") if f]
+    tilings += [Tuning(stages=int(n)) for n in a.stages.split(",") if n]
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
             for label in a.specs.split(","):
@@ -120,7 +124,7 @@ def main() -> int:
                         continue
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
-                          f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} "
+                          f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} st{rec['stages']} fold{rec['fold_bytes']} "
                           f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)

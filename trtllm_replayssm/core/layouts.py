@@ -204,12 +204,16 @@ def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
     return _r4(2 * L) + _r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
 
 
-def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, act_elem: int) -> int:
-    """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel: the checkpoint tile non-flush steps
-    read (``rows`` state rows of ``state_row_bytes``, scales included: StateFormat.row_bytes), slot/step/D,
-    coef[0..L], x and z of the rows, C, and L ring rows (plugins/mamba2_decode.cu stage_layout)."""
-    return _r128(rows * state_row_bytes + 16 + _r16((L + 1) * 4) + 2 * _r16(rows * act_elem)
-                 + _r16(d_state * act_elem) + _r16(L * rows * act_elem))
+def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, act_elem: int, head_dim: int) -> int:
+    """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel for a tile of ``rows`` state rows
+    (more than ``head_dim``: a multiple of it, spanning that many adjacent heads): the checkpoint rows non-flush steps
+    read (``state_row_bytes`` each, scales included: StateFormat.row_bytes), slot/step, D and coef[0..L] per head, x
+    and z of the rows, C, and per head L ring rows (plugins/mamba2_decode.cu stage_layout)."""
+    heads = rows // head_dim if rows > head_dim else 1
+    head_rows = rows // heads
+    d_words = _r16(heads * 4) if heads > 1 else 0  # one head's D is an info word
+    return _r128(rows * state_row_bytes + 16 + d_words + _r16(heads * (L + 1) * 4) + 2 * _r16(rows * act_elem)
+                 + _r16(d_state * act_elem) + heads * _r16(L * head_rows * act_elem))
 
 
 def mamba2_fold_bytes(L: int, d_state: int, act_elem: int) -> int:
@@ -231,12 +235,13 @@ def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool
     return _r16(L * key_dim * key_elem) + (0 if per_channel_gate else _r16(L * 4))
 
 
-def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: int) -> str:
+def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: int, head_dim: int) -> str:
     """``static_assert`` lines pinning the Mamba-2 kernel's stage and fold sizes to the functions above and the
     state-format codes to STATE_FORMAT_CODES."""
     lines = [format_code_checks()]
     for L in range(1, MAX_BUFFER_LEN + 1):
-        lines.append(f"static_assert(stage_layout({L}).bytes == {mamba2_stage_bytes(L, rows, d_state, state_row_bytes, act_elem)}"
+        stage = mamba2_stage_bytes(L, rows, d_state, state_row_bytes, act_elem, head_dim)
+        lines.append(f"static_assert(stage_layout({L}).bytes == {stage}"
                      f', "stage bytes at L={L} differ from core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {mamba2_fold_bytes(L, d_state, act_elem)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')

@@ -48,8 +48,10 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
     """The Mamba-2 decode module (baseline, flush and replay kernels) for one shape, checkpoint spec (a plain state
     dtype or a StateSpec), activation dtype and row tile."""
     spec = state_spec(state_dtype, arg="state_dtype")
+    # A tile of more rows than a head has spans heads: the persistent replay kernels only (plugins/mamba2_decode.cu).
+    kernels = tuple(KERNELS[k] for k in (("prep", "main") if rows_per_cta > head_dim else KERNELS))
     return KernelConfig(
-        family="mamba2", source="mamba2_decode.cu", kernels=tuple(KERNELS.values()),
+        family="mamba2", source="mamba2_decode.cu", kernels=kernels,
         params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta), *stored_state_params(spec),
                 ("act_t", get_dtype(act_dtype).cuda)),
         layouts=(MAMBA2_PARAMS,), checks=functools.partial(_checks, spec.read_format.row_bytes(d_state),
@@ -57,14 +59,22 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
 
 
 def _checks(state_row_bytes: int, act_elem: int, config: KernelConfig) -> str:
-    return mamba2_size_checks(config.param("pt"), config.param("n"), state_row_bytes, act_elem)
+    return mamba2_size_checks(config.param("pt"), config.param("n"), state_row_bytes, act_elem, config.param("p"))
 
 
 def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
     """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
-    return unique(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t)
-                  for t in tile_choices(dims.head_dim, dims.d_state))
+    tiles = tile_choices(dims.head_dim, dims.d_state)
+    if two_head_shape(dims.head_dim, dims.nheads, dims.n_groups):
+        tiles = [*tiles, 2 * dims.head_dim]
+    return unique(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t) for t in tiles)
+
+
+def two_head_shape(head_dim: int, nheads: int, ngroups: int) -> bool:
+    """Whether the replay's persistent kernel can take tiles of two adjacent heads (2 x head_dim rows): a warp's
+    quarter of them lies in one head and fits its lanes, and head pairs share a group."""
+    return 2 * head_dim <= 32 * NUM_WARPS and nheads % 2 == 0 and (nheads // ngroups) % 2 == 0
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -82,14 +92,24 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     if other is not None:
         return other
     row_bytes, act_elem = layer.spec.read_format.row_bytes(N), layer.x_ring.element_size()
-    tile = state_tile(P, N, batch * H, dev, tuning)
-    if tuning.rows_per_cta is None:
-        tile = _fitting_tile(P, N, L, row_bytes, act_elem, tile, tuning.ctas_per_sm)
-    num_tiles = batch * H * (P // tile)
+    two_heads_ok = _two_head_tiles(layer)
+    if tuning.rows_per_cta == 2 * P:
+        if not two_heads_ok:
+            raise ValueError(f"rows_per_cta: {2 * P} (two heads per tile) needs an even number of heads per group, "
+                             f"head_dim <= 64 and the heads of a slot contiguous in the state")
+        tile = 2 * P
+    else:
+        tile = state_tile(P, N, batch * H, dev, tuning)
+        if tuning.rows_per_cta is None:  # two heads by default where non-flush steps read FP8 or NVFP4 (small tiles)
+            tile = _fitting_tile(P, N, L, row_bytes, act_elem, tile, tuning.ctas_per_sm,
+                                 two_heads_ok and layer.spec.read_format.quantized)
+    num_tiles = batch * H * P // tile
     stored = layer.storage is not None
     fraction = resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored else TAIL_FRACTION)
-    main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem), num_tiles,
-                           mamba2_fold_bytes(L, N, act_elem), False, fraction, dev, tuning)
+    # Tiles of two heads keep the fold buffer at the cost of a stage (H200, Super, batch 256, NVFP4 cycles: 302.0 ->
+    # 278.0 µs; docs/decisions.md, the persistent producer bounds small tiles).
+    main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem, P), num_tiles,
+                           mamba2_fold_bytes(L, N, act_elem), tile > P, fraction, dev, tuning)
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(batch, G, 1), prep_threads=32 * _prep_warps(batch * G, H // G, dev),
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
@@ -125,11 +145,26 @@ def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int
 
 @functools.lru_cache(maxsize=None)
 def _fitting_tile(head_dim: int, d_state: int, L: int, state_row_bytes: int, act_elem: int, tile: int,
-                  ctas_per_sm: int) -> int:
-    """The largest row tile up to the heuristic's whose stage fits twice per CTA of the persistent kernel."""
-    stage = {t: mamba2_stage_bytes(L, t, d_state, state_row_bytes, act_elem) for t in tile_choices(head_dim, d_state)}
+                  ctas_per_sm: int, two_heads: bool) -> int:
+    """The largest row tile up to the heuristic's whose stage fits twice per CTA of the persistent kernel; where the
+    heuristic takes whole heads and ``two_heads`` allows, a tile of two heads if its stage fits twice (the producer
+    warp's per-tile work bounds small tiles: docs/decisions.md)."""
+    choices = tile_choices(head_dim, d_state)
+    if two_heads and tile == head_dim:
+        choices, tile = [*choices, 2 * head_dim], 2 * head_dim
+    stage = {t: mamba2_stage_bytes(L, t, d_state, state_row_bytes, act_elem, head_dim) for t in choices}
     fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     return max(fits) if fits else tile
+
+
+def _two_head_tiles(layer: Mamba2LayerCache) -> bool:
+    """Whether ``layer``'s replay can run tiles of two heads: the shape allows it and one bulk copy of a slot's two
+    heads' state rows is contiguous (plain states: head stride P x N; stored checkpoints are dense)."""
+    state = layer.require_state()
+    _, H, P, N = state.shape
+    if not two_head_shape(P, H, layer.B_ring.shape[1]):
+        return False
+    return layer.storage is not None or (state.stride(1) == P * N and state.stride(2) == N)
 
 
 def _prep_warps(ctas: int, heads_per_group: int, dev: Device) -> int:
