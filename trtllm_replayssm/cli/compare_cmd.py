@@ -1,4 +1,5 @@
-"""``trtllm-replayssm compare``: whole-model decode-step latency, baseline SSM op vs ReplaySSM."""
+"""``trtllm-replayssm compare``: whole-model decode-step latency, baseline SSM op vs ReplaySSM; with ``--spec``
+also speculative verify steps, per-draft-state vs replay verify (the PyTorch reference path, on the CPU)."""
 from __future__ import annotations
 
 import json
@@ -42,13 +43,34 @@ def _table(report: dict) -> "object":
     for col in ("model", "layers", "batch", "baseline µs", "replay µs", "speed-up", "baseline tok/s", "replay tok/s",
                 "SSM share base", "SSM share replay", "tokens equal", "max |Δlogits|"):
         table.add_column(col, justify="left" if col in ("model", "layers") else "right")
-    checks = {(c["model"], c["batch"]): c for c in report["checks"]}
+    checks = {(c["model"], c["batch"], c.get("spec_tokens", 1)): c for c in report["checks"]}
     for r in speedups(report["records"]):
-        c = checks.get((r["model"], r["batch"]), {})
+        c = checks.get((r["model"], r["batch"], 1), {})
         table.add_row(r["model"], r["layers"], str(r["batch"]), f"{r['baseline_us']:.1f}", f"{r['replay_us']:.1f}",
                       f"{r['speedup']:.3f}x", f"{r['baseline_tok_s']:.0f}", f"{r['replay_tok_s']:.0f}", f"{r['baseline_ssm_share']:.1%}",
                       f"{r['replay_ssm_share']:.1%}", _tokens_cell(c),
                       f"{c.get('max_abs_dlogits', float('nan')):.2e}")
+    return table
+
+
+def _spec_table(report: dict) -> "object":
+    from rich.table import Table
+
+    from trtllm_replayssm.lab.compare import spec_speedups
+
+    rows = spec_speedups(report["records"])
+    table = Table(title="speculative verify steps, accepted tokens/s (PyTorch reference verify and commit)")
+    for col in ("model", "layers", "batch", "T", "mean accepted", "per-draft µs", "replay verify µs",
+                "per-draft tok/s", "replay verify tok/s", "replay decode tok/s", "vs per-draft", "vs replay decode",
+                "tokens equal"):
+        table.add_column(col, justify="left" if col in ("model", "layers") else "right")
+    checks = {(c["model"], c["batch"], c.get("spec_tokens", 1)): c for c in report["checks"]}
+    for r in rows:
+        c = checks.get((r["model"], r["batch"], r["spec_tokens"]), {})
+        table.add_row(r["model"], r["layers"], str(r["batch"]), str(r["spec_tokens"]), f"{r['mean_accept']:.2f}",
+                      f"{r['per_draft_us']:.1f}", f"{r['verify_us']:.1f}", f"{r['per_draft_tok_s']:.0f}",
+                      f"{r['verify_tok_s']:.0f}", f"{r['decode_tok_s']:.0f}", f"{r['vs_per_draft']:.3f}x",
+                      f"{r['vs_decode']:.3f}x", _tokens_cell(c))
     return table
 
 
@@ -78,17 +100,28 @@ def _bench_table(bench: dict) -> "object":
 @click.option("--prompt-len", default=16, type=int)
 @click.option("--mode", "replay_mode", type=click.Choice(["auto", "replay", "flush"]), default="auto",
               help="Replay op mode (auto: flush every step at low batch x heads).")
+@click.option("--spec", "spec_tokens", type=int, default=None,
+              help="Also run speculative verify steps of T tokens per row (2..8: the last token and T-1 drafts), "
+                   "per-draft-state vs replay verify, on the PyTorch reference path (CPU only).")
+@click.option("--mean-accept", type=float, default=None,
+              help="With --spec: the mean accepted tokens per window (1 <= A <= T, the bonus token counted) of the "
+                   "synthetic acceptance pattern.")
+@click.option("--seed", default=0, type=int, show_default=True,
+              help="Seed of the random weights, prompts, drafts and acceptance pattern.")
 @click.option("--device", default=None, show_default=False, help="torch device [default: cuda if available, else cpu].")
 @click.option("--bundle", type=click.Path(exists=True, file_okay=False), default=None,
               help="Bundle from `trtllm-replayssm build`: with TensorRT-LLM installed, also run trtllm-bench.")
 @click.option("-o", "--out-dir", default="compare_out", type=click.Path(file_okay=False))
 def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, gpu_layers: int | None,
                 state_dtype: str, act_dtype: str | None, buffer_len: int, prompt_len: int, replay_mode: str,
-                device: str | None, bundle: str | None, out_dir: str) -> None:
+                spec_tokens: int | None, mean_accept: float | None, seed: int, device: str | None,
+                bundle: str | None, out_dir: str) -> None:
     """Decode-step latency of MODEL (preset name, config.json or HF model directory) with the baseline SSM op and
     with ReplaySSM: table, OUT_DIR/compare.json (rewritten after every batch, so a stopped run keeps what it
     measured) and OUT_DIR/compare_speedup.png. On a CPU the timings are of the PyTorch fallback ops, not of the
-    GPU kernels; try `compare tiny-nemotron tiny-qwen --batch 1,8 --steps 48` there."""
+    GPU kernels; try `compare tiny-nemotron tiny-qwen --batch 1,8 --steps 48` there. With --spec T --mean-accept A
+    each batch also runs STEPS speculative verify steps (random drafts, a seeded acceptance pattern of mean A, the
+    same for both) with per-draft states and with the replay verify, and reports accepted tokens/s."""
     from rich.console import Console
 
     from trtllm_replayssm.cli.progress import compare_progress
@@ -100,7 +133,8 @@ def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, g
     try:
         settings = CompareSettings(batches=batches, steps=steps, state_dtype=state_dtype, act_dtype=act_dtype,
                                    buffer_len=buffer_len, prompt_len=prompt_len, gpu_layers=gpu_layers,
-                                   device=device, replay_mode=replay_mode)
+                                   device=device, seed=seed, replay_mode=replay_mode, spec_tokens=spec_tokens,
+                                   mean_accept=mean_accept)
         cpu = settings.torch_device.type == "cpu"
         check_models(list(models))
     except (ValueError, RuntimeError) as err:
@@ -123,6 +157,8 @@ def compare_cmd(models: tuple[str, ...], batches: tuple[int, ...], steps: int, g
     except ValueError as err:
         bad_value(err)
     console.print(_table(report))
+    if report.get("spec_note"):
+        console.print(_spec_table(report))
     for model, notes in report["notes"].items():
         for note in notes:
             console.print(f"[dim]{model}: {note}[/dim]")

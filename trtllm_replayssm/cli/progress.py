@@ -27,8 +27,8 @@ def compare_progress(console: Console) -> Iterator[Callable[[ProgressEvent], Non
                     bar.update(task, description=f"{ev.model}: loading", completed=0, total=None)
                     return
                 label = f"{ev.model} batch {ev.batch} ({ev.batch_index + 1}/{ev.batches}) {ev.impl} {ev.phase}"
-                done = ev.done + (ev.steps if ev.impl == "replay" else 0)
-                bar.update(task, description=label, completed=done, total=2 * ev.steps)
+                bar.update(task, description=label, completed=ev.impl_index * ev.steps + ev.done,
+                           total=ev.impls * ev.steps)
 
             yield show
         return

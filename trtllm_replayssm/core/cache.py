@@ -104,6 +104,11 @@ class Mamba2LayerCache(_LayerCache):
     def buffer_len(self) -> int:
         return self.x_ring.shape[2]
 
+    @property
+    def rings(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x_ring, dt_ring, B_ring)``, in the order the references take them."""
+        return self.x_ring, self.dt_ring, self.B_ring
+
 
 @dataclass
 class GDNLayerCache(_LayerCache):
@@ -122,6 +127,11 @@ class GDNLayerCache(_LayerCache):
     @property
     def buffer_len(self) -> int:
         return self.u_ring.shape[2]
+
+    @property
+    def rings(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(u_ring, k_ring, g_ring)``, in the order the references take them."""
+        return self.u_ring, self.k_ring, self.g_ring
 
 
 @dataclass

@@ -20,7 +20,11 @@ class Family:
     """An SSM family. ``replay_decode(layer, *step_args, ...)`` / ``state_update(state, *step_args, ...)`` are its
     ops, ``replay_plan`` / ``state_update_plan`` their planners; ``random_step(dims, batch, gen, device,
     act_dtype)`` draws one step's inputs (``.op_args()`` gives the ops' arguments); ``reference_step(state, step)``
-    is the float64 recurrence of one token for a batch of rows: ``(out [b, heads, rows], new state)``."""
+    is the float64 recurrence of one token for a batch of rows: ``(out [b, heads, rows], new state)``.
+    Speculative decoding (the float32 references on a layer cache, docs/algorithm.md): ``verify_step(layer,
+    *step_args, state_batch_indices, pad_slot_id, out, ...)`` decodes a window of T tokens (step arguments
+    ``[b, T, ...]``) from checkpoint + ring, ``commit(layer, step, accepted, state_batch_indices, pad_slot_id,
+    window)`` keeps each row's accepted count (``step``: the verified window's inputs, for the layer constants)."""
 
     name: str
     title: str
@@ -33,6 +37,8 @@ class Family:
     random_step: Callable
     reference_step: Callable
     _new_cache: Callable
+    verify_step: Callable
+    commit: Callable
 
     def new_cache(self, dims: SSMDims, num_layers: int, slots: int, buffer_len: int = 16,
                   state_dtype: str | torch.dtype = "fp32", act_dtype: torch.dtype = torch.bfloat16,
@@ -50,16 +56,27 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            mamba2.state_update_plan, mamba2.kernel_configs, mamba2_step,
            lambda s, st: tuple(reversed(ref_mamba2.sequential_step(s, st.x, st.dt, st.A, st.B, st.C, st.D, None,
                                                                    st.dt_bias, True))),
-           lambda d, n, s, **kw: ReplayStateCache.mamba2(n, s, d.nheads, d.head_dim, d.d_state, d.n_groups, **kw)),
+           lambda d, n, s, **kw: ReplayStateCache.mamba2(n, s, d.nheads, d.head_dim, d.d_state, d.n_groups, **kw),
+           lambda layer, *a, **kw: ref_mamba2.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor, *a, **kw),
+           lambda layer, step, accepted, **kw: ref_mamba2.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
+                                                                  step.A, accepted, **kw)),
     Family("gdn", "Gated DeltaNet", GDNDims, gdn.replay_decode, gdn.state_update, gdn.replay_plan,
            gdn.state_update_plan, gdn.kernel_configs, delta_step,
            lambda s, st: ref_gdn.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.gdn(n, s, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim,
-                                                      **kw)),
+                                                      **kw),
+           lambda layer, *a, scale=None, **kw: ref_gdn.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor,
+                                                                    *a, scale=scale, **kw),
+           lambda layer, _step, accepted, **kw: ref_gdn.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
+                                                                accepted, **kw)),
     Family("kda", "Kimi Delta Attention", KDADims, kda.replay_decode, kda.state_update, kda.replay_plan,
            kda.state_update_plan, kda.kernel_configs, delta_step,
            lambda s, st: ref_kda.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
-           lambda d, n, s, **kw: ReplayStateCache.kda(n, s, d.num_heads, d.head_dim, **kw)),
+           lambda d, n, s, **kw: ReplayStateCache.kda(n, s, d.num_heads, d.head_dim, **kw),
+           lambda layer, *a, lower_bound=None, scale=None, **kw: ref_kda.verify_step_(
+               layer.checkpoint(), *layer.rings, layer.cursor, *a, lower_bound=lower_bound, scale=scale, **kw),
+           lambda layer, _step, accepted, **kw: ref_kda.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
+                                                                accepted, **kw)),
 )}
 
 

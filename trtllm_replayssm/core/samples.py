@@ -70,10 +70,15 @@ class DeltaStep:
         return tuple(getattr(self, f.name) for f in fields(self)), {}
 
 
-def step_rows(step: Mamba2Step | DeltaStep, rows: torch.Tensor | list[int]) -> Mamba2Step | DeltaStep:
-    """The step inputs of batch rows ``rows`` (the layer constants unchanged)."""
+def step_rows(step: Mamba2Step | DeltaStep, rows: torch.Tensor | list[int] | tuple) -> Mamba2Step | DeltaStep:
+    """The step inputs of batch rows ``rows`` (any index of the per-token fields; the layer constants unchanged)."""
     return replace(step, **{f.name: getattr(step, f.name)[rows] for f in fields(step)
                             if f.name not in step.per_head_fields})
+
+
+def window_token(step: Mamba2Step | DeltaStep, t: int) -> Mamba2Step | DeltaStep:
+    """Token ``t`` of a speculative window's inputs: per-token fields ``[b, T, ...]`` -> ``[b, ...]``."""
+    return step_rows(step, (slice(None), t))
 
 
 def with_constants(step: Mamba2Step | DeltaStep, constants: Mamba2Step | DeltaStep) -> Mamba2Step | DeltaStep:

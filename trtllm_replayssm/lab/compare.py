@@ -4,6 +4,11 @@ Per batch size: prefill a random prompt, run ``steps`` greedy decode steps with 
 CUDA graph per batch on CUDA, wall clock on CPU), take the median step latency, the SSM share of a step (the SSM ops
 alone, timed the same way, over the step), check that greedy tokens agree (asserted for fp32 state) and report the
 largest logit difference. Results: ``decode_step`` records in a JSON file and a speed-up plot.
+
+With ``spec_tokens`` = T (speculative decoding, CPU only: the PyTorch reference verify and commit, no CUDA verify
+kernels yet) each batch also runs ``steps`` verify steps of T tokens per row (the last sampled token and T - 1
+random drafts) with the per-draft-state SSM path and with the replay verify, both on the same synthetic, seeded
+acceptance pattern of mean ``mean_accept``; their records report accepted tokens per second.
 """
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from trtllm_replayssm.lab.models import (DecodeRun, HybridConfig, HybridLM, from_preset, greedy_decode, load_hf_config,
-                                     time_ssm_only)
+from trtllm_replayssm.lab.models import (DecodeRun, HybridConfig, HybridLM, acceptance_pattern, from_preset,
+                                         greedy_decode, load_hf_config, speculative_decode, time_ssm_only)
 from trtllm_replayssm.lab.models.weights import from_pretrained
 from trtllm_replayssm.lab.plotting import PlotUnavailable, pyplot, save_figure
 
@@ -32,16 +37,22 @@ ACT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloa
 
 CPU_FALLBACK_NOTE = ("CPU run: these timings measure the PyTorch fallback ops (the CPU reference), not the CUDA "
                      "kernels; they say nothing about GPU speed")
+SPEC_NOTE = ("speculative records (replay_verify, per_draft_verify) run the PyTorch reference verify and commit; the "
+             "CUDA verify kernels are not written yet")
+MAX_SPEC_TOKENS = 8
+# speculative implementations and the SSM state each runs on: per-draft states (baseline) or checkpoint + ring
+SPEC_SSM_IMPLS: dict[str, str] = {"per_draft_verify": "baseline", "replay_verify": "replay"}
 
 
 class TokenMismatchError(RuntimeError):
-    """Greedy tokens of the baseline and replay decoders differ for fp32 state."""
+    """Greedy tokens of the baseline and replay decoders (or per-draft and replay verify) differ for fp32 state."""
 
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` and its
-    ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps, ``ssm timing``, ``batch done``)."""
+    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` (the
+    ``impl_index``-th of ``impls``) and its ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps,
+    ``ssm timing``, ``batch done``)."""
 
     model: str
     phase: str
@@ -51,6 +62,8 @@ class ProgressEvent:
     impl: str = ""
     done: int = 0
     steps: int = 0
+    impl_index: int = 0
+    impls: int = 2
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -71,6 +84,8 @@ class CompareSettings:
     seed: int = 0
     keep_rows: int = 4
     replay_mode: str = "auto"
+    spec_tokens: int | None = None  # speculative windows of T tokens (None: standard decode only)
+    mean_accept: float | None = None  # the synthetic acceptance pattern's mean accepted count per window
 
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
@@ -86,6 +101,29 @@ class CompareSettings:
                              f"{3 * self.buffer_len}, got {self.steps}")
         if self.steps < 1:
             raise ValueError(f"steps: expected >= 1, got {self.steps}")
+        if self.spec_tokens is None:
+            if self.mean_accept is not None:
+                raise ValueError("mean_accept: only for a speculative run (give its window length T too)")
+        else:
+            self._check_spec()
+
+    def _check_spec(self) -> None:
+        T = self.spec_tokens
+        if isinstance(T, bool) or not isinstance(T, int) or not 2 <= T <= MAX_SPEC_TOKENS:
+            raise ValueError(f"spec_tokens: expected a window of 2 to {MAX_SPEC_TOKENS} tokens (the last sampled one "
+                             f"and 1 to {MAX_SPEC_TOKENS - 1} drafts), got {T!r}")
+        if T > self.buffer_len:
+            raise ValueError(f"spec_tokens: a window of {T} tokens must fit the ring: expected T <= buffer_len = "
+                             f"{self.buffer_len}")
+        if self.mean_accept is None:
+            raise ValueError(f"mean_accept: required for a speculative run (the mean accepted tokens per window, "
+                             f"1 to T = {T})")
+        if not 1 <= self.mean_accept <= T:
+            raise ValueError(f"mean_accept: expected 1 <= A <= T = {T} (the bonus token counted), got "
+                             f"{self.mean_accept}")
+        if self.torch_device.type != "cpu":
+            raise ValueError(f"spec_tokens: the speculative verify runs the PyTorch reference path (the CUDA verify "
+                             f"kernels are not written yet): expected device cpu, got {self.torch_device}")
 
     @property
     def torch_device(self) -> torch.device:
@@ -141,36 +179,94 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
+def compare_impls(settings: CompareSettings) -> tuple[str, ...]:
+    """What a run measures per batch: standard decode with the baseline and the replay SSM op, and with
+    ``spec_tokens`` the per-draft-state and the replay speculative verify (:data:`SPEC_SSM_IMPLS`)."""
+    return ("baseline", "replay") + (tuple(SPEC_SSM_IMPLS) if settings.spec_tokens else ())
+
+
+@dataclass(frozen=True)
+class SpecWindows:
+    """The speculative windows every implementation of a batch verifies: ``drafts [steps, b, T - 1]`` and the
+    synthetic accepted counts ``accepted [steps, b]``."""
+
+    drafts: torch.Tensor
+    accepted: torch.Tensor
+
+    @classmethod
+    def draw(cls, settings: CompareSettings, vocab: int, batch: int, gen: torch.Generator) -> "SpecWindows":
+        """Random draft tokens from ``gen`` and the acceptance pattern of ``settings`` (seeded by seed + batch)."""
+        T = settings.spec_tokens
+        drafts = torch.randint(0, vocab, (settings.steps, batch, T - 1), generator=gen)
+        return cls(drafts, acceptance_pattern(T, settings.mean_accept, settings.steps, batch, settings.seed + batch))
+
+    @property
+    def mean_accept(self) -> float:
+        return float(self.accepted.double().mean())
+
+
+def _decode(model: HybridLM, impl: str, prompt: torch.Tensor, settings: CompareSettings, spec: SpecWindows | None,
+            on_step: Callable[[int, int], None] | None) -> tuple[DecodeRun, Callable[[int], list[float]]]:
+    """Run ``impl`` on ``prompt``: greedy decode steps or, for a speculative impl, verify steps of ``spec``. Returns
+    the run and ``reps -> µs per call`` of its SSM ops alone on the state it left."""
+    batch = prompt.shape[0]
+    common = dict(state_dtype=STATE_DTYPES[settings.state_dtype], buffer_len=settings.buffer_len,
+                  replay_mode=settings.replay_mode)
+    if impl not in SPEC_SSM_IMPLS:
+        state = model.allocate(batch, settings.prompt_len + settings.steps + 1, ssm_impl=impl, **common)
+        run = greedy_decode(model, state, prompt, settings.steps, keep_rows=settings.keep_rows, on_step=on_step)
+        return run, lambda reps: time_ssm_only(model, state, reps)
+    T = settings.spec_tokens
+    state = model.allocate(batch, settings.prompt_len + settings.steps * T + 1, ssm_impl=SPEC_SSM_IMPLS[impl],
+                           spec_tokens=T, **common)
+    run = speculative_decode(model, state, prompt, spec.drafts, spec.accepted, keep_rows=settings.keep_rows,
+                             on_step=on_step)
+    return run, lambda reps: time_ssm_only(model, state, reps, accepted=spec.accepted[0])
+
+
+def _record(model: HybridLM, impl: str, settings: CompareSettings, run: DecodeRun, ssm_us: float,
+            spec: SpecWindows | None) -> dict[str, Any]:
+    """The ``decode_step`` record of one run: step latency, SSM share, tokens per second (for a speculative impl the
+    accepted ones: batch x mean accepted count per verify step)."""
+    batch, step_us = run.tokens.shape[1], run.median_step_us
+    speculative = impl in SPEC_SSM_IMPLS
+    mean_accept = spec.mean_accept if speculative else 1.0
+    accepted_per_s = batch * mean_accept / (step_us * 1e-6)
+    return {
+        "kind": "decode_step", "model": model.cfg.name, "layers": model.cfg.layers_label, "impl": impl,
+        "batch": batch, "state_dtype": settings.state_dtype, "act_dtype": str(model.dtype).replace("torch.", ""),
+        "L": settings.buffer_len, "steps": settings.steps, "median_step_us": step_us,
+        "ssm_median_us": ssm_us, "ssm_share": ssm_us / step_us, "tokens_per_s": accepted_per_s,
+        "cuda_graph": run.graphed, "spec_tokens": settings.spec_tokens if speculative else 1,
+        "mean_accept": mean_accept, "accepted_tokens_per_s": accepted_per_s,
+    }
+
+
 def measure_batch(model: HybridLM, batch: int, settings: CompareSettings,
-                  progress: Callable[[str, str, int], None] | None = None) -> tuple[list[dict], dict]:
-    """Decode ``batch`` sequences with the baseline and the replay SSM op; returns (two decode_step records, check).
-    ``progress(impl, phase, steps_done)`` reports each decode step and the SSM-only timing."""
+                  progress: Callable[[str, str, int], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """Decode ``batch`` sequences with every implementation of :func:`compare_impls`; returns (one decode_step record
+    each, token checks: baseline vs replay decode and, speculative, per-draft vs replay verify).
+    ``progress(impl, phase, steps_done)`` reports each step and the SSM-only timing."""
     gen = torch.Generator().manual_seed(settings.seed + batch)
     prompt = torch.randint(0, model.cfg.vocab_size, (batch, settings.prompt_len), generator=gen)
-    max_len = settings.prompt_len + settings.steps + 1
+    spec = SpecWindows.draw(settings, model.cfg.vocab_size, batch, gen) if settings.spec_tokens else None
     runs, records = {}, []
-    for impl in ("baseline", "replay"):
-        state = model.allocate(batch, max_len, ssm_impl=impl, state_dtype=STATE_DTYPES[settings.state_dtype],
-                               buffer_len=settings.buffer_len, replay_mode=settings.replay_mode)
+    for impl in compare_impls(settings):
         on_step = (lambda done, _steps, impl=impl: progress(impl, "decode", done)) if progress else None
-        run = greedy_decode(model, state, prompt, settings.steps, keep_rows=settings.keep_rows, on_step=on_step)
+        run, time_ssm = _decode(model, impl, prompt, settings, spec, on_step)
         if progress:
             progress(impl, "ssm timing", settings.steps)
-        ssm_us = statistics.median(time_ssm_only(model, state, reps=max(settings.steps // 2, 5)))
-        step_us = run.median_step_us
-        records.append({
-            "kind": "decode_step", "model": model.cfg.name, "layers": model.cfg.layers_label, "impl": impl,
-            "batch": batch, "state_dtype": settings.state_dtype, "act_dtype": str(model.dtype).replace("torch.", ""),
-            "L": settings.buffer_len, "steps": settings.steps, "median_step_us": step_us,
-            "ssm_median_us": ssm_us, "ssm_share": ssm_us / step_us,
-            "tokens_per_s": batch / (step_us * 1e-6), "cuda_graph": run.graphed,
-        })
+        ssm_us = statistics.median(time_ssm(max(settings.steps // 2, 5)))
+        records.append(_record(model, impl, settings, run, ssm_us, spec))
         runs[impl] = run
-        del state
+        del time_ssm  # and with it the decode state
         _free()
-    check = token_check(runs["baseline"], runs["replay"], settings)
-    check.update(model=model.cfg.name, batch=batch)
-    return records, check
+    pairs = [("baseline", "replay", 1)]
+    if spec:
+        pairs.append(("per_draft_verify", "replay_verify", settings.spec_tokens))
+    checks = [dict(token_check(runs[a], runs[b], settings), model=model.cfg.name, batch=batch, spec_tokens=t)
+              for a, b, t in pairs]
+    return records, checks
 
 
 def tie_tolerance(act_dtype: torch.dtype, top_logit: float) -> float:
@@ -215,17 +311,19 @@ def run_model(model: str, settings: CompareSettings, progress: ProgressCallback 
         progress(ProgressEvent(model, "load"))
     m, notes = load_model(model, settings)
     result = ModelResult(m.cfg.name, m.cfg.layers_label, notes)
-    n = len(settings.batches)
+    n, impls = len(settings.batches), compare_impls(settings)
     for i, batch in enumerate(settings.batches):
         def step(impl: str, phase: str, done: int, batch: int = batch, i: int = i) -> None:
             if progress:
-                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps))
+                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps,
+                                       impls.index(impl), len(impls)))
 
-        recs, check = measure_batch(m, batch, settings, step if progress else None)
+        recs, checks = measure_batch(m, batch, settings, step if progress else None)
         result.records += recs
-        result.checks.append(check)
+        result.checks += checks
         if progress:
-            progress(ProgressEvent(result.model, "batch done", batch, i, n, "", settings.steps, settings.steps))
+            progress(ProgressEvent(result.model, "batch done", batch, i, n, "", settings.steps, settings.steps,
+                                   len(impls) - 1, len(impls)))
         if on_batch:
             on_batch(result)
     del m
@@ -239,20 +337,41 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, layers, batch): baseline and replay step times, speed-up, tokens/s and SSM shares."""
+def _by_batch(records: list[dict[str, Any]]) -> dict[tuple, dict[str, dict]]:
+    """``decode_step`` records by (model, layers, batch), then by impl."""
     by_key: dict[tuple, dict[str, dict]] = {}
     for r in records:
         if r.get("kind") == "decode_step":
             by_key.setdefault((r["model"], r["layers"], r["batch"]), {})[r["impl"]] = r
+    return by_key
+
+
+def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, layers, batch): baseline and replay step times, speed-up, tokens/s and SSM shares."""
     rows = []
-    for (model, layers, batch), impls in by_key.items():
+    for (model, layers, batch), impls in _by_batch(records).items():
         if {"baseline", "replay"} <= impls.keys():
             b, p = impls["baseline"], impls["replay"]
             rows.append({"model": model, "layers": layers, "batch": batch, "baseline_us": b["median_step_us"],
                          "replay_us": p["median_step_us"], "speedup": b["median_step_us"] / p["median_step_us"],
                          "baseline_tok_s": b["tokens_per_s"], "replay_tok_s": p["tokens_per_s"],
                          "baseline_ssm_share": b["ssm_share"], "replay_ssm_share": p["ssm_share"]})
+    return rows
+
+
+def spec_speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, layers, batch) of a speculative run: verify step times and accepted tokens/s of the per-draft
+    and the replay verify, standard replay decode's tokens/s, and the replay verify's ratios to both."""
+    rows = []
+    for (model, layers, batch), impls in _by_batch(records).items():
+        if {"replay", *SPEC_SSM_IMPLS} <= impls.keys():
+            d, v, r = impls["per_draft_verify"], impls["replay_verify"], impls["replay"]
+            rows.append({"model": model, "layers": layers, "batch": batch, "spec_tokens": v["spec_tokens"],
+                         "mean_accept": v["mean_accept"], "per_draft_us": d["median_step_us"],
+                         "verify_us": v["median_step_us"], "per_draft_tok_s": d["accepted_tokens_per_s"],
+                         "verify_tok_s": v["accepted_tokens_per_s"], "decode_tok_s": r["accepted_tokens_per_s"],
+                         "vs_per_draft": v["accepted_tokens_per_s"] / d["accepted_tokens_per_s"],
+                         "vs_decode": v["accepted_tokens_per_s"] / r["accepted_tokens_per_s"]})
     return rows
 
 
@@ -280,8 +399,9 @@ def plot_speedup(records: list[dict[str, Any]], path: str | Path, title: str = "
 
 
 def build_report(results: list[ModelResult], settings: CompareSettings, complete: bool = True) -> dict[str, Any]:
-    """The JSON document: ``device``, ``date``, ``engine``, ``complete`` (False while a run is under way or after
-    it was stopped), ``records`` (decode_step), ``checks``, ``notes``."""
+    """The JSON document: ``device``, ``date``, ``engine``, ``timing_note`` (CPU runs), ``spec_note`` (speculative
+    runs), ``complete`` (False while a run is under way or after it was stopped), ``settings``, ``records``
+    (decode_step), ``checks``, ``notes``."""
     cpu = settings.torch_device.type == "cpu"
     engine = "reference decoder (TensorRT-LLM not used)"
     return {
@@ -289,11 +409,13 @@ def build_report(results: list[ModelResult], settings: CompareSettings, complete
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "engine": engine + (", PyTorch CPU fallback ops" if cpu else ", CUDA kernels"),
         "timing_note": CPU_FALLBACK_NOTE if cpu else None,
+        "spec_note": SPEC_NOTE if settings.spec_tokens else None,
         "complete": complete,
         "settings": {"batches": list(settings.batches), "steps": settings.steps, "state_dtype": settings.state_dtype,
                      "act_dtype": str(settings.torch_act_dtype).replace("torch.", ""), "L": settings.buffer_len,
                      "prompt_len": settings.prompt_len, "gpu_layers": settings.gpu_layers,
-                     "replay_mode": settings.replay_mode},
+                     "replay_mode": settings.replay_mode, "seed": settings.seed, "spec_tokens": settings.spec_tokens,
+                     "mean_accept": settings.mean_accept},
         "notes": {r.model: r.notes for r in results},
         "records": [rec for r in results for rec in r.records],
         "checks": [c for r in results for c in r.checks],
@@ -306,8 +428,14 @@ def check_tokens(report: dict[str, Any]) -> None:
     bad = [c for c in report["checks"] if c["state_dtype"] == "fp32" and c["mismatch_rows"]]
     if bad:
         raise TokenMismatchError("greedy tokens differ between baseline and replay for fp32 state (not at a "
-                                 "near-tie): " + "; ".join(f"{c['model']} batch {c['batch']}: {c['mismatch_rows']} "
-                                                          f"rows, first {c['mismatches'][0]}" for c in bad))
+                                 "near-tie): " + "; ".join(f"{_check_label(c)}: {c['mismatch_rows']} rows, first "
+                                                          f"{c['mismatches'][0]}" for c in bad))
+
+
+def _check_label(check: dict[str, Any]) -> str:
+    """``model batch b`` and, for a speculative check (per-draft vs replay verify), ``verify T = t``."""
+    label = f"{check['model']} batch {check['batch']}"
+    return label if check.get("spec_tokens", 1) == 1 else f"{label} verify T = {check['spec_tokens']}"
 
 
 def run_compare(models: list[str], settings: CompareSettings, out_dir: str | Path,

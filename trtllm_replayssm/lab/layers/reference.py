@@ -59,7 +59,7 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     width = weight.shape[-1]
     inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
     windows = inputs.unfold(-1, width, 1)                                                        # [b, C, T, W]
-    y = (windows.float() * weight.reshape(weight.shape[0], 1, -1).float()).sum(-1).transpose(1, 2)
+    y = (windows.float() * weight.reshape(weight.shape[0], 1, -1).float()).sum(-1).transpose(1, 2).contiguous()
     if bias is not None:
         y = y + bias.float()
     y = y.to(x.dtype)

@@ -1,4 +1,5 @@
-"""Reference hybrid decoders (Nemotron-H, Qwen3.5): prefill with a sequential scan, then greedy decode steps.
+"""Reference hybrid decoders (Nemotron-H, Qwen3.5): prefill with a sequential scan, then decode steps or
+speculative verify steps (a window of tokens per row, then a commit of each row's accepted count).
 
 Module and parameter names follow the Hugging Face checkpoints (``backbone.*`` for NemotronH, ``model.*`` for
 Qwen3.5), so a checkpoint loads by name (see :mod:`.weights`).
@@ -11,6 +12,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from trtllm_replayssm.lab.layers.reference import conv1d_commit_
 
 from .config import HybridConfig
 from .layers import Attention, DenseExpertMoE, GatedRMSNorm, KVCache, ReluSqMLP, RMSNorm, SwiGLUMLP
@@ -71,13 +74,16 @@ class _Trunk(nn.Module):
 
 @dataclass
 class DecodeState:
-    """Everything a decode step mutates: SSM states (baseline or replay), conv states, KV caches."""
+    """Everything a decode step mutates: SSM states (baseline or replay), conv states, KV caches; with speculative
+    windows (``ssm.spec_tokens`` > 1) the conv inputs of the window being verified (``conv_window``, per SSM layer
+    ``[b, T, C]``)."""
 
     ssm: SSMStates
     conv: list[torch.Tensor]
     kv: list[KVCache]
     batch: int
     max_len: int
+    conv_window: list[torch.Tensor]
 
     def reset(self) -> None:
         """Zero all state in place (buffer addresses are kept, so a captured graph stays valid)."""
@@ -181,18 +187,22 @@ class HybridLM(nn.Module):
 
     # ------------------------------------------------------------------ state
     def allocate(self, batch: int, max_len: int, ssm_impl: str = "baseline", state_dtype: torch.dtype = torch.float32,
-                 buffer_len: int = 16, replay_mode: str = "auto") -> DecodeState:
-        """Decode state for ``batch`` sequences of up to ``max_len`` tokens; ``ssm_impl`` picks the SSM op."""
+                 buffer_len: int = 16, replay_mode: str = "auto", spec_tokens: int = 1) -> DecodeState:
+        """Decode state for ``batch`` sequences of up to ``max_len`` tokens; ``ssm_impl`` picks the SSM op;
+        ``spec_tokens`` > 1: also speculative windows of that many tokens (:meth:`verify_step`)."""
         if batch < 1 or max_len < 2:
             raise ValueError(f"batch/max_len: expected >= 1 and >= 2, got {batch} and {max_len}")
         cfg, dev, act = self.cfg, self.device, self.dtype
         dims = cfg.ssm_dims
-        ssm = SSMStates(ssm_impl, len(cfg.ssm_layers), batch, dims, state_dtype, act, buffer_len, dev, replay_mode)
+        ssm = SSMStates(ssm_impl, len(cfg.ssm_layers), batch, dims, state_dtype, act, buffer_len, dev, replay_mode,
+                        spec_tokens)
         conv = [torch.zeros((batch, dims.conv_dim, cfg.conv_kernel - 1), dtype=act, device=dev)
                 for _ in cfg.ssm_layers]
         kv = [KVCache.allocate(batch, max_len, cfg.kv_heads, cfg.attn_head_dim, act, dev)
               for _ in self.attn_index]
-        return DecodeState(ssm, conv, kv, batch, max_len)
+        window = [torch.zeros((batch, spec_tokens, dims.conv_dim), dtype=act, device=dev)
+                  for _ in cfg.ssm_layers] if spec_tokens > 1 else []
+        return DecodeState(ssm, conv, kv, batch, max_len, window)
 
     # ------------------------------------------------------------------ forward
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,32 +213,33 @@ class HybridLM(nn.Module):
         norm = self.backbone.norm_f if self.cfg.arch == "nemotron_h" else self.model.norm
         return self.lm_head(_residual_norm(norm, delta, h))
 
-    def _mixer(self, i: int, block: nn.Module, x: torch.Tensor, state: DecodeState, prefill: bool) -> torch.Tensor:
+    def _mixer(self, i: int, block: nn.Module, x: torch.Tensor, state: DecodeState, mode: str) -> torch.Tensor:
         kind = block.kind
         if kind in ("mamba2", "gdn"):
             j = self.ssm_index[i]
-            if prefill:
+            if mode == "prefill":
                 out, conv_state, ssm_state = block.mixer.prefill(x)
                 state.conv[j].copy_(conv_state)
                 state.ssm.load_prefill(j, ssm_state)
                 return out
+            if mode == "verify":
+                return block.mixer.verify(x, state.conv[j], state.conv_window[j], state.ssm, j)
             return block.mixer.decode(x, state.conv[j], state.ssm, j)
         if kind == "attention":
-            kv = state.kv[self.attn_index[i]]
-            return block.mixer.prefill(x, kv) if prefill else block.mixer.decode(x, kv)
+            return getattr(block.mixer, mode)(x, state.kv[self.attn_index[i]])
         return block.mixer(x)
 
-    def _forward(self, tokens: torch.Tensor, state: DecodeState,
-                 prefill: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, tokens: torch.Tensor, state: DecodeState, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The residual stream ``h`` and the last block's output ``delta`` not yet added to it (each norm adds the
-        previous block's output to ``h`` in place and normalises the sum in one fused op)."""
+        previous block's output to ``h`` in place and normalises the sum in one fused op). ``mode``: ``prefill``,
+        ``decode`` or ``verify`` (the mixers' method of that name)."""
         h = self._embed(tokens)
         delta = None  # nothing to add before the first block
         for i, block in enumerate(self.trunk.layers):
             if self.cfg.arch == "nemotron_h":
-                delta = self._mixer(i, block, _residual_norm(block.norm, delta, h), state, prefill)
+                delta = self._mixer(i, block, _residual_norm(block.norm, delta, h), state, mode)
             else:
-                delta = self._mixer(i, block, _residual_norm(block.input_layernorm, delta, h), state, prefill)
+                delta = self._mixer(i, block, _residual_norm(block.input_layernorm, delta, h), state, mode)
                 delta = block.mlp(block.post_attention_layernorm.add_forward(delta, h))
         return h, delta
 
@@ -240,25 +251,54 @@ class HybridLM(nn.Module):
         if b != state.batch or t >= state.max_len:
             raise ValueError(f"tokens: expected shape [{state.batch}, < {state.max_len}], got {list(tokens.shape)}")
         state.reset()
-        h, delta = self._forward(tokens, state, prefill=True)
+        h, delta = self._forward(tokens, state, "prefill")
         return self._final(h[:, -1].contiguous(), delta[:, -1])
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step for ``tokens [b]``; returns the logits ``[b, vocab]`` in the model dtype (as the lm_head
         computes them; their argmax is the float32 argmax). No host sync (graph safe)."""
-        return self._final(*self._forward(tokens, state, prefill=False))
+        return self._final(*self._forward(tokens, state, "decode"))
 
-    def ssm_probe(self, state: DecodeState, seed: int = 0) -> Callable[[], None]:
+    @torch.no_grad()
+    def verify_step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """A speculative window per row, ``tokens [b, T]`` (the last sampled token, then T - 1 drafts; T =
+        ``state.ssm.spec_tokens``); returns the logits after every window token ``[b, T, vocab]``. Nothing is
+        committed (:meth:`commit`): the SSM layers verify from their committed state, the conv sees the window
+        without shifting it, the attention layers write the window's keys and values past the cached length."""
+        if tokens.dim() != 2 or tuple(tokens.shape) != (state.batch, state.ssm.spec_tokens):
+            raise ValueError(f"tokens: expected shape [{state.batch}, {state.ssm.spec_tokens}] (spec_tokens of the "
+                             f"state), got {list(tokens.shape)}")
+        return self._final(*self._forward(tokens, state, "verify"))
+
+    @torch.no_grad()
+    def commit(self, accepted: torch.Tensor, state: DecodeState) -> None:
+        """After :meth:`verify_step`: row b keeps its first ``accepted[b]`` window tokens (``[b]``, 1 .. T, the
+        bonus token counted). The SSM layers commit them (:meth:`SSMStates.commit`), the conv windows shift by them
+        and the KV caches grow by them; the rejected tokens leave no trace."""
+        accepted = accepted.to(self.device)
+        for j in range(len(self.cfg.ssm_layers)):
+            state.ssm.commit(j, accepted)
+            conv1d_commit_(state.conv[j], state.conv_window[j], accepted)
+        for kv in state.kv:
+            kv.pos.add_(accepted)
+
+    def ssm_probe(self, state: DecodeState, seed: int = 0,
+                  accepted: torch.Tensor | None = None) -> Callable[[], None]:
         """A function running only the SSM ops of every SSM layer for one step, on static random inputs (to time the
-        SSM share of a step). It mutates ``state``'s SSM buffers."""
+        SSM share of a step); with ``accepted [b]`` a speculative window of ``spec_tokens`` per row, verified and
+        committed with these counts. It mutates ``state``'s SSM buffers."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         mixers = [self.trunk.layers[i].mixer for i in self.cfg.ssm_layers]
-        inputs = [m.probe_inputs(state.batch, self.dtype, gen) for m in mixers]
+        window = accepted is not None
+        lead = (state.batch, state.ssm.spec_tokens) if window else (state.batch,)
+        inputs = [m.probe_inputs(lead, self.dtype, gen) for m in mixers]
 
         def run() -> None:
             for j, (mixer, args) in enumerate(zip(mixers, inputs)):
-                mixer.ssm_step(state.ssm, j, *args)
+                mixer.ssm_step(state.ssm, j, *args, window=window)
+                if window:
+                    state.ssm.commit(j, accepted)
 
         return run
 

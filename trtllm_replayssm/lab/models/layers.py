@@ -213,9 +213,24 @@ class Attention(nn.Module):
                                            v.transpose(1, 2).repeat_interleave(rep, 1).float(), is_causal=True)
         return self._out(o.transpose(1, 2).reshape(b, t, -1).to(h.dtype), gate)
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, kv: KVCache,
+                pos: torch.Tensor) -> torch.Tensor:
+        """One token per row at positions ``pos [b]``: written to the cache there, attending over ``0..pos``."""
+        return fused.attention_decode(q, k, v, kv.k, kv.v, pos, self.head_dim ** -0.5, gate)
+
     def decode(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
         q, k, v, gate = self._qkv(h, kv.pos)
-        o = fused.attention_decode(q, k, v, kv.k, kv.v, kv.pos, self.head_dim ** -0.5, gate)
+        o = self._attend(q, k, v, gate, kv, kv.pos)
         kv.pos.add_(1)
         return self.o_proj(o)
+
+    def verify(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """A speculative window ``h [b, T, D]`` after the ``pos`` cached tokens: token t goes to position
+        ``pos + t`` and attends causally over ``0..pos+t``. ``pos`` stays (the commit adds the accepted count), so
+        the entries of rejected tokens lie past it and the next window overwrites them."""
+        window = h.shape[1]
+        q, k, v, gate = self._qkv(h, kv.pos[:, None] + torch.arange(window, device=h.device))
+        o = [self._attend(q[:, t], k[:, t], v[:, t], None if gate is None else gate[:, t], kv, kv.pos + t)
+             for t in range(window)]
+        return self.o_proj(torch.stack(o, 1))

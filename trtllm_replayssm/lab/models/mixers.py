@@ -2,7 +2,8 @@
 
 Parameter names follow the Hugging Face checkpoints. Prefill runs a plain sequential float32 scan and returns the
 final recurrent state (handed to the decode cache); decode runs one token through the shared projections/conv/norm
-and calls the SSM op selected by the decoder's :class:`SSMStates` (baseline or replay).
+and calls the SSM op selected by the decoder's :class:`SSMStates` (baseline or replay); verify runs a speculative
+window of tokens through the same layers (the conv and the SSM see the window without committing it).
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import HybridConfig
+from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
 from trtllm_replayssm.lab.layers.ops import conv1d_update
+from trtllm_replayssm.lab.layers.reference import conv1d_verify
 
 from .layers import GatedRMSNorm, PackedLinears, conv_prefill
 from .ssm_state import SSMStates
@@ -102,26 +105,41 @@ class Mamba2Mixer(nn.Module):
         y = self.norm(y.flatten(-2).to(hs.dtype), z)
         return self.out_proj(y), conv_state, state
 
+    def _finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``y [..., H, P]``, ``z [..., H * P]`` -> out_proj(gated norm(y, z))."""
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         z, xbc, dt = self._split(self.in_proj(hs))
         x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
-        y = self.ssm_step(ssm, idx, x, dt, B, C)
-        return self.out_proj(self.norm(y.flatten(-2), z))
+        return self._finish(self.ssm_step(ssm, idx, x, dt, B, C), z)
+
+    def verify(self, hs: torch.Tensor, conv_state: torch.Tensor, conv_window: torch.Tensor, ssm: SSMStates,
+               idx: int) -> torch.Tensor:
+        """A speculative window ``hs [b,T,D]`` -> ``[b,T,D]`` (:meth:`SSMStates.verify`); ``conv_state`` is read,
+        the window's conv inputs go to ``conv_window [b,T,C]`` for the commit."""
+        z, xbc, dt = self._split(self.in_proj(hs))
+        conv_window.copy_(xbc)
+        x, B, C = self._split_xbc(conv1d_verify(xbc, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True))
+        return self._finish(self.ssm_step(ssm, idx, x, dt, B, C, window=True), z)
 
     def ssm_step(self, ssm: SSMStates, idx: int, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,
-                 C: torch.Tensor) -> torch.Tensor:
-        """The SSM op of layer ``idx``: ``x [b,H,P]`` -> ``y [b,H,P]`` (no z gate: the gate is in the gated RMSNorm)."""
-        return ssm.step(idx, torch.empty_like(x), (x, dt, self.A(), B, C), D=self.D, z=None, dt_bias=self.dt_bias,
-                        dt_softplus=True)
+                 C: torch.Tensor, window: bool = False) -> torch.Tensor:
+        """The SSM op of layer ``idx``: ``x [b,H,P]`` -> ``y [b,H,P]`` (no z gate: the gate is in the gated RMSNorm);
+        ``window``: a speculative window, every per-token input with a window dim after the batch dim."""
+        run = ssm.verify if window else ssm.step
+        return run(idx, x.new_empty(x.shape), Mamba2Step(x, dt, self.A(), B, C, self.D, self.dt_bias))
 
-    def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-        """Static random inputs ``(x, dt, B, C)`` of :meth:`ssm_step` for timing the SSM op alone."""
+    def probe_inputs(self, lead: tuple[int, ...], dtype: torch.dtype,
+                     gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """Static random inputs ``(x, dt, B, C)`` of :meth:`ssm_step` (leading dims ``lead``: ``(b,)`` or, for a
+        window, ``(b, T)``) for timing the SSM op alone."""
         dev = self.D.device
-        x = torch.randn((batch, self.h, self.p), generator=gen, device=dev).to(dtype)
-        dt = torch.randn((batch, self.h), generator=gen, device=dev).to(dtype)
-        B = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
-        C = torch.randn((batch, self.g, self.n), generator=gen, device=dev).to(dtype)
+        x = torch.randn((*lead, self.h, self.p), generator=gen, device=dev).to(dtype)
+        dt = torch.randn((*lead, self.h), generator=gen, device=dev).to(dtype)
+        B = torch.randn((*lead, self.g, self.n), generator=gen, device=dev).to(dtype)
+        C = torch.randn((*lead, self.g, self.n), generator=gen, device=dev).to(dtype)
         return x, dt, B, C
 
 
@@ -173,18 +191,30 @@ class GatedDeltaNetMixer(nn.Module):
         q, k, v = self._split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
         return self._finish(self.ssm_step(ssm, idx, q, k, v, a, b), z)
 
-    def ssm_step(self, ssm: SSMStates, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
-                 b: torch.Tensor) -> torch.Tensor:
-        """The SSM op of layer ``idx``: ``q,k [b,H,K]``, ``v [b,HV,V]``, ``a,b [b,HV]`` -> ``o [b,HV,V]`` (q/k l2norm,
-        gates and ``scale = K**-0.5`` inside the op)."""
-        return ssm.step(idx, torch.empty_like(v), (q, k, v, a, b, self.A_log, self.dt_bias), scale=None)
+    def verify(self, hs: torch.Tensor, conv_state: torch.Tensor, conv_window: torch.Tensor, ssm: SSMStates,
+               idx: int) -> torch.Tensor:
+        """A speculative window ``hs [b,T,D]`` -> ``[b,T,D]`` (:meth:`SSMStates.verify`); ``conv_state`` is read,
+        the window's conv inputs go to ``conv_window [b,T,C]`` for the commit."""
+        qkv, z, b, a = self.in_proj(hs)
+        conv_window.copy_(qkv)
+        q, k, v = self._split_qkv(conv1d_verify(qkv, conv_state, self.conv1d.weight, None, silu=True))
+        return self._finish(self.ssm_step(ssm, idx, q, k, v, a, b, window=True), z)
 
-    def probe_inputs(self, batch: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-        """Static random inputs ``(q, k, v, a, b)`` of :meth:`ssm_step` for timing the SSM op alone."""
+    def ssm_step(self, ssm: SSMStates, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                 b: torch.Tensor, window: bool = False) -> torch.Tensor:
+        """The SSM op of layer ``idx``: ``q,k [b,H,K]``, ``v [b,HV,V]``, ``a,b [b,HV]`` -> ``o [b,HV,V]`` (q/k l2norm,
+        gates and ``scale = K**-0.5`` inside the op); ``window``: a speculative window, every input with a window
+        dim after the batch dim."""
+        run = ssm.verify if window else ssm.step
+        return run(idx, v.new_empty(v.shape), DeltaStep(q, k, v, a, b, self.A_log, self.dt_bias))
+
+    def probe_inputs(self, lead: tuple[int, ...], dtype: torch.dtype,
+                     gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """Static random inputs ``(q, k, v, a, b)`` of :meth:`ssm_step` (leading dims ``lead``: ``(b,)`` or, for a
+        window, ``(b, T)``) for timing the SSM op alone."""
         dev = self.A_log.device
 
         def rnd(*shape: int) -> torch.Tensor:
-            return torch.randn(shape, generator=gen, device=dev).to(dtype)
+            return torch.randn((*lead, *shape), generator=gen, device=dev).to(dtype)
 
-        return (rnd(batch, self.hk, self.dk), rnd(batch, self.hk, self.dk), rnd(batch, self.hv, self.dv),
-                rnd(batch, self.hv), rnd(batch, self.hv))
+        return rnd(self.hk, self.dk), rnd(self.hk, self.dk), rnd(self.hv, self.dv), rnd(self.hv), rnd(self.hv)

@@ -1,4 +1,5 @@
-"""Greedy generation and timing: prefill, then N decode steps (a captured CUDA graph per batch on CUDA)."""
+"""Greedy generation and timing: prefill, then N decode steps (a captured CUDA graph per batch on CUDA), or N
+speculative verify steps with synthetic acceptance."""
 from __future__ import annotations
 
 import statistics
@@ -61,6 +62,29 @@ class DecodeRun:
         return statistics.median(self.step_us)
 
 
+class _Trace:
+    """What a run keeps of each step's logits, outside the timed region: the token fed next, the top-1 logit, the
+    top-1 minus top-2 gap, and the logits of the first ``rows`` sequences."""
+
+    def __init__(self, steps: int, batch: int, rows: int, vocab: int, device: torch.device) -> None:
+        self.rows = rows
+        self.tokens = torch.empty((steps + 1, batch), dtype=torch.long, device=device)
+        self.top = torch.empty((steps, batch), dtype=torch.float32, device=device)
+        self.gaps = torch.empty_like(self.top)
+        self.kept = torch.empty((steps, rows, vocab), dtype=torch.float32, device=device)
+
+    def add(self, s: int, logits: torch.Tensor, tok: torch.Tensor) -> None:
+        """Step ``s`` gave ``logits [b, vocab]`` and the next token ``tok [b]``."""
+        self.kept[s].copy_(logits[:self.rows])
+        top2 = logits.topk(2, dim=-1).values.float()
+        self.top[s].copy_(top2[:, 0])
+        self.gaps[s].copy_(top2[:, 0] - top2[:, 1])
+        self.tokens[s + 1].copy_(tok)
+
+    def run(self, step_us: list[float], graphed: bool) -> DecodeRun:
+        return DecodeRun(self.tokens.cpu(), self.top.cpu(), self.gaps.cpu(), self.kept, step_us, graphed)
+
+
 @torch.no_grad()
 def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, steps: int, keep_rows: int = 4,
                   use_graph: bool | None = None, on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
@@ -92,12 +116,9 @@ def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, ste
     else:
         static_logits = None
         run = step
-    tokens = torch.empty((steps + 1, b), dtype=torch.long, device=dev)
-    top = torch.empty((steps, b), dtype=torch.float32, device=dev)
-    gaps = torch.empty_like(top)
-    kept = torch.empty((steps, rows, model.cfg.vocab_size), dtype=torch.float32, device=dev)
+    trace = _Trace(steps, b, rows, model.cfg.vocab_size, dev)
     tok.copy_(model.prefill(prompt.to(dev), state).argmax(-1))
-    tokens[0].copy_(tok)
+    trace.tokens[0].copy_(tok)
     step_us = []
     for s in range(steps):
         if use_graph:
@@ -111,26 +132,92 @@ def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, ste
             t0 = time.perf_counter()
             logits = run()
             step_us.append((time.perf_counter() - t0) * 1e6)
-        # outside the timed region
-        kept[s].copy_(logits[:rows])
-        top2 = logits.topk(2, dim=-1).values.float()
-        top[s].copy_(top2[:, 0])
-        gaps[s].copy_(top2[:, 0] - top2[:, 1])
-        tokens[s + 1].copy_(tok)
+        trace.add(s, logits, tok)  # outside the timed region
         if on_step:
             on_step(s + 1, steps)
     if use_graph:
         torch.cuda.synchronize(dev)
         step_us = [a.elapsed_time(e) * 1e3 for a, e in step_us]
-    return DecodeRun(tokens.cpu(), top.cpu(), gaps.cpu(), kept, step_us, use_graph)
+    return trace.run(step_us, use_graph)
+
+
+def _accepted_length(p: float, window: int) -> float:
+    """Mean accepted count of a window when each draft is accepted with probability ``p`` until the first rejection
+    (the bonus token counted): ``1 + p + ... + p^(T-1)``."""
+    return sum(p ** k for k in range(window))
+
+
+def acceptance_pattern(spec_tokens: int, mean_accept: float, windows: int, batch: int, seed: int) -> torch.Tensor:
+    """Synthetic accepted counts ``[windows, batch]`` in 1 .. ``spec_tokens`` (the bonus token counted) with mean
+    ``mean_accept`` (exact up to rounding the total to whole tokens), drawn from ``seed``: each draft is accepted
+    with one probability p (solved for the mean) until the window's first rejection; then single counts, picked at
+    random, move by one until the total is ``round(mean_accept * windows * batch)``."""
+    if not 1.0 <= mean_accept <= spec_tokens:
+        raise ValueError(f"mean_accept: expected 1 <= A <= T = {spec_tokens}, got {mean_accept}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # the mean length rises with p from 1 (p = 0) to T (p = 1)
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _accepted_length(mid, spec_tokens) < mean_accept else (lo, mid)
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.rand(windows * batch, spec_tokens - 1, generator=gen) < lo
+    counts = 1 + drafts.long().cumprod(-1).sum(-1)
+    target = round(mean_accept * counts.numel())
+    while (diff := target - int(counts.sum())) != 0:
+        move = 1 if diff > 0 else -1
+        movable = ((counts + move >= 1) & (counts + move <= spec_tokens)).nonzero().flatten()
+        pick = movable[torch.randperm(movable.numel(), generator=gen)[:abs(diff)]]
+        counts[pick] += move
+    return counts.view(windows, batch)
 
 
 @torch.no_grad()
-def time_ssm_only(model: HybridLM, state: DecodeState, reps: int) -> list[float]:
+def speculative_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, drafts: torch.Tensor,
+                       accepted: torch.Tensor, keep_rows: int = 4,
+                       on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
+    """Prefill ``prompt [b, P]``, then one speculative verify step per window ``s``: row b's window is its last
+    sampled token followed by ``drafts[s, b]`` (``[windows, b, T - 1]``), the model verifies it
+    (:meth:`HybridLM.verify_step`), keeps ``accepted[s, b]`` tokens (``[windows, b]``, 1 .. T: synthetic
+    acceptance, given instead of compared with the drafts; :meth:`HybridLM.commit`) and samples the bonus token
+    greedily from the logits after the last accepted one. Each window (verify, commit, bonus token) is timed on the
+    wall clock. The run's tokens, top logits, gaps and kept logits are those of the bonus tokens."""
+    windows, b, drafted = drafts.shape
+    window = drafted + 1
+    if tuple(accepted.shape) != (windows, b) or windows < 1:
+        raise ValueError(f"accepted: expected shape [{windows}, {b}] (windows, batch) with windows >= 1, got "
+                         f"{list(accepted.shape)}")
+    if ((accepted < 1) | (accepted > window)).any():
+        raise ValueError(f"accepted: expected counts in 1..{window}")
+    if prompt.shape[1] + windows * window >= state.max_len:
+        raise ValueError(f"drafts: prompt ({prompt.shape[1]}) + windows ({windows}) x {window} tokens must stay below "
+                         f"max_len ({state.max_len})")
+    dev = model.device
+    drafts, accepted = drafts.to(dev), accepted.to(dev)
+    rows = torch.arange(b, device=dev)
+    trace = _Trace(windows, b, min(keep_rows, b), model.cfg.vocab_size, dev)
+    tok = model.prefill(prompt.to(dev), state).argmax(-1)
+    trace.tokens[0].copy_(tok)
+    step_us = []
+    for s in range(windows):
+        t0 = time.perf_counter()
+        logits = model.verify_step(torch.cat([tok[:, None], drafts[s]], 1), state)
+        model.commit(accepted[s], state)
+        last = logits[rows, accepted[s] - 1]
+        tok = last.argmax(-1)
+        step_us.append((time.perf_counter() - t0) * 1e6)
+        trace.add(s, last, tok)
+        if on_step:
+            on_step(s + 1, windows)
+    return trace.run(step_us, False)
+
+
+@torch.no_grad()
+def time_ssm_only(model: HybridLM, state: DecodeState, reps: int,
+                  accepted: torch.Tensor | None = None) -> list[float]:
     """Microseconds per call of a step of the SSM ops alone (all SSM layers, static inputs); a CUDA graph of them on
-    CUDA, eager on CPU. Mutates ``state``'s SSM buffers."""
-    probe = model.ssm_probe(state)
-    if model.device.type == "cuda":
+    CUDA, eager on CPU; with ``accepted [b]`` a speculative verify + commit (:meth:`HybridLM.ssm_probe`, the
+    PyTorch references: eager). Mutates ``state``'s SSM buffers."""
+    probe = model.ssm_probe(state, accepted=accepted)
+    if model.device.type == "cuda" and accepted is None:
         graph, _ = capture_graph(probe)
         return time_calls(graph.replay, reps, model.device)
     probe()
