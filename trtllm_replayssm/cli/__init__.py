@@ -17,6 +17,7 @@ _COMMANDS = {
     "inspect": "trtllm_replayssm.cli.inspect_cmd:inspect_cmd",
     "bench": "trtllm_replayssm.cli.bench_cmd:bench_cmd",
     "compare": "trtllm_replayssm.cli.compare_cmd:compare_cmd",
+    "accuracy": "trtllm_replayssm.cli.accuracy_cmd:accuracy_cmd",
 }
 
 

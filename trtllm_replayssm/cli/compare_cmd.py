@@ -8,17 +8,8 @@ from pathlib import Path
 import click
 
 from trtllm_replayssm.cli.errors import Interrupted, RunError, bad_value
+from trtllm_replayssm.cli.options import positive_ints
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
-
-
-def _batches(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}") from None
-    if not out or min(out) < 1:
-        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}")
-    return out
 
 
 def _tokens_cell(check: dict) -> str:
@@ -88,7 +79,7 @@ def _bench_table(bench: dict) -> "object":
 
 @click.command("compare")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL...")
-@click.option("--batch", "batches", default="1,8,64,256,512", callback=_batches, help="Comma-separated batch sizes.")
+@click.option("--batch", "batches", default="1,8,64,256,512", callback=positive_ints, help="Comma-separated batch sizes.")
 @click.option("--steps", default=64, type=int,
               help="Decode steps per batch (>= 3 * buffer-len for the fp32 token check).")
 @click.option("--gpu-layers", type=int, default=None,

@@ -7,14 +7,15 @@ from pathlib import Path
 import click
 
 from trtllm_replayssm.cli.errors import bad_value
-from trtllm_replayssm.cli.options import (buffer_len_option, gpu_option, state_from_options, state_options,
-                                          tp_size_option)
+from trtllm_replayssm.cli.options import (buffer_len_option, gpu_option, spec_tokens_option, state_from_options,
+                                          state_options, tp_size_option)
 
 MIB = 1 << 20
 # One letter per layer kind in the printed layer pattern.
 LAYER_LETTERS = {"mamba2": "M", "gdn": "G", "kda": "K", "attention": "*", "mlp": "-", "moe": "E"}
 LAYER_KEY = "M Mamba-2, G Gated DeltaNet, K KDA, * attention, - MLP, E MoE"
-PLAN_OPTIONS = ("gpu", "tp_size", "buffer_len", "state_format", "state_mode", "master_format", "stochastic_rounding")
+PLAN_OPTIONS = ("gpu", "tp_size", "buffer_len", "spec_tokens", "state_format", "state_mode", "master_format",
+                "stochastic_rounding")
 
 
 def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
@@ -44,7 +45,18 @@ def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
         ("free_gpu_memory_fraction", str(mem["free_gpu_memory_fraction"])),
         ("predicted SSM-layer speed-up", f"{pred['ssm_layer_speedup']:.2f}x"),
     ]
-    return rows + ([("TensorRT-LLM note", state["trtllm_note"])] if state["trtllm_note"] else [])
+    rows += [("TensorRT-LLM note", state["trtllm_note"])] if state["trtllm_note"] else []
+    return rows + _speculative_rows(m.get("speculative"))
+
+
+def _speculative_rows(spec: dict | None) -> list[tuple[str, str]]:
+    """The table rows of the manifest's ``speculative`` (none without speculative decoding)."""
+    if spec is None:
+        return []
+    rows = [("speculative decoding", f"MTP, {spec['spec_tokens']} draft tokens (windows of {spec['window_tokens']}); "
+                                     f"rings of {spec['ring_len']} records"),
+            ("speculative decoding served by", f"{spec['served_by']}: {spec['note']}")]
+    return rows + ([("WARNING upstream MTP", spec["upstream_mtp_hazard"])] if spec["upstream_mtp_hazard"] else [])
 
 
 def layer_pattern(layers: list[dict]) -> str:
@@ -57,14 +69,17 @@ def layer_pattern(layers: list[dict]) -> str:
 @gpu_option(default="h100")
 @tp_size_option
 @buffer_len_option
+@spec_tokens_option
 @state_options
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest-style JSON instead of a table.")
 @click.pass_context
-def inspect_cmd(ctx: click.Context, target: str, gpu: str, tp_size: int, buffer_len: int, state_format: str | None,
-                state_mode: str | None, master_format: str | None, stochastic_rounding: bool, as_json: bool) -> None:
+def inspect_cmd(ctx: click.Context, target: str, gpu: str, tp_size: int, buffer_len: int, spec_tokens: int | None,
+                state_format: str | None, state_mode: str | None, master_format: str | None, stochastic_rounding: bool,
+                as_json: bool) -> None:
     """Show the plan and memory table of a bundle directory, a preset, or a local model directory. For a bundle
-    the plan it was built with is shown; --gpu, --tp-size, --buffer-len and the state options apply to presets and
-    model directories, where every state format and mode is planned (build compiles plain fp32/fp16/bf16)."""
+    the plan it was built with is shown; --gpu, --tp-size, --buffer-len, --spec-tokens and the state options apply to
+    presets and model directories, where every state format and mode is planned (build compiles plain
+    fp32/fp16/bf16)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -87,7 +102,8 @@ def inspect_cmd(ctx: click.Context, target: str, gpu: str, tp_size: int, buffer_
             spec = resolve_model(target)
             state = state_from_options(spec.ssm_state_dtype, state_format, state_mode, master_format,
                                        stochastic_rounding)
-            mp = memory_plan.plan(spec, key, tp_size=tp_size, buffer_len=buffer_len, state=state)
+            mp = memory_plan.plan(spec, key, tp_size=tp_size, buffer_len=buffer_len, state=state,
+                                  spec_tokens=spec_tokens)
         except ValueError as exc:
             bad_value(exc)
         m = bundle.manifest_dict(spec, mp, arch, [], str(path.resolve()) if path.is_dir() else None)

@@ -19,6 +19,17 @@ MASTER_FORMATS = ("fp32", "fp16", "bf16", "fp8")
 QUANT_FORMATS = ("fp8", "nvfp4")
 
 
+def positive_ints(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    """Click callback: a comma-separated list of positive ints."""
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"expected comma-separated positive ints, got {value!r}")
+    return out
+
+
 def gpu_option(required: bool = False, default: str | None = None) -> Callable:
     if required:
         return click.option("--gpu", required=True, help=f"Target GPU: {GPU_CHOICES}.")
@@ -28,6 +39,10 @@ def gpu_option(required: bool = False, default: str | None = None) -> Callable:
 tp_size_option = click.option("--tp-size", "--tp_size", "tp_size", default=1, type=int, help="Tensor-parallel size.")
 buffer_len_option = click.option("--buffer-len", "buffer_len", default=16,
                                  type=click.IntRange(1, MAX_BUFFER_LEN), help="Ring length L.")
+spec_tokens_option = click.option(
+    "--spec-tokens", "spec_tokens", default=None, type=int,
+    help="Speculative decoding: N draft tokens per verify step (1..7), MTP in the YAML; rings priced for windows of "
+         "N + 1 tokens. Served by upstream TensorRT-LLM's MTP path until our verify kernels exist [default: none].")
 _STATE_OPTIONS = (
     click.option("--state-format", "--state-dtype", "state_format", default=None, type=click.Choice(STATE_FORMATS),
                  help="Checkpoint format (dual mode: of the read copy) [default: the model's state dtype]."),

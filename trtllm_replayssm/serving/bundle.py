@@ -17,6 +17,7 @@ from typing import Callable
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.serving.memory_plan import MemoryPlan
 from trtllm_replayssm.serving.presets import ModelSpec
+from trtllm_replayssm.serving.speculative import FALLBACK_NOTE, speculative_config, upstream_mtp_hazard
 from trtllm_replayssm.serving.trtllm.core import SUPPORTED_TRTLLM_VERSIONS
 
 MANIFEST = "manifest.json"
@@ -59,6 +60,16 @@ def _state_dict(mp: MemoryPlan) -> dict:
             "trtllm_pool_dtype": mp.pool_dtype, "trtllm_pool_holds": mp.pool_holds, "trtllm_note": mp.trtllm_note}
 
 
+def _speculative_dict(spec: ModelSpec, mp: MemoryPlan) -> dict | None:
+    """The manifest's ``speculative``: the draft tokens, window, ring size and YAML config, how it is served today
+    and, where upstream's MTP replay is not safe for the model, the hazard; None without speculative decoding."""
+    if mp.spec_tokens is None:
+        return None
+    return {"spec_tokens": mp.spec_tokens, "window_tokens": mp.spec_tokens + 1, "ring_len": mp.ring_len,
+            "speculative_config": speculative_config(mp.spec_tokens), "served_by": "upstream MTP",
+            "note": FALLBACK_NOTE, "upstream_mtp_hazard": upstream_mtp_hazard(spec)}
+
+
 def _byte_model_text(state: StateSpec) -> str:
     """The byte model's formulas (core/byte_model.py) for the manifest."""
     if state.dual:
@@ -75,6 +86,8 @@ def manifest_dict(spec: ModelSpec, mp: MemoryPlan, arch: str, kernels: list[dict
         "target": {"gpu": mp.gpu, "arch": arch, "tp_size": mp.tp_size, "gpu_memory_bytes": mp.gpu_memory_bytes},
         "model": {"name": spec.name, "architecture": spec.architecture, "path": model_path, "source": spec.source},
         "buffer_len": mp.buffer_len,
+        "spec_tokens": mp.spec_tokens,
+        "speculative": _speculative_dict(spec, mp),
         "dtypes": {"state": mp.state.label, "activation": mp.act_dtype},
         "state": _state_dict(mp),
         "plan": {
@@ -86,6 +99,7 @@ def manifest_dict(spec: ModelSpec, mp: MemoryPlan, arch: str, kernels: list[dict
             "served_by_trtllm_module": spec.family in SERVED_FAMILIES,
         },
         "memory": {
+            "ring_len": mp.ring_len,
             "per_layer_per_seq": {"checkpoint": mp.layer.checkpoint, "upstream_state": mp.layer.upstream_state,
                                   "our_state": mp.layer.our_state, "ring": mp.layer.ring,
                                   "cursors": mp.layer.cursors, "conv": mp.layer.conv},
@@ -139,9 +153,20 @@ kv_cache_config:
   # TensorRT-LLM does not count the rings{copies} ({gib:.2f} GiB for {mp.max_batch_size}+1 slots on each GPU) when
   # it sizes its caches, so this is lowered from 0.9 to keep that memory free.
   free_gpu_memory_fraction: {mp.free_gpu_memory_fraction}
-# Speculative decoding (speculative_config) is not used by ReplaySSM yet: if set, the module falls back to
-# upstream kernels for the whole model and logs a warning.
-"""
+{_speculative_yaml(mp)}"""
+
+
+def _speculative_yaml(mp: MemoryPlan) -> str:
+    """The YAML's ``speculative_config`` (MTP with ``mp.spec_tokens`` drafts), or a comment that none is set."""
+    if mp.spec_tokens is None:
+        return ("# Speculative decoding (speculative_config) is not used by ReplaySSM yet: if set, the module falls "
+                "back to\n# upstream kernels for the whole model and logs a warning.\n")
+    body = "".join(f"  {k}: {v}\n" for k, v in speculative_config(mp.spec_tokens).items())
+    return (f"# MTP with {mp.spec_tokens} draft tokens (verify windows of {mp.spec_tokens + 1}). max_draft_len is the "
+            f"draft count in\n# TensorRT-LLM's llm_args.py @00043967, where num_nextn_predict_layers is its deprecated "
+            f"alias; older\n# releases read num_nextn_predict_layers. Until ReplaySSM verify kernels exist, the module "
+            f"sees this\n# config and keeps upstream kernels (its MTP path) for the whole model.\n"
+            f"speculative_config:\n{body}")
 
 
 MODULE_INIT = '''"""trtllm-serve --custom_module_dirs entry: registers the ReplaySSM model classes for this bundle."""

@@ -2,6 +2,8 @@
 
 Per SSM layer and sequence (TP-local): the checkpoint storage of the layer's StateSpec, rings of L records, the
 per-slot int32 cursor and arrival counter, and upstream's conv state; bytes per decode step from core/byte_model.py.
+With speculative decoding (N draft tokens, windows of T = N + 1) each ring has L + N positions (serving/speculative.py
+derives the size from the commit rule).
 
 Served by TensorRT-LLM, the SSM state pool is upstream's, allocated in ``mamba_ssm_cache_dtype`` (fp32/fp16/bf16):
 it holds our plain checkpoint, or the master of a dual-mode layer (fp32/fp16/bf16 master); a quantized read copy, a
@@ -18,6 +20,7 @@ from trtllm_replayssm.core.formats import DTYPE_NAMES, STATE_FORMATS, StateSpec,
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.targets import GPU_MEMORY_GIB, resolve_gpu
 from trtllm_replayssm.serving.presets import ModelSpec
+from trtllm_replayssm.serving.speculative import check_spec_tokens, ring_len
 
 GIB = 1 << 30
 CURSOR_BYTES_PER_SLOT = 8  # int32 cursor + int32 arrival counter
@@ -94,9 +97,9 @@ class LayerBytes:
 
 
 def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_model.StateLike | None = None,
-                act_dtype: str = "bf16") -> LayerBytes:
+                act_dtype: str = "bf16", spec_tokens: int | None = None) -> LayerBytes:
     """Per-slot bytes of one SSM layer of ``spec`` on one TP rank; ``state``: a StateSpec or a format name (default:
-    the model's plain state dtype)."""
+    the model's plain state dtype); ``spec_tokens``: draft tokens per verify step (rings of L + N records)."""
     dims = local_dims(spec, tp_size)
     L = check_buffer_len(buffer_len)
     st = state_spec(spec.ssm_state_dtype if state is None else state)
@@ -106,7 +109,7 @@ def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_mode
     upstream = byte_model.format_bytes(dims, STATE_FORMATS[pool_dtype(st, spec.ssm_state_dtype)])
     ours = checkpoint - upstream if pool_holds(st) else checkpoint
     return LayerBytes({name: getattr(dims, name) for name in dims.head_fields}, checkpoint, upstream, ours,
-                      record * L, record, CURSOR_BYTES_PER_SLOT, conv)
+                      record * ring_len(L, spec_tokens), record, CURSOR_BYTES_PER_SLOT, conv)
 
 
 def local_dims(spec: ModelSpec, tp_size: int) -> SSMDims:
@@ -119,15 +122,19 @@ def local_dims(spec: ModelSpec, tp_size: int) -> SSMDims:
 class MemoryPlan:
     """Memory plan of a model on one GPU: per-sequence bytes, capacity vs upstream, YAML memory fraction.
 
-    ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots; ``reserve_bytes_per_gpu``: all of our
-    cache for them (plus our state). ``pool_dtype`` / ``pool_holds``: TensorRT-LLM's SSM state pool (see
-    :func:`pool_holds`); ``trtllm_note``: what the state costs there when the pool cannot hold our checkpoint.
+    ``spec_tokens``: draft tokens per verify step (None: no speculative decoding); ``ring_len``: ring positions per
+    slot (L + N). ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots;
+    ``reserve_bytes_per_gpu``: all of our cache for them (plus our state). ``pool_dtype`` / ``pool_holds``:
+    TensorRT-LLM's SSM state pool (see :func:`pool_holds`); ``trtllm_note``: what the state costs there when the pool
+    cannot hold our checkpoint.
     """
 
     model: str
     gpu: str
     tp_size: int
     buffer_len: int
+    spec_tokens: int | None
+    ring_len: int
     state: StateSpec
     pool_dtype: str
     pool_holds: str | None
@@ -154,7 +161,7 @@ class MemoryPlan:
 
 def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
          state: byte_model.StateLike | None = None, act_dtype: str = "bf16", max_batch_size: int = 256,
-         gpu_memory_gib: float | None = None) -> MemoryPlan:
+         gpu_memory_gib: float | None = None, spec_tokens: int | None = None) -> MemoryPlan:
     """Memory plan of ``spec`` on ``gpu`` (a GPU name or an SM arch, see targets.resolve_gpu) with ``state`` (a
     StateSpec or a format name; default: the model's plain state dtype).
 
@@ -163,6 +170,7 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
     (TensorRT-LLM with the same pool dtype and its own kernels). ``free_gpu_memory_fraction`` lowers TensorRT-LLM's
     default 0.9 so that our cache for ``max_batch_size + 1`` slots (the +1 is the CUDA-graph padding dummy slot)
     stays free, assuming at least MIN_FREE_SHARE of the GPU is free when TensorRT-LLM sizes its caches.
+    ``spec_tokens`` (N, 1..7): rings for verify windows of N + 1 tokens; the step prediction stays standard decode's.
     """
     key, _arch = resolve_gpu(gpu)
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -172,7 +180,8 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
         raise ValueError(f"gpu_memory_gib: expected a positive number, got {gpu_memory_gib!r}")
     st = state_spec(spec.ssm_state_dtype if state is None else state)
     act_dtype = get_dtype(act_dtype, "act_dtype").name
-    lb = layer_bytes(spec, tp_size, buffer_len, st, act_dtype)
+    spec_tokens = check_spec_tokens(spec_tokens)
+    lb = layer_bytes(spec, tp_size, buffer_len, st, act_dtype, spec_tokens)
     n = len(spec.ssm_layers)
     per_replay, per_up = n * lb.replay_total, n * lb.upstream_total
     mem = int(mem_gib * GIB)
@@ -184,7 +193,8 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
                          f"sequences needs {reserve / GIB:.1f} GiB, too much of {mem_gib:.1f} GiB; lower "
                          f"max_batch_size or buffer_len")
     return MemoryPlan(
-        model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, state=st,
+        model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, spec_tokens=spec_tokens,
+        ring_len=ring_len(buffer_len, spec_tokens), state=st,
         pool_dtype=pool_dtype(st, spec.ssm_state_dtype), pool_holds=pool_holds(st),
         trtllm_note=trtllm_note(st, spec.ssm_state_dtype), act_dtype=act_dtype, num_ssm_layers=n, layer=lb,
         per_seq_replay=per_replay, per_seq_upstream=per_up, max_batch_size=max_batch_size,

@@ -1,0 +1,85 @@
+"""``trtllm-replayssm accuracy``: KL, perplexity and greedy agreement of a state spec against the fp32 baseline
+state, teacher-forced over a text (docs/benchmarks.md, accuracy on trained models)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from trtllm_replayssm.cli.errors import bad_value
+from trtllm_replayssm.cli.options import buffer_len_option, positive_ints, state_from_options, state_options
+
+
+def _table(doc: dict) -> "object":
+    from rich.table import Table
+
+    rec = doc["records"][0]
+    table = Table(title=f"{rec['model']}: {rec['label']} (L = {rec['L']}, {rec['replay_mode']}) vs fp32 baseline "
+                        f"state, {doc['environment']['device']}")
+    for col in ("tokens", "mean KL", "p99 KL", "PPL", "PPL fp32", "ΔPPL", "greedy agreement"):
+        table.add_column(col, justify="right")
+    for r in doc["records"]:
+        table.add_row(f"{r['from_position']}-{r['position']}", f"{r['mean_kl']:.3e}", f"{r['p99_kl']:.3e}",
+                      f"{r['ppl']:.4f}", f"{r['ppl_ref']:.4f}", f"{r['delta_ppl_pct']:+.3f}%",
+                      f"{r['greedy_agreement']:.2%}")
+    return table
+
+
+@click.command("accuracy")
+@click.argument("model", metavar="MODEL")
+@state_options
+@click.option("--tokens", "tokens", required=True, type=int, help="Tokens to decode (bytes of --text).")
+@click.option("--text", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="UTF-8 text whose bytes are the tokens (e.g. corpus/heldout/persuasion.txt) [default: seeded "
+                   "random bytes].")
+@click.option("--positions", default="4096,32768,131072", callback=positive_ints,
+              help="Report positions: each row summarises the tokens after the previous one (the last row ends at "
+                   "--tokens).")
+@click.option("--prompt-len", default=16, type=int, help="Tokens prefilled before decoding.")
+@buffer_len_option
+@click.option("--mode", "replay_mode", type=click.Choice(["replay", "auto", "flush"]), default="replay",
+              help="Replay op mode of the test state (replay: flush every L steps).")
+@click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None, show_default=False,
+              help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
+@click.option("--device", default=None, show_default=False, help="torch device [default: cuda if available, else cpu].")
+@click.option("--seed", default=0, type=int, help="Seed of random weights (presets) and of random tokens.")
+@click.option("-o", "--output", default="accuracy.json", type=click.Path(dir_okay=False),
+              help="JSON report; the KL plot goes beside it (.png).")
+def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, master_format: str | None,
+                 stochastic_rounding: bool, tokens: int, text: str | None, positions: tuple[int, ...],
+                 prompt_len: int, buffer_len: int, replay_mode: str, act_dtype: str | None, device: str | None,
+                 seed: int, output: str) -> None:
+    """Teacher-forced decode of --tokens byte tokens through MODEL (preset name, config.json or a directory with
+    safetensors) twice: with the test state (--state-format/--state-mode/...) through the replay op, and with an
+    fp32 state through the baseline op. Reports per-segment mean and p99 KL(fp32 ‖ test), perplexity of both and
+    greedy-token agreement: a table, OUTPUT (records of kind "accuracy") and a PNG of KL against position."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from trtllm_replayssm.lab.accuracy import AccuracyConfig, plot_kl, read_tokens, run_accuracy
+    from trtllm_replayssm.lab.compare import check_models
+    from trtllm_replayssm.lab.plotting import PlotUnavailable
+
+    try:
+        check_models([model])
+        spec = state_from_options("fp32", state_format, state_mode, master_format, stochastic_rounding)
+        config = AccuracyConfig(model=model, spec=spec, tokens=tokens, prompt_len=prompt_len, buffer_len=buffer_len,
+                                replay_mode=replay_mode, positions=positions, device=device, act_dtype=act_dtype,
+                                seed=seed)
+        ids = read_tokens(tokens, text, seed)
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(f"decoding {tokens} tokens", total=tokens - prompt_len - 1)
+            doc = run_accuracy(config, ids, lambda done, _total: bar.update(task, completed=done))
+    except (ValueError, RuntimeError) as err:
+        bad_value(err)
+    doc["config"]["text"] = text or f"random bytes (seed {seed})"
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    console = Console() if Console().is_terminal else Console(width=200)
+    console.print(_table(doc))
+    try:
+        console.print(f"wrote {out}, {plot_kl([doc], out.with_suffix('.png'))}")
+    except PlotUnavailable as err:
+        console.print(f"wrote {out}; {err}")

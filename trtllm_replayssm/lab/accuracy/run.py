@@ -1,0 +1,119 @@
+"""Teacher-forced decode of one token sequence through a reference decoder twice, in lockstep: the reference with
+an fp32 state and the baseline op, the test with ``spec`` through the replay op (prefill of ``prompt_len`` tokens,
+then one decode step per token); every next-token distribution is compared (:mod:`.metrics`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trtllm_replayssm.core.formats import StateSpec
+from trtllm_replayssm.lab.compare import CompareSettings, load_model
+from trtllm_replayssm.lab.corpus import VOCAB_SIZE
+
+from .metrics import kl_curve, segment_records, token_metrics
+
+DEFAULT_POSITIONS: tuple[int, ...] = (4096, 32768, 131072)
+
+
+@dataclass(frozen=True)
+class AccuracyConfig:
+    """One run: ``model`` (a preset, config.json or safetensors directory), the test ``spec``, ``tokens`` tokens of
+    which the first ``prompt_len`` are prefilled, summaries at ``positions`` (those <= tokens, then ``tokens``)."""
+
+    model: str
+    spec: StateSpec
+    tokens: int
+    prompt_len: int = 16
+    buffer_len: int = 16
+    replay_mode: str = "replay"
+    positions: tuple[int, ...] = DEFAULT_POSITIONS
+    device: str | None = None
+    act_dtype: str | None = None
+    seed: int = 0
+    report_positions: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"prompt_len: expected >= 1, got {self.prompt_len}")
+        if self.tokens <= self.prompt_len:
+            raise ValueError(f"tokens: expected more than prompt_len ({self.prompt_len}), got {self.tokens}")
+        kept = sorted({p for p in self.positions if self.prompt_len < p < self.tokens} | {self.tokens})
+        object.__setattr__(self, "report_positions", tuple(kept))
+
+    @property
+    def settings(self) -> CompareSettings:
+        """What :func:`load_model` needs (device, activation dtype, seed of random weights)."""
+        return CompareSettings(batches=(1,), act_dtype=self.act_dtype, device=self.device, seed=self.seed)
+
+
+def read_tokens(n: int, text: str | Path | None = None, seed: int = 0) -> torch.Tensor:
+    """The first ``n`` byte tokens of the file ``text``; without one, ``n`` uniform random bytes drawn from ``seed``."""
+    if text is None:
+        return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed))
+    data = Path(text).read_bytes()[:n]
+    if len(data) < n:
+        raise ValueError(f"tokens: {str(text)!r} holds only {len(data)} byte tokens, asked for {n}")
+    return torch.tensor(list(data), dtype=torch.long)
+
+
+@torch.no_grad()
+def run_accuracy(config: AccuracyConfig, tokens: torch.Tensor,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    """Decode ``tokens [n]`` with both states; returns the document (``records`` of ``kind: "accuracy"``, one per
+    report position, and the binned ``kl_curve``)."""
+    if tokens.numel() != config.tokens:
+        raise ValueError(f"tokens: expected {config.tokens} tokens, got {tokens.numel()}")
+    settings = config.settings
+    model, notes = load_model(config.model, settings)
+    if model.cfg.vocab_size < VOCAB_SIZE:
+        raise ValueError(f"model: byte tokens need a vocabulary of >= {VOCAB_SIZE}, got {model.cfg.vocab_size}")
+    dev = model.device
+    family = "mamba2" if model.cfg.arch == "nemotron_h" else "gdn"
+    if dev.type == "cuda" and family != "mamba2" and config.spec.stored:
+        raise ValueError(f"state_format: {config.spec.label} on {family} has no CUDA kernels yet; run on the CPU")
+    ids = tokens.to(dev)
+    ref = model.allocate(1, config.tokens + 1, "baseline", torch.float32)
+    test = model.allocate(1, config.tokens + 1, "replay", config.spec, buffer_len=config.buffer_len,
+                          replay_mode=config.replay_mode)
+    p = config.prompt_len
+    prompt = ids[None, :p]
+    ref_logits, test_logits = [model.prefill(prompt, ref)], [model.prefill(prompt, test)]
+    steps = config.tokens - p - 1
+    for s in range(steps):
+        tok = ids[p + s:p + s + 1]
+        ref_logits.append(model.decode_step(tok, ref))
+        test_logits.append(model.decode_step(tok, test))
+        if progress is not None:
+            progress(s + 1, steps)
+    kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(torch.cat(ref_logits), torch.cat(test_logits),
+                                                                     ids[p:]))
+    fields = {"kind": "accuracy", "model": config.model, **config.spec.to_dict(), "label": config.spec.label,
+              "spec_tokens": 1, "L": config.buffer_len, "replay_mode": config.replay_mode,
+              "act_dtype": str(model.dtype).removeprefix("torch.")}
+    records = [{**fields, **r} for r in segment_records(kl, nll_ref, nll_test, agree, p, list(config.report_positions))]
+    return {"description": __doc__.split("\n\n")[0].replace("\n", " "),
+            "config": {"model": config.model, "tokens": config.tokens, "prompt_len": p, "seed": config.seed},
+            "notes": notes, "environment": {"device": str(dev), "torch": torch.__version__},
+            "records": records, "kl_curve": {config.spec.label: kl_curve(kl, p)}}
+
+
+def plot_kl(docs: list[dict], path: str | Path) -> Path:
+    """PNG of the binned mean KL against position, one line per state spec of ``docs``."""
+    from trtllm_replayssm.lab.plotting import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for doc in docs:
+        for label, curve in doc["kl_curve"].items():
+            ax.plot(curve["position"], curve["mean_kl"], label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1e-8)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("mean KL(fp32 baseline ‖ test), nats")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(", ".join(sorted({d["config"]["model"] for d in docs})), fontsize=10)
+    return save_figure(fig, path)
