@@ -72,7 +72,7 @@ def bench_cmd() -> None:
               help="Comma-separated families: mamba2, gdn, kda.")
 @click.option("--models", default=None, help="Comma-separated model presets (default: every benchmark model).")
 @click.option("--batch", "batches", default=None, callback=_int_csv, show_default=False,
-              help="Comma-separated batch sizes [default: 1,8,64,256,512; --quick: 8,256].")
+              help="Comma-separated batch sizes [default: 1,2,4,8,16,32,64,256,512; --quick: 8,256].")
 @click.option("--state-dtype", "--state-format", "state_dtypes", default=None, callback=_state_dtypes,
               show_default=False,
               help="Comma-separated states: fp32, fp16, bf16, and for --family mamba2 also fp8, nvfp4, "
