@@ -35,6 +35,12 @@ class Device:
 
     sm_count: int
     major: int = 9
+    minor: int = 0
+
+    @property
+    def arch(self) -> str:
+        """``sm_XY`` (the crossover table's key)."""
+        return f"sm_{self.major}{self.minor}"
 
     @property
     def is_cuda(self) -> bool:
@@ -52,7 +58,7 @@ CPU = Device(0, 0)
 @functools.lru_cache(maxsize=None)
 def _cuda_device(index: int) -> Device:
     props = torch.cuda.get_device_properties(index)
-    return Device(props.multi_processor_count, props.major)
+    return Device(props.multi_processor_count, props.major, props.minor)
 
 
 def device_of(device: torch.device) -> Device:

@@ -9,6 +9,7 @@ import functools
 import torch
 
 from trtllm_replayssm.core import checks as chk
+from trtllm_replayssm.core import crossovers
 from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import get_dtype
@@ -26,9 +27,6 @@ KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_ke
            "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
-# mode='auto' replays from this many work items (batch x value heads) per SM: H200, fp32 state, replay over baseline
-# at batch 8 / 64: GDN Qwen3.5-4B 0.49x / 1.25x, KDA Kimi-Linear 0.44x / 1.28x (docs/decisions.md, adaptive mode).
-REPLAY_MIN_WORK_PER_SM = 8
 REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster than the baseline (fp16: not measured)
 # Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte states; kernels with 16-bit
 # states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail claims).
@@ -90,7 +88,9 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
     other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
-                            layer.state.dtype in REPLAY_STATE_DTYPES, REPLAY_MIN_WORK_PER_SM, dev, tuning,
+                            layer.state.dtype in REPLAY_STATE_DTYPES,
+                            crossovers.min_work_per_sm("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
+                            dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning))
     if other is not None:
         return other

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from trtllm_replayssm.core import checks as chk
+from trtllm_replayssm.core import crossovers
 from trtllm_replayssm.core.cache import Mamba2LayerCache
 from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint
 from trtllm_replayssm.core.dims import Mamba2Dims
@@ -30,9 +31,6 @@ from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
            "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel"}
-# mode='auto' replays from this many work items (batch x heads) per SM: H200, fp32 state, replay over baseline at
-# batch 8 / 64 (Nemotron-3-Nano-4B, 96 heads): 0.86x / 1.61x (docs/decisions.md, adaptive mode).
-REPLAY_MIN_WORK_PER_SM = 8
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).
 TAIL_FRACTION = 0.1
@@ -87,7 +85,7 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     key = replay_plan_key(layer, batch)
     replay_state = layer.storage is not None or layer.state.dtype in REPLAY_STATE_DTYPES
     other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state,
-                            REPLAY_MIN_WORK_PER_SM, dev, tuning,
+                            crossovers.min_work_per_sm("mamba2", layer.spec.label, dev.arch), dev, tuning,
                             lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other

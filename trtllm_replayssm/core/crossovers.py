@@ -1,0 +1,61 @@
+"""Where ``mode="auto"`` switches from the flush kernel to the replay kernels: a table of measured crossovers (work
+items per SM) per family, state spec and GPU arch, read from ``crossovers.json`` beside this module and written by
+``benchmarks/dev/crossover_sweep.py``. The most specific entry wins (exact state label over ``*``, exact arch over
+``*``); without one the planners use DEFAULT_MIN_WORK_PER_SM."""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("crossovers.json")
+DEFAULT_MIN_WORK_PER_SM = 8  # the H200 fp32 crossover of every family (docs/decisions.md, adaptive mode)
+FAMILIES = ("mamba2", "gdn", "kda")
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """One table entry: ``family``, ``state`` (a StateSpec label or ``*``), ``arch`` (``sm_XY`` or ``*``)."""
+
+    family: str
+    state: str
+    arch: str
+    min_work_per_sm: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"crossover family: expected one of {FAMILIES}, got {self.family!r}")
+        if self.arch != "*" and not self.arch.startswith("sm_"):
+            raise ValueError(f"crossover arch: expected 'sm_XY' or '*', got {self.arch!r}")
+        if not isinstance(self.min_work_per_sm, int) or self.min_work_per_sm < 0:
+            raise ValueError(f"crossover min_work_per_sm: expected an int >= 0, got {self.min_work_per_sm!r}")
+
+    def specificity(self, state: str, arch: str) -> int | None:
+        """How closely the entry matches (higher: closer), None if it does not."""
+        if self.state not in (state, "*") or self.arch not in (arch, "*"):
+            return None
+        return 2 * (self.arch == arch) + (self.state == state)
+
+
+def parse(table: dict) -> tuple[Crossover, ...]:
+    """The entries of a crossover table (the JSON's object); ValueError naming what is wrong."""
+    entries = table.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError("crossover table: expected an 'entries' list")
+    return tuple(Crossover(**e) for e in entries)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped() -> tuple[Crossover, ...]:
+    """The table that ships with the package."""
+    return parse(json.loads(TABLE.read_text()))
+
+
+def min_work_per_sm(family: str, state: str, arch: str, table: tuple[Crossover, ...] | None = None) -> int:
+    """Work items per SM from which ``auto`` replays for ``family`` with state spec label ``state`` on ``arch``."""
+    matches = [(c.specificity(state, arch), c) for c in (shipped() if table is None else table)
+               if c.family == family]
+    matches = [(s, c) for s, c in matches if s is not None]
+    return max(matches, key=lambda m: m[0])[1].min_work_per_sm if matches else DEFAULT_MIN_WORK_PER_SM
