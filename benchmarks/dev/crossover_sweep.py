@@ -23,16 +23,13 @@ from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.core.plans import device_of
 from trtllm_replayssm.lab.bench import timing
 from trtllm_replayssm.lab.bench.ours import replay_case
-from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench.shapes import BenchShape, select_shapes
 
-MODELS = {"mamba2": ["nemotron-3-nano-4b", "nemotron-3-super-120b"], "gdn": ["qwen3.5-4b", "qwen3.5-122b"],
-          "kda": ["kimi-linear-48b"]}
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
-def time_mode(model: str, label: str, batch: int, mode: str, L: int, dev: torch.device) -> float:
+def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device) -> float:
     """µs per step of ``mode`` over whole staggered cycles (one call per cache, L calls per cycle)."""
-    shape = shape_from_preset(model)
     spec = parse_state_label(label)
     gen = torch.Generator().manual_seed(batch)
     step = family_of(shape.dims).random_step(shape.dims, batch, gen, dev, torch.bfloat16)
@@ -61,23 +58,22 @@ def main() -> int:
     records, entries = [], {(c.family, c.state, c.arch): c for c in crossovers.shipped()}
     for family in a.families.split(","):
         for label in a.specs.split(","):
-            per_sm = []
-            for model in MODELS[family]:
-                heads = shape_from_preset(model).dims.heads
-                times = {b: (time_mode(model, label, b, "flush", a.L, dev), time_mode(model, label, b, "replay", a.L, dev))
+            per_sm, shapes = [], select_shapes([family], None)
+            for shape in shapes:
+                times = {b: tuple(time_mode(shape, label, b, mode, a.L, dev) for mode in ("flush", "replay"))
                          for b in BATCHES}
                 for b, (flush_us, replay_us) in times.items():
-                    records.append({"family": family, "model": model, "state": label, "batch": b, "arch": arch,
+                    records.append({"family": family, "model": shape.model, "state": label, "batch": b, "arch": arch,
                                     "flush_us": flush_us, "replay_us": replay_us})
-                    print(f"{family:6s} {model:24s} {label:16s} b{b:<4d} flush {flush_us:8.1f} us  replay "
+                    print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} flush {flush_us:8.1f} us  replay "
                           f"{replay_us:8.1f} us", flush=True)
                 b = crossover(times)
-                per_sm.append(b * heads // sms if b is not None else None)
+                per_sm.append(b * shape.dims.heads // sms if b is not None else None)
             if all(p is not None for p in per_sm):
                 entries[(family, label, arch)] = crossovers.Crossover(
                     family, label, arch, max(per_sm),
                     f"{torch.cuda.get_device_name(dev)}, {label}: replay beats flush from batch x heads / SMs >= "
-                    f"{max(per_sm)} over {', '.join(MODELS[family])} (benchmarks/dev/crossover_sweep.py)")
+                    f"{max(per_sm)} over {', '.join(s.model for s in shapes)} (benchmarks/dev/crossover_sweep.py)")
     with open(a.output, "w") as f:
         json.dump({"records": records}, f, indent=1)
     if a.write_table:
