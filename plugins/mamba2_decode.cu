@@ -136,10 +136,12 @@ struct Tile {
   unsigned flushes;    // the slot's checkpoint writes so far (stochastic rounding)
 };
 
-// A pad row's outputs are zeros (its state, ring and cursor are not touched): rows row0 .. row0+PT-1 of head h.
+// A pad row's outputs are zeros (its state, ring and cursor are not touched): rows row0 .. row0+PT-1 of head h, for
+// every token of the row (a verify's window).
 __device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, int h, int row0) {
-  for (int i = threadIdx.x; i < PT; i += blockDim.x)
-    static_cast<act_t*>(p.out)[b * p.s_out_b + h * p.s_out_h + row0 + i] = rssm::from_float<act_t>(0.f);
+  for (int i = threadIdx.x; i < p.window * PT; i += blockDim.x)
+    static_cast<act_t*>(p.out)[b * p.s_out_b + (i / PT) * p.s_out_t + h * p.s_out_h + row0 + i % PT] =
+        rssm::from_float<act_t>(0.f);
 }
 
 __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
@@ -174,8 +176,9 @@ __device__ __forceinline__ float decay_exponent(float a, float delta_sum) {
   return a == 0.f || delta_sum == 0.f ? 0.f : a * delta_sum;
 }
 
-__device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int h) {
-  const long long off = b * p.s_dt_b + h * p.s_dt_h;
+// Δ of row b's token `tok` (a verify's window; 0 otherwise) for head h.
+__device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int h, int tok = 0) {
+  const long long off = b * p.s_dt_b + tok * p.s_dt_t + h * p.s_dt_h;
   float dt = p.dt_is_f32 ? static_cast<const float*>(p.dt)[off] : rssm::to_float(static_cast<const act_t*>(p.dt)[off]);
   if (p.dt_bias) dt += p.dt_bias[h];
   return p.dt_softplus ? rssm::softplus_thr20(dt) : dt;
@@ -218,6 +221,10 @@ __device__ __forceinline__ const act_t* group_vec(const void* base, long long sb
 
 __device__ __forceinline__ const act_t* x_of(const Mamba2Params& p, const Tile& t) {
   return static_cast<const act_t*>(p.x) + t.b * p.s_x_b + t.head * p.s_x_h;
+}
+
+__device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slot, int head) {
+  return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
 // Thread i < PT stages row i's x, D x and its gate.
@@ -394,6 +401,310 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 
 #endif
 
+#if PT <= P && MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: plain checkpoints
+namespace {
+
+constexpr int kVerifyRawBytes = 192;  // per thread; core/ops/mamba2_spec.py VERIFY_RAW_BYTES
+
+// A verify's per-head record of weights in the scratch (p.coef rows, VerifyCoef::floats(R) per head), written by
+// the prep kernel: token t's weights w[t][l] = s_{t,l} B_l · C_t of the records it sees from `base` (l < R) and its
+// checkpoint decay; a folding verify's history weights s_j and decay. core/ops/mamba2_spec.py sizes the scratch.
+struct VerifyCoef {
+  __host__ __device__ static constexpr int floats(int ring_len) {
+    return rssm::kMaxWindow * (ring_len + 1) + ring_len + 1;
+  }
+  __device__ static float* w(float* c, int ring_len, int tok) { return c + tok * (ring_len + 1); }  // [R], decay at R
+  __device__ static float* fold(float* c, int ring_len) { return c + rssm::kMaxWindow * (ring_len + 1); }  // [R], R
+};
+
+}  // namespace
+
+// Verify step 1, grid (batch, ngroups), 128 threads: per (row, group) the products B_j · C_t of every record the
+// window sees with every window token, per head the weights (VerifyCoef) into the per-row scratch; appends the
+// window's Δ (per head) and B (per group) records after the history; records the row's cursor word in p.step (the
+// main kernel's copy: rssm::kSkipStep for a row it skips); the last group of a folding row moves the cursor past the
+// history. Reads history records only where no launch of the step writes.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_kernel(const Mamba2Params p) {
+  __shared__ float s_B[rssm::kMaxL][N];
+  __shared__ float s_C[rssm::kMaxWindow][N];
+  __shared__ float s_bc[rssm::kMaxWindow][rssm::kMaxL];
+  const int b = blockIdx.x, g = blockIdx.y, T = p.window, R = p.L;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  if (slot == p.pad_slot_id) return;
+  const int word = p.cursor[slot];
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const bool bad = word < 0 || !cur.valid(T, R);
+  if (__syncthreads_or(bad || rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, blockDim.x,
+                                                    rssm::preload_row_id(p.slot_idx, b, threadIdx.x)))) {
+    if (threadIdx.x == 0 && g == 0) p.step[b] = rssm::kSkipStep;
+    return;
+  }
+  const int count = cur.count, n = count + T;
+  const bool fold = cur.folds_before(T, R);
+  const int base = fold ? count : 0;
+  const rssm::SpecCursor after{fold ? cur.position(count, R) : cur.origin, fold ? 0 : count};
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
+  for (int j = warp; j < n; j += rssm::kNumWarps) {  // records base .. n-1 (the history before base is folded)
+    const int tok = j - count;
+    if (j < base) continue;
+    float v[kEpl];
+    rssm::load_vec<act_t, kEpl>((tok < 0 ? B_ring + (long long)cur.position(j, R) * N
+                                          : group_vec(p.B, p.s_B_b, p.s_B_g, b, g) + tok * p.s_B_t) + lane * kEpl, v);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) s_B[j][lane * kEpl + e] = v[e];
+    if (tok >= 0) {
+      rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + tok * p.s_C_t + lane * kEpl, v);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) s_C[tok][lane * kEpl + e] = v[e];
+    }
+  }
+  __syncthreads();
+  for (int j = base + warp; j < n; j += rssm::kNumWarps) {  // B_j · C_t, a warp per record
+    float part[rssm::kMaxWindow];
+#pragma unroll
+    for (int tok = 0; tok < rssm::kMaxWindow; ++tok) {
+      part[tok] = 0.f;
+      if (tok < T)
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(s_B[j][lane * kEpl + e], s_C[tok][lane * kEpl + e], part[tok]);
+    }
+    const float bc = rssm::warp_sum_scatter<rssm::kMaxWindow>(part);
+    if (lane < T) s_bc[lane][j] = bc;
+  }
+  __syncthreads();
+  const int heads_per_group = p.nheads / p.ngroups;
+  for (int hh = warp; hh < heads_per_group; hh += rssm::kNumWarps) {  // a warp per head
+    const int h = g * heads_per_group + hh;
+    const float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
+    const float d = lane < count ? dt_ring[cur.position(lane, R)] : lane < n ? current_delta(p, b, h, lane - count)
+                                                                             : 0.f;
+    const float a = p.A[h];
+    float* coef = p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R);
+    if (fold) {
+      float decay;
+      const float s = decay_weights(lane < count ? d : 0.f, a, decay);
+      float* f = VerifyCoef::fold(coef, R);
+      if (lane < count) f[lane] = s;
+      if (lane == 0) f[R] = decay;
+    }
+    for (int tok = 0; tok < T; ++tok) {  // token tok sees records base .. count + tok: lane l holds record base + l
+      const int seen = count + tok + 1 - base;
+      const float dl = __shfl_sync(0xffffffffu, d, (base + lane) % rssm::kWarpSize);
+      float decay;
+      const float s = decay_weights(lane < seen ? dl : 0.f, a, decay);
+      float* w = VerifyCoef::w(coef, R, tok);
+      if (lane < seen) w[lane] = s * s_bc[tok][base + lane];
+      if (lane == 0) w[R] = decay;
+    }
+    if (lane >= count && lane < n) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head +
+                                             after.position(after.count + lane - count, R)] = d;
+  }
+  act_t* B_dst = static_cast<act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
+  for (int i = threadIdx.x; i < T * N; i += rssm::kThreads) {
+    const int tok = i / N;
+    B_dst[(long long)after.position(after.count + tok, R) * N + i % N] = rssm::from_float<act_t>(s_B[count + tok][i % N]);
+  }
+  if (threadIdx.x == 0) {
+    if (g == 0) p.step[b] = word;
+    if (fold) rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.ngroups, after.word());
+  }
+}
+
+namespace {
+
+// Verify step 2 for windows of at most kT tokens, grid (P / PT, nheads, batch): y_t = decay_t (S · C_t) +
+// Σ_l w[t][l] x_{base + l} + D x_t over the records token t sees, S the checkpoint or (a folding verify) the
+// history folded into it, stored by this CTA for its rows. The row's cursor word comes from the prep kernel (p.step).
+template <int kT>
+__device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
+  Tile t;
+  if (!setup_tile(p, t)) return;
+  const int word = p.step[t.b];
+  // The tile's rows load first, in flight while the inputs load, where they and the C columns take at most 48
+  // registers (the tiles the planner takes for T <= 4: core/ops/mamba2_spec.py), else each where it is used.
+  constexpr bool kPreload = sizeof(RawTile) + sizeof(float) * kT * kEpl <= kVerifyRawBytes;
+  RawTile raw;
+  if constexpr (kPreload) load_raw(t, raw);
+  else (void)raw;
+  if (word == rssm::kSkipStep) {
+    zero_pad_output(p, t.b, t.head, t.row0);
+    return;
+  }
+  const int T = p.window, R = p.L;
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const int count = cur.count, n = count + T;
+  const bool fold = cur.folds_before(T, R);
+  const int base = fold ? count : 0;
+  __shared__ float s_x[rssm::kMaxL][PT];
+  __shared__ float s_dot[kT][PT];
+  __shared__ float s_coef[VerifyCoef::floats(rssm::kMaxL)];
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];  // a folding verify's history records
+  const act_t* x_ring = x_ring_at(p, t.slot, t.head) + t.row0;
+  for (int i = threadIdx.x; i < n * PT; i += rssm::kThreads) {
+    const int j = i / PT, r = i % PT;
+    const act_t* src = j < count ? x_ring + (long long)cur.position(j, R) * P : x_of(p, t) + (j - count) * p.s_x_t + t.row0;
+    s_x[j][r] = rssm::to_float(src[r]);
+  }
+  const float* coef = p.coef + t.b * p.s_coef_row + (long long)t.head * VerifyCoef::floats(R);
+  for (int i = threadIdx.x; i < VerifyCoef::floats(R); i += rssm::kThreads) s_coef[i] = coef[i];
+  float cv[kT][kEpl];  // this lane's columns of every window token's C (tokens >= T: zeros)
+#pragma unroll
+  for (int tok = 0; tok < kT; ++tok) {
+    if (tok < T) {
+      rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + tok * p.s_C_t + t.lane * kEpl,
+                                  cv[tok]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) cv[tok][e] = 0.f;
+    }
+  }
+  if (fold) {
+    const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
+    for (int j = t.warp; j < count; j += rssm::kNumWarps) {
+      using BVec = rssm::VecTraits<act_t, kEpl>;
+      const auto* src = reinterpret_cast<const typename BVec::Raw*>(B_ring + (long long)cur.position(j, R) * N);
+      auto* dst = reinterpret_cast<typename BVec::Raw*>(&s_B[j][0]);
+#pragma unroll
+      for (int q = 0; q < BVec::kChunks; ++q) dst[t.lane * BVec::kChunks + q] = src[t.lane * BVec::kChunks + q];
+    }
+  }
+  __syncthreads();
+  const float* fold_w = VerifyCoef::fold(s_coef, R);
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {  // unrolled: the raw tile stays in registers
+    const int row = t.warp * kRowsPerWarp + r;
+    float v[kEpl];
+    if constexpr (kPreload) unpack_row(raw, r, v);
+    else rssm::load_vec<state_t, kEpl>(t.state + r * N, v);
+    if (fold) {
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) v[e] *= fold_w[R];
+      for (int j = 0; j < count; ++j) {
+        const float xs = fold_w[j] * s_x[j][row];
+        float bv[kEpl];
+        rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
+      }
+      store_row(p, t, r, v);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) v[e] = rssm::round_through<state_t>(v[e]);
+    }
+    float part[kT];
+#pragma unroll
+    for (int tok = 0; tok < kT; ++tok) {
+      part[tok] = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(v[e], cv[tok][e], part[tok]);
+    }
+    float dot = 0.f;  // lane tok: token tok's (a transposed reduction, warp_sum_scatter, spills here)
+#pragma unroll
+    for (int tok = 0; tok < kT; ++tok) {
+      const float sum = rssm::warp_sum(part[tok]);
+      if (t.lane == tok) dot = sum;
+    }
+    if (t.lane < kT) s_dot[t.lane][row] = dot;
+  }
+  __syncthreads();
+  // Outputs and the window's x records, a thread per (token, row).
+  const rssm::SpecCursor after{fold ? cur.position(count, R) : cur.origin, fold ? 0 : count};
+  const float d_h = p.D ? p.D[t.head] : 0.f;
+  act_t* x_dst = static_cast<act_t*>(p.x_ring) + t.slot * p.s_xr_slot + t.head * p.s_xr_head + t.row0;
+  for (int i = threadIdx.x; i < T * PT; i += rssm::kThreads) {
+    const int tok = i / PT, r = i % PT, seen = count + tok + 1 - base;
+    const float* w = VerifyCoef::w(s_coef, R, tok);
+    float y = w[R] * s_dot[tok][r];
+    for (int l = 0; l < seen; ++l) y = fmaf(w[l], s_x[base + l][r], y);
+    const float xt = s_x[count + tok][r];
+    y = fmaf(d_h, xt, y);
+    if (p.z)
+      y *= rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + tok * p.s_z_t + t.head * p.s_z_h +
+                                                                    t.row0 + r]));
+    static_cast<act_t*>(p.out)[t.b * p.s_out_b + tok * p.s_out_t + t.head * p.s_out_h + t.row0 + r] =
+        rssm::from_float<act_t>(y);
+    x_dst[(long long)after.position(after.count + tok, R) * P + r] = rssm::from_float<act_t>(xt);
+  }
+}
+
+}  // namespace
+
+// Verify step 2 (verify_rows) for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds T).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t2_kernel(const Mamba2Params p) {
+  verify_rows<2>(p);
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t4_kernel(const Mamba2Params p) {
+  verify_rows<4>(p);
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t8_kernel(const Mamba2Params p) {
+  verify_rows<8>(p);
+}
+
+// The per-draft-state verify (the baseline speculative decoding of vLLM and TensorRT-LLM outside their replay
+// paths), grid (P / PT, nheads, batch): T recurrence steps from the checkpoint, the state after each window token
+// stored to inter[b, t] (state dtype), y_t = S_t · C_t + D x_t. The checkpoint is not written
+// (mamba2_per_draft_commit_kernel copies the accepted state back).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_per_draft_verify_kernel(const Mamba2Params p) {
+  Tile t;
+  if (!setup_tile(p, t)) return;
+  float S[kRowsPerWarp][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) rssm::load_vec<state_t, kEpl>(t.state + r * N, S[r]);
+  __shared__ OutStage st;
+  const float a = p.A[t.head];
+  for (int tok = 0; tok < p.window; ++tok) {
+    float bv[kEpl], cv[kEpl];
+    rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + tok * p.s_B_t + t.lane * kEpl, bv);
+    rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + tok * p.s_C_t + t.lane * kEpl, cv);
+    const float delta = current_delta(p, t.b, t.head, tok);
+    const float decay = __expf(decay_exponent(a, delta));
+    if (threadIdx.x < PT) {
+      const long long i = (long long)tok * p.s_x_t + t.row0 + threadIdx.x;
+      const float x = rssm::to_float(x_of(p, t)[i]);
+      st.x[threadIdx.x] = x;
+      st.extra[threadIdx.x] = p.D ? p.D[t.head] * x : 0.f;
+      st.gate[threadIdx.x] =
+          p.z ? rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + tok * p.s_z_t +
+                                                                        t.head * p.s_z_h + t.row0 + threadIdx.x]))
+              : 1.f;
+    }
+    __syncthreads();
+    state_t* dst = static_cast<state_t*>(p.inter) + t.b * p.s_inter_b + tok * p.s_inter_t +
+                   ((long long)t.head * P + t.row0 + t.warp * kRowsPerWarp) * N + t.lane * kEpl;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float u = delta * st.x[t.warp * kRowsPerWarp + r];
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) S[r][e] = fmaf(decay, S[r][e], u * bv[e]);
+      rssm::store_vec<state_t, kEpl>(dst + r * N, S[r]);
+      stage_row_dot(t, r, S[r], cv, st);
+    }
+    __syncthreads();
+    if (threadIdx.x < PT)
+      static_cast<act_t*>(p.out)[t.b * p.s_out_b + tok * p.s_out_t + t.head * p.s_out_h + t.row0 + threadIdx.x] =
+          rssm::from_float<act_t>((st.dot[threadIdx.x] + st.extra[threadIdx.x]) * st.gate[threadIdx.x]);
+    __syncthreads();
+  }
+}
+
+// The per-draft commit, grid (P / PT, nheads, batch): the slot's checkpoint rows <- inter[b, accepted[b] - 1]. A pad
+// row, or a count outside 1..T, copies nothing.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_per_draft_commit_kernel(const Mamba2Params p) {
+  const int b = blockIdx.z, h = blockIdx.y, row0 = blockIdx.x * PT;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  const int accepted = p.accepted[b];
+  if (slot == p.pad_slot_id || accepted < 1 || accepted > p.window) return;
+  using Chunk = uint4;
+  constexpr int kChunks = PT * N * int(sizeof(state_t)) / int(sizeof(Chunk));
+  static_assert(PT * N * sizeof(state_t) % sizeof(Chunk) == 0, "tile rows move in 16-byte chunks");
+  const Chunk* src = reinterpret_cast<const Chunk*>(static_cast<const state_t*>(p.inter) + b * p.s_inter_b +
+                                                    (accepted - 1) * p.s_inter_t + ((long long)h * P + row0) * N);
+  Chunk* dst = reinterpret_cast<Chunk*>(static_cast<state_t*>(p.state) + slot * p.s_state_slot + h * p.s_state_head +
+                                        (long long)row0 * N);
+  for (int i = threadIdx.x; i < kChunks; i += rssm::kThreads) dst[i] = __ldcs(src + i);
+}
+#endif
+
 // Replay step 1, grid (batch, ngroups), 4..16 warps: per (row, group) the B·C products, per head the decay weights
 // into the per-row scratch; appends Δ (per head) and B (per group) for non-flush rows; advances the cursor. Every
 // global load depends on the cursor alone and is issued before any result is used (one load latency per CTA). Lets
@@ -544,10 +855,6 @@ struct TileMap {
     return {b, head, by_group_heads(head), (t % kRowTiles) * kHeadRows};
   }
 };
-
-__device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slot, int head) {
-  return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
-}
 
 // Producer warp (rssm::produce_tiles_claiming_tail): besides slot and step, each tile's D, coefficients, x, z, C and
 // the x ring rows j < w go into its stage; a flush tile's B rows into the fold buffer (or an L2 prefetch without one).

@@ -11,6 +11,7 @@ constexpr int kWarpSize = 32;
 constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host side: core/limits.py NUM_WARPS)
 constexpr int kThreads = kWarpSize * kNumWarps;
 constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in the warp scans
+constexpr int kMaxWindow = 8; // tokens per speculative verify window (T = 1 + drafts)
 
 template <bool kCond, class A, class B> struct Conditional { using type = A; };
 template <class A, class B> struct Conditional<false, A, B> { using type = B; };
@@ -109,18 +110,36 @@ __device__ __forceinline__ void unpack(const RawVecOf<T, E>& src, float (&dst)[E
     for (int i = 0; i < VT::kPerChunk; ++i) dst[c * VT::kPerChunk + i] = raw_elem<T>(src.chunk[c], i);
 }
 
+// The 32-bit word of 4 / sizeof(T) consecutive floats narrowed to T, by bit operations (no local array whose address
+// is taken, which can push it to local memory).
+__device__ __forceinline__ unsigned int bits16(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ unsigned int bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <typename T>
+__device__ __forceinline__ unsigned int narrow_word(const float* v) {
+  if constexpr (sizeof(T) == 4) return __float_as_uint(v[0]);
+  else return bits16(from_float<T>(v[0])) | bits16(from_float<T>(v[1])) << 16;
+}
+
 // Narrows E floats to T and stores them (same alignment rule as load_vec).
 template <typename T, int E>
 __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src)[E]) {
   using VT = VecTraits<T, E>;
-  auto* raw = reinterpret_cast<typename VT::Raw*>(dst);
+  using Raw = typename VT::Raw;
+  constexpr int kWord = 4 / int(sizeof(T));  // elements per 32-bit word
+  auto* raw = reinterpret_cast<Raw*>(dst);
 #pragma unroll
   for (int c = 0; c < VT::kChunks; ++c) {
-    typename VT::Raw chunk;
-    T* elems = reinterpret_cast<T*>(&chunk);
-#pragma unroll
-    for (int i = 0; i < VT::kPerChunk; ++i) elems[i] = from_float<T>(src[c * VT::kPerChunk + i]);
-    raw[c] = chunk;
+    const float* v = src + c * VT::kPerChunk;
+    if constexpr (sizeof(Raw) == 16) {
+      raw[c] = make_uint4(narrow_word<T>(v), narrow_word<T>(v + kWord), narrow_word<T>(v + 2 * kWord),
+                          narrow_word<T>(v + 3 * kWord));
+    } else if constexpr (sizeof(Raw) == 8) {
+      raw[c] = make_uint2(narrow_word<T>(v), narrow_word<T>(v + kWord));
+    } else if constexpr (sizeof(Raw) == 4) {
+      raw[c] = narrow_word<T>(v);
+    } else {
+      dst[c * VT::kPerChunk] = from_float<T>(v[0]);  // one 16-bit element
+    }
   }
 }
 
@@ -250,6 +269,24 @@ __device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int
     arrive[slot] = 0;
   }
 }
+
+// ---------------------------------------------------------------------------------------------- speculative cursor
+// The cursor word of a speculatively decoded slot (trtllm_replayssm/core/spec_cursor.py, the one description of the
+// rule): `count` committed ring records from ring position `origin`, word = origin | count << 8. A verify of T tokens
+// folds the history first when count + 2T > R (ring length R), then writes the window at the positions after it.
+struct SpecCursor {
+  int origin, count;
+  __device__ static SpecCursor of(int word) { return {word & 0xff, word >> 8}; }
+  __device__ int word() const { return origin | count << 8; }
+  __device__ bool valid(int window, int ring_len) const {
+    return count >= 0 && origin < ring_len && count + window <= ring_len;
+  }
+  __device__ bool folds_before(int window, int ring_len) const { return count + 2 * window > ring_len; }
+  __device__ int position(int j, int ring_len) const {  // ring position of history record j (0: the oldest)
+    const int q = origin + j;
+    return q < ring_len ? q : q - ring_len;
+  }
+};
 
 // ---------------------------------------------------------------------------------------------- tile streaming
 // Persistent replay kernels stream state tiles through a ring of shared-memory stages: one producer warp issues bulk

@@ -82,8 +82,13 @@ def bench_cmd() -> None:
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,
               help="Results JSON [default: benchmarks/results/kernels-<UTC time>.json]; .md and .png written beside.")
 @click.option("--quick", is_flag=True, help="Fewer cases (defaults above) for a smoke run.")
+@click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
+              help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
+                   "the replay verify against the per-draft-state verify per verify step (commit included), and "
+                   "with --peers FlashInfer's checkpointing_ssu and per-draft selective_state_update; Mamba-2, one "
+                   "plain state dtype.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: list[str] | None,
-            buffer_len: int, peers: bool, output: Path | None, quick: bool) -> None:
+            buffer_len: int, peers: bool, output: Path | None, quick: bool, spec_tokens: list[int] | None) -> None:
     """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
     from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
     from trtllm_replayssm.lab.bench.report import write_reports
@@ -91,6 +96,9 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
 
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
+    if spec_tokens is not None:
+        _spec_kernels(families, models, batches, state_dtypes or ["fp32"], buffer_len, spec_tokens, peers, output)
+        return
     dtypes = state_dtypes or _csv(QUICK_STATE_DTYPES if quick else "fp32,bf16")
     try:
         config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
@@ -106,6 +114,30 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
     jp, md, png = write_reports(results, output)
     click.echo(md.read_text())
     click.echo(f"wrote {jp}, {md}" + (f", {png}" if png else f" (no plot: {PLOT_EXTRA} gives it)"))
+
+
+def _spec_kernels(families: str, models: str | None, batches: list[int], state_dtypes: list[str], buffer_len: int,
+                  spec_tokens: list[int], peers: bool, output: Path | None) -> None:
+    from trtllm_replayssm.lab.bench.spec import run_spec_bench, summary
+
+    if len(state_dtypes) != 1 or state_dtypes[0] not in ("fp32", "fp16", "bf16"):
+        raise click.BadParameter(f"--spec takes one plain state dtype (fp32, fp16, bf16), got {state_dtypes}",
+                                 param_hint="--state-dtype")
+    output = _gpu_run_output("kernels", output, "kernels-spec")
+
+    def save_partial(partial: dict) -> None:
+        output.write_text(json.dumps(partial, indent=1))
+
+    try:
+        results = run_spec_bench(_csv(families), _csv(models) if models else None, batches, spec_tokens,
+                                 state_dtypes[0], buffer_len, peers=peers, log=click.echo, progress=save_partial)
+    except ValueError as exc:
+        bad_value(exc)
+    output.write_text(json.dumps(results, indent=1))
+    table = summary(results)
+    output.with_suffix(".md").write_text(table + "\n")
+    click.echo(table)
+    click.echo(f"wrote {output}, {output.with_suffix('.md')}")
 
 
 @bench_cmd.command("drift")

@@ -8,6 +8,7 @@ from __future__ import annotations
 MAX_BUFFER_LEN = 32  # ring length L: one ring entry per lane in the kernels' warp scans (kMaxL)
 NUM_WARPS = 4        # warps per CTA of every decode kernel; the persistent kernels add one producer warp (kNumWarps)
 MAX_STAGES = 8       # shared-memory stages of a persistent replay kernel (kMaxStages)
+MAX_WINDOW = 8       # tokens per speculative verify window, T = 1 + drafts (kMaxWindow)
 
 
 def check_buffer_len(buffer_len: object) -> int:

@@ -23,6 +23,7 @@ from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, mamba2_fold_bytes, mamba2_size_checks, mamba2_stage_bytes,
                                            stored_state_params)
 from trtllm_replayssm.core.limits import NUM_WARPS
+from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
                                          non_replay_plan, persistent_plan, programmatic_prep, resolved_tail_fraction,
@@ -31,6 +32,9 @@ from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
            "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel"}
+SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel", **{f"verify_t{t}": f"mamba2_verify_t{t}_kernel"
+                                                                 for t in (2, 4, 8)},
+                "per_draft": "mamba2_per_draft_verify_kernel", "per_draft_commit": "mamba2_per_draft_commit_kernel"}
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).
 TAIL_FRACTION = 0.1
@@ -46,8 +50,11 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
     """The Mamba-2 decode module (baseline, flush and replay kernels) for one shape, checkpoint spec (a plain state
     dtype or a StateSpec), activation dtype and row tile."""
     spec = state_spec(state_dtype, arg="state_dtype")
-    # A tile of more rows than a head has spans heads: the persistent replay kernels only (plugins/mamba2_decode.cu).
+    # A tile of more rows than a head has spans heads: the persistent replay kernels only (plugins/mamba2_decode.cu);
+    # the speculative kernels take plain checkpoints.
     kernels = tuple(KERNELS[k] for k in (("prep", "main") if rows_per_cta > head_dim else KERNELS))
+    if rows_per_cta <= head_dim and not spec.stored:
+        kernels += tuple(SPEC_KERNELS.values())
     return KernelConfig(
         family="mamba2", source="mamba2_decode.cu", kernels=kernels,
         params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta), *stored_state_params(spec),
@@ -66,7 +73,8 @@ def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
     tiles = tile_choices(dims.head_dim, dims.d_state)
     if two_head_shape(dims.head_dim, dims.nheads, dims.n_groups):
         tiles = [*tiles, 2 * dims.head_dim]
-    return unique(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t) for t in tiles)
+    return unique([*(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t) for t in tiles),
+                   spec_ops.KERNEL_CONFIG])
 
 
 def two_head_shape(head_dim: int, nheads: int, ngroups: int) -> bool:
@@ -175,20 +183,30 @@ def _prep_warps(ctas: int, heads_per_group: int, dev: Device) -> int:
 
 # ---------------------------------------------------------------------------------------------------- custom ops
 def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-            idx, pad_slot_id, out, stored: dict[str, int] | None = None):
+            idx, pad_slot_id, out, stored: dict[str, int] | None = None, inter: torch.Tensor | None = None,
+            accepted: torch.Tensor | None = None):
+    """The kernels' parameter struct. Row inputs are [b, H, P] / [b, H] / [b, G, N], or a verify window's
+    [b, T, H, P] / [b, T, H] / [b, T, G, N] (``window`` T and the token strides set from x's rank)."""
+    windowed = x.dim() == 4
+
+    def tok(t: torch.Tensor | None) -> int:  # a window's token stride
+        return stride(t, 1) if windowed else 0
+
     return MAMBA2_PARAMS.pack(**(stored or stored_fields()),
         state=ptr(state), x_ring=ptr(x_ring), dt_ring=ptr(dt_ring), B_ring=ptr(B_ring), cursor=ptr(cursor),
         arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), x=ptr(x), dt=ptr(dt), A=ptr(A), B=ptr(B),
-        C=ptr(C), D=ptr(D), z=ptr(z), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
-        s_state_slot=state.stride(0), s_state_head=state.stride(1), s_xr_slot=stride(x_ring, 0),
-        s_xr_head=stride(x_ring, 1), s_dtr_slot=stride(dt_ring, 0), s_dtr_head=stride(dt_ring, 1),
-        s_Br_slot=stride(B_ring, 0), s_Br_group=stride(B_ring, 1), s_coef_row=stride(coef, 0),
-        s_x_b=x.stride(0), s_x_h=x.stride(1), s_dt_b=dt.stride(0), s_dt_h=dt.stride(1), s_B_b=B.stride(0),
-        s_B_g=B.stride(1), s_C_b=C.stride(0), s_C_g=C.stride(1), s_z_b=stride(z, 0), s_z_h=stride(z, 1),
-        s_out_b=out.stride(0), s_out_h=out.stride(1),
-        nheads=x.shape[1], ngroups=B.shape[1], L=x_ring.shape[2] if x_ring is not None else 1,
+        C=ptr(C), D=ptr(D), z=ptr(z), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out), inter=ptr(inter),
+        accepted=ptr(accepted), s_state_slot=state.stride(0), s_state_head=state.stride(1),
+        s_xr_slot=stride(x_ring, 0), s_xr_head=stride(x_ring, 1), s_dtr_slot=stride(dt_ring, 0),
+        s_dtr_head=stride(dt_ring, 1), s_Br_slot=stride(B_ring, 0), s_Br_group=stride(B_ring, 1),
+        s_coef_row=stride(coef, 0),
+        s_x_b=x.stride(0), s_x_h=x.stride(-2), s_dt_b=dt.stride(0), s_dt_h=dt.stride(-1), s_B_b=B.stride(0),
+        s_B_g=B.stride(-2), s_C_b=C.stride(0), s_C_g=C.stride(-2), s_z_b=stride(z, 0), s_z_h=stride(z, -2), s_out_b=out.stride(0), s_out_h=out.stride(-2),
+        s_x_t=tok(x), s_dt_t=tok(dt), s_B_t=tok(B), s_C_t=tok(C), s_z_t=tok(z), s_out_t=tok(out),
+        s_inter_b=stride(inter, 0), s_inter_t=stride(inter, 1),
+        nheads=x.shape[-2], ngroups=B.shape[-2], L=x_ring.shape[2] if x_ring is not None else 1,
         pad_slot_id=pad_slot_id, slots=state.shape[0], dt_softplus=int(dt_softplus),
-        dt_is_f32=int(dt.dtype == torch.float32),
+        dt_is_f32=int(dt.dtype == torch.float32), window=x.shape[1] if windowed else 1,
         force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
 
 

@@ -1,16 +1,17 @@
 """Mamba-2 decode in pure PyTorch: the float64 sequential recurrence (ground truth) and the float32 replay step.
 
 ``replay_step_`` / ``state_update_`` have the exact semantics of the CUDA kernels (cursor rules of docs/design.md,
-ring contents, pad rows) and serve as the CPU fallback of the ops. ``verify_step_`` / ``commit_`` are speculative
+ring contents, pad rows) and serve as the CPU fallback of the ops. ``verify_step_`` is speculative
 decoding from checkpoint + ring (docs/algorithm.md, speculative verify): outputs for a window of T tokens, their
-records appended past the cursor, and a commit that moves the cursor by the accepted count (rejected records are
-never read again) and folds the committed history into the checkpoint when the next window would not fit.
+records appended past the committed history (folded into the checkpoint first when the ring would overrun), and a
+commit that adds the accepted count to the history (rejected records are never read again).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from trtllm_replayssm.core import checks, spec_cursor
 from trtllm_replayssm.core.checkpoint import Checkpoint, as_checkpoint
 
 
@@ -146,34 +147,52 @@ def replay_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
         out[b] = y.to(out.dtype)
 
 
+def _fold_history(ckpt: Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor, slot: int,
+                  positions: torch.Tensor, A32: torch.Tensor) -> None:
+    """Fold the ring records at ``positions`` (oldest first) into a new checkpoint of ``slot`` (stored by the write
+    rule): ``S = decay S0 + Σ_j s_j x_j B_jᵀ``."""
+    f32 = torch.float32
+    heads_per_group = x_ring.shape[1] // B_ring.shape[1]
+    s, decay = _weights(dt_ring[slot][:, positions].to(f32), A32)
+    xs = x_ring[slot][:, positions].to(f32)
+    Bs = B_ring[slot][:, positions].to(f32).repeat_interleave(heads_per_group, dim=0)
+    slot_ids = torch.tensor([slot], device=x_ring.device)
+    S = decay[:, None, None] * ckpt.fold_values(slot_ids)[0] + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
+    ckpt.store_(slot_ids, S[None])
+
+
 def verify_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
                  cursor: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                  dt_softplus: bool, state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor) -> None:
     """Speculative verify in float32: each row's window of ``T`` tokens (x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N],
-    z [b,T,H,P]) decoded from the checkpoint and the row's committed ring entries ``0 .. w-1`` (``w`` its cursor),
-    token ``t`` seeing the window's tokens before it; out [b,T,H,P]. The window's records go to ring positions
-    ``w .. w+T-1``; no checkpoint and no cursor is written (``commit_`` does that). Requires ``w + T <= L`` on every
-    row, which ``commit_`` keeps for windows of ``T``. Pad rows get zero outputs and touch no slot."""
+    z [b,T,H,P]) decoded from the checkpoint and the row's committed history (``core/spec_cursor.py``: ``count``
+    ring records from ``origin``), token ``t`` seeing the window's tokens before it; out [b,T,H,P]. When the history
+    and two windows would overrun the ring, the history is first folded into a new checkpoint and the cursor moves
+    past it (origin + count, count 0). The window's records go to the ring positions after the history; the commit
+    (``spec_cursor.commit_``) keeps the accepted ones. Pad rows get zero outputs and touch no slot."""
     ckpt = as_checkpoint(state)
     f32 = torch.float32
-    T, H, L = x.shape[1], x.shape[2], x_ring.shape[2]
+    T, H, R = x.shape[1], x.shape[2], x_ring.shape[2]
     heads_per_group = H // B.shape[2]
     A32 = A.to(f32)
     for b, slot in _live_rows(state_batch_indices, pad_slot_id, out):
-        w = int(cursor[slot])
-        if w + T > L:
-            raise ValueError(f"cursor: slot {slot} holds {w} committed entries, a window of {T} needs w + T <= L = "
-                             f"{L} (commit_ with window={T} flushes early enough)")
-        x_ring[slot, :, w:w + T] = x[b].transpose(0, 1).to(x_ring.dtype)
-        dt_ring[slot, :, w:w + T] = _delta(dt[b], dt_bias, dt_softplus, f32).transpose(0, 1)
-        B_ring[slot, :, w:w + T] = B[b].transpose(0, 1).to(B_ring.dtype)
+        origin, count = checks.spec_word(cursor, slot, T, R)
+        if spec_cursor.folds_before(count, T, R):
+            _fold_history(ckpt, x_ring, dt_ring, B_ring, slot, (origin + torch.arange(count)) % R, A32)
+            origin, count = (origin + count) % R, 0
+            cursor[slot] = spec_cursor.pack(origin, 0)
+        positions = (origin + torch.arange(count + T)) % R
+        window = positions[count:]
+        x_ring[slot][:, window] = x[b].transpose(0, 1).to(x_ring.dtype)
+        dt_ring[slot][:, window] = _delta(dt[b], dt_bias, dt_softplus, f32).transpose(0, 1)
+        B_ring[slot][:, window] = B[b].transpose(0, 1).to(B_ring.dtype)
         S0 = ckpt.read_values(torch.tensor([slot], device=x.device))[0]
         for t in range(T):
-            n = w + t + 1                                                                          # entries seen
-            s, decay = _weights(dt_ring[slot, :, :n].to(f32), A32)
-            xs = x_ring[slot, :, :n].to(f32)                                                       # [H, n, P]
-            Bs = B_ring[slot, :, :n].to(f32).repeat_interleave(heads_per_group, dim=0)             # [H, n, N]
+            seen = positions[:count + t + 1]                                                       # oldest first
+            s, decay = _weights(dt_ring[slot][:, seen].to(f32), A32)
+            xs = x_ring[slot][:, seen].to(f32)                                                     # [H, n, P]
+            Bs = B_ring[slot][:, seen].to(f32).repeat_interleave(heads_per_group, dim=0)           # [H, n, N]
             Ch = C[b, t].to(f32).repeat_interleave(heads_per_group, dim=0)                        # [H, N]
             bc = torch.einsum("hjn,hn->hj", Bs, Ch)
             y = decay[:, None] * torch.einsum("hpn,hn->hp", S0, Ch) + torch.einsum("hj,hjp->hp", s * bc, xs)
@@ -184,31 +203,31 @@ def verify_step_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring
             out[b, t] = y.to(out.dtype)
 
 
-def commit_(state: torch.Tensor | Checkpoint, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
-            cursor: torch.Tensor, A: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor,
-            pad_slot_id: int, window: int) -> None:
-    """After a verify: each row's first ``accepted[b]`` window tokens (1 .. window: the bonus token counts) become
-    committed history (cursor ``w <- w + accepted``), the rest are never read again. When the next window of
-    ``window`` tokens would not fit (``w + window > L``), the committed entries are folded into a new checkpoint
-    (``S = decay S0 + Σ_j s_j x_j B_jᵀ``, stored by the write rule) and the cursor goes to 0. Pad rows touch no
-    slot."""
-    ckpt = as_checkpoint(state)
-    f32 = torch.float32
-    L = x_ring.shape[2]
-    heads_per_group = x_ring.shape[1] // B_ring.shape[1]
-    A32 = A.to(f32)
+
+def per_draft_verify_(state: torch.Tensor, inter: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                      B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+                      dt_bias: torch.Tensor | None, dt_softplus: bool, state_batch_indices: torch.Tensor,
+                      pad_slot_id: int, out: torch.Tensor) -> None:
+    """The per-draft-state verify in float32 (the baseline of speculative decoding): each row's T recurrence steps
+    from its slot's state (window inputs as :func:`verify_step_`), the state after window token t stored to
+    ``inter[b, t]`` [b,T,H,P,N] (its dtype); out [b,T,H,P]. The pool ``state`` is not written
+    (:func:`per_draft_commit_`). Pad rows get zero outputs and touch nothing."""
+    for b, slot in _live_rows(state_batch_indices, pad_slot_id, out):
+        S = state[slot:slot + 1].float()
+        for t in range(x.shape[1]):
+            S, y = sequential_step(S, x[b:b + 1, t], dt[b:b + 1, t], A, B[b:b + 1, t], C[b:b + 1, t], D,
+                                   None if z is None else z[b:b + 1, t], dt_bias, dt_softplus, dtype=torch.float32)
+            inter[b, t] = S[0].to(inter.dtype)
+            out[b, t] = y[0].to(out.dtype)
+
+
+def per_draft_commit_(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                      state_batch_indices: torch.Tensor, pad_slot_id: int) -> None:
+    """After :func:`per_draft_verify_`: each row's slot state <- ``inter[b, accepted[b] - 1]`` (1..T). Pad rows
+    touch nothing."""
+    window = inter.shape[1]
     for b, slot in _live_rows(state_batch_indices, pad_slot_id, None):
-        a, w = int(accepted[b]), int(cursor[slot])
+        a = int(accepted[b])
         if not 1 <= a <= window:
             raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got {a} in row {b}")
-        n = w + a
-        if n + window <= L:
-            cursor[slot] = n
-            continue
-        s, decay = _weights(dt_ring[slot, :, :n].to(f32), A32)
-        xs = x_ring[slot, :, :n].to(f32)
-        Bs = B_ring[slot, :, :n].to(f32).repeat_interleave(heads_per_group, dim=0)
-        slot_ids = torch.tensor([slot], device=x_ring.device)
-        S = decay[:, None, None] * ckpt.fold_values(slot_ids)[0] + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
-        ckpt.store_(slot_ids, S[None])
-        cursor[slot] = 0
+        state[slot] = inter[b, a - 1]

@@ -1,0 +1,230 @@
+"""Mamba-2 speculative decoding ops: the replay verify (``torch.ops.replayssm.mamba2_verify_decode``) and the
+per-draft-state baseline (``mamba2_per_draft_verify`` / ``mamba2_per_draft_commit``).
+
+A verify decodes each row's window of T tokens (1 + drafts, T <= MAX_WINDOW) from the checkpoint and the row's
+committed ring history, folding the history into the checkpoint first when the ring would overrun, and writes the
+window's records past the history; ``spec.commit`` then keeps each row's accepted count (``core/spec_cursor.py``).
+The per-draft baseline writes the state after every window token and copies the accepted one back, as vLLM and
+upstream TensorRT-LLM do outside their replay paths. CUDA tensors run ``plugins/mamba2_decode.cu``; CPU tensors the
+float32 references (``core/reference/mamba2.py``). Plain checkpoints (fp32, fp16, bf16 pools) only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from trtllm_replayssm.core import checks as chk
+from trtllm_replayssm.core.cache import Mamba2LayerCache
+from trtllm_replayssm.core.jit.configs import tile_choices
+from trtllm_replayssm.core.jit.loader import get_kernel, launch
+from trtllm_replayssm.core.layouts import MAMBA2_PARAMS
+from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
+from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr
+from trtllm_replayssm.core.ops.mamba2 import DEFAULT_TUNING, SPEC_KERNELS, _params, kernel_config
+from trtllm_replayssm.core.ops.spec import check_window
+from trtllm_replayssm.core.plans import Tuning, device_of, state_tile
+from trtllm_replayssm.core.reference import mamba2 as ref
+
+
+# A verify thread's checkpoint rows load ahead when they and its C columns of a window of up to 4 tokens fit this
+# many bytes (plugins/mamba2_decode.cu kVerifyRawBytes): the tiles the planner takes.
+VERIFY_RAW_BYTES = 192
+
+
+def rows_per_cta(state: torch.Tensor, batch: int, tuning: Tuning = DEFAULT_TUNING) -> int:
+    """The row tile of the speculative kernels for ``batch`` rows of the pool ``state`` [slots, H, P, N] (CPU: 0):
+    the state kernels' heuristic, capped where a verify thread's rows would not load ahead (VERIFY_RAW_BYTES)."""
+    _, H, P, N = state.shape
+    dev = device_of(state.device)
+    if not dev.is_cuda:
+        return 0
+    tile = state_tile(P, N, batch * H, dev, tuning)
+    if tuning.rows_per_cta is not None:
+        return tile
+    c_bytes = 4 * (N // 32) * 4
+    ahead = [t for t in tile_choices(P, N) if t <= tile and t // NUM_WARPS * N * state.element_size() // 32
+             + c_bytes <= VERIFY_RAW_BYTES]
+    return max(ahead) if ahead else min(tile_choices(P, N))
+
+
+WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_t<k>_kernel)
+
+
+def verify_coef_floats(ring_len: int) -> int:
+    """Scratch floats per (row, head) of a verify (plugins/mamba2_decode.cu VerifyCoef): every window token's
+    weights and decay, and a fold's."""
+    return MAX_WINDOW * (ring_len + 1) + ring_len + 1
+
+
+def _run(kernel: str, state: torch.Tensor, act_dtype: torch.dtype, grid: tuple[int, int, int], tile: int,
+         params) -> None:
+    _, H, P, N = state.shape
+    config = kernel_config(P, N, state.dtype, act_dtype, tile)
+    launch(get_kernel(config, SPEC_KERNELS[kernel], state.device), grid, STATE_BLOCK, params)
+
+
+# ---------------------------------------------------------------------------------------------------- custom ops
+def _verify_cpu(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor, B_ring: torch.Tensor,
+                cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, x: torch.Tensor,
+                dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
+                z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
+                state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int, out: torch.Tensor) -> None:
+    # The float32 reference (coef/step are GPU-only scratch).
+    ref.verify_step_(state, x_ring, dt_ring, B_ring, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                     state_batch_indices, pad_slot_id, out)
+
+
+def _verify_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                 dt_softplus, state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
+    batch, T, H, P = x.shape
+    if batch == 0:
+        return
+    params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
+                     dt_softplus, state_batch_indices, pad_slot_id, out)
+    _run("verify_prep", state, x.dtype, (batch, B.shape[2], 1), rows_per_cta, params)
+    bucket = next(k for k in WINDOW_BUCKETS if T <= k)
+    _run(f"verify_t{bucket}", state, x.dtype, (P // rows_per_cta, H, batch), rows_per_cta, params)
+
+
+_verify_op = define_op("mamba2_verify_decode",
+                       ("state", "x_ring", "dt_ring", "B_ring", "cursor", "arrive", "coef", "step", "out"),
+                       _verify_cpu, _verify_cuda)
+
+
+def _per_draft_cpu(state: torch.Tensor, inter: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                   B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                   dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
+                   pad_slot_id: int, rows_per_cta: int, out: torch.Tensor) -> None:
+    ref.per_draft_verify_(state, inter, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                          pad_slot_id, out)
+
+
+def _per_draft_cuda(state, inter, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                    rows_per_cta, out) -> None:
+    if x.shape[0] == 0:
+        return
+    params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                     state_batch_indices, pad_slot_id, out, inter=inter)
+    _run("per_draft", state, x.dtype, (x.shape[-1] // rows_per_cta, x.shape[-2], x.shape[0]), rows_per_cta, params)
+
+
+_per_draft_op = define_op("mamba2_per_draft_verify", ("inter", "out"), _per_draft_cpu, _per_draft_cuda)
+
+
+def _per_draft_commit_cpu(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                          state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int) -> None:
+    ref.per_draft_commit_(state, inter, accepted, state_batch_indices, pad_slot_id)
+
+
+def _per_draft_commit_cuda(state, inter, accepted, state_batch_indices, pad_slot_id, rows_per_cta) -> None:
+    batch, T = inter.shape[:2]
+    if batch == 0:
+        return
+    params = MAMBA2_PARAMS.pack(**{**dict.fromkeys(MAMBA2_PARAMS.field_names, 0),
+        "state": ptr(state), "inter": ptr(inter), "accepted": ptr(accepted), "slot_idx": ptr(state_batch_indices),
+        "s_state_slot": state.stride(0), "s_state_head": state.stride(1), "s_inter_b": inter.stride(0),
+        "s_inter_t": inter.stride(1), "nheads": state.shape[1], "pad_slot_id": pad_slot_id, "slots": state.shape[0],
+        "window": T, "batch": batch})
+    # The copy reads no activation: the module of a shipped (state, activation) pair.
+    act = state.dtype if state.element_size() == 2 else torch.bfloat16
+    _run("per_draft_commit", state, act, (state.shape[2] // rows_per_cta, state.shape[1], batch), rows_per_cta,
+         params)
+
+
+_per_draft_commit_op = define_op("mamba2_per_draft_commit", ("state",), _per_draft_commit_cpu,
+                                 _per_draft_commit_cuda)
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+def _validate_window(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id,
+                     ring_len: int | None):
+    """Checks of a window's inputs (x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N], z [b,T,H,P]) against the pool
+    ``state`` [slots,H,P,N]; returns (slot indices, out [b,T,H,P])."""
+    chk.check_tensor("state", state, (None, None, None, None), (torch.float32, torch.float16, torch.bfloat16))
+    slots, H, P, N = state.shape
+    dev = state.device
+    if N % 32 or P % 4:
+        raise ValueError(f"state: expected d_state a multiple of 32 and head_dim a multiple of 4, got {[P, N]}")
+    chk.check_tensor("x", x, (None, None, H, P), chk.FLOAT_DTYPES, dev)
+    batch, T = x.shape[:2]
+    check_window(T, ring_len if ring_len is not None else 2 * T)
+    chk.check_tensor("B", B, (batch, T, None, N), (x.dtype,), dev, dtype_of="x")
+    G = B.shape[2]
+    if G == 0 or H % G:
+        raise ValueError(f"B: ngroups (dim 2) must divide nheads={H}, got {G}")
+    chk.check_tensor("C", C, (batch, T, G, N), (x.dtype,), dev, dtype_of="x")
+    chk.check_tensor("dt", dt, (batch, T, H), (x.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="x")
+    chk.check_tensor("A", A, (H,), (torch.float32,), dev)
+    chk.check_optional("D", D, (H,), (torch.float32,), dev)
+    chk.check_optional("dt_bias", dt_bias, (H,), (torch.float32,), dev)
+    chk.check_optional("z", z, (batch, T, H, P), (x.dtype,), dev, dtype_of="x")
+    if out is None:
+        out = torch.empty_like(x)
+    chk.check_tensor("out", out, (batch, T, H, P), (x.dtype,), dev, dtype_of="x")
+    if dev.type == "cuda":
+        for name, t in (("state", state), ("B", B), ("C", C)):
+            chk.check_aligned(name, t, N // 32)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    return idx, out
+
+
+def verify_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                  dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
+                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                  out: torch.Tensor | None = None, tuning: Tuning = DEFAULT_TUNING) -> torch.Tensor:
+    """Verify a window of T tokens per row from checkpoint + ring; returns ``out`` [b, T, H, P] (token t's output
+    sees the window's tokens before it). ``x`` [b,T,H,P], ``dt`` [b,T,H], ``B``/``C`` [b,T,G,N], ``z`` [b,T,H,P],
+    ``A``/``D``/``dt_bias`` [H] fp32. Follow it with ``spec.commit(layer, accepted, ..., window=T)``. The layer's
+    rings hold at least 2T records; plain checkpoints only."""
+    if not isinstance(layer, Mamba2LayerCache):
+        raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
+    if layer.storage is not None:
+        raise NotImplementedError(f"state: speculative verify reads plain checkpoints (fp32, fp16, bf16), the layer "
+                                  f"stores {layer.spec.label}")
+    state = layer.require_state()
+    idx, out = _validate_window(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id,
+                                layer.buffer_len)
+    slots, H, P, N = state.shape
+    R, dev = layer.buffer_len, state.device
+    chk.check_tensor("layer.x_ring", layer.x_ring, (slots, H, R, P), (x.dtype,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.dt_ring", layer.dt_ring, (slots, H, R), (torch.float32,), dev)
+    chk.check_tensor("layer.B_ring", layer.B_ring, (slots, B.shape[2], R, N), (x.dtype,), dev, inner_contiguous=2)
+    chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
+    chk.check_scratch_rows(x.shape[0], slots)
+    coef = torch.empty(x.shape[0], H, verify_coef_floats(R), dtype=torch.float32, device=dev)
+    _verify_op(state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, layer.arrive, coef, layer.step, x, dt,
+               A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, rows_per_cta(state, x.shape[0], tuning), out)
+    return out
+
+
+def per_draft_verify(state: torch.Tensor, inter: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                     B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                     dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
+                     state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                     out: torch.Tensor | None = None, tuning: Tuning = DEFAULT_TUNING) -> torch.Tensor:
+    """The per-draft-state verify (baseline): T recurrence steps from each row's slot of the pool ``state``
+    [slots,H,P,N], the state after window token t into ``inter[b, t]`` ([b,T,H,P,N], the pool's dtype); returns
+    ``out`` [b,T,H,P]. Window inputs as :func:`verify_decode`; the pool is written by :func:`per_draft_commit`."""
+    idx, out = _validate_window(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id, None)
+    chk.check_tensor("inter", inter, (x.shape[0], x.shape[1], *state.shape[1:]), (state.dtype,), state.device,
+                     inner_contiguous=3, dtype_of="state")
+    _per_draft_op(state, inter, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id,
+                  rows_per_cta(state, x.shape[0], tuning), out)
+    return out
+
+
+def per_draft_commit(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                     state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                     tuning: Tuning = DEFAULT_TUNING) -> None:
+    """After :func:`per_draft_verify`: each row's slot state <- ``inter[b, accepted[b] - 1]`` (``accepted`` [b]
+    int32, 1..T). On CUDA a row with a count outside 1..T copies nothing (the CPU reference raises)."""
+    chk.check_tensor("state", state, (None, None, None, None), (torch.float32, torch.float16, torch.bfloat16))
+    chk.check_tensor("inter", inter, (None, None, *state.shape[1:]), (state.dtype,), state.device,
+                     inner_contiguous=3, dtype_of="state")
+    batch = inter.shape[0]
+    chk.check_tensor("accepted", accepted, (batch,), (torch.int32,), state.device)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, state.shape[0], pad_slot_id,
+                           state.device)
+    _per_draft_commit_op(state, inter, accepted, idx, pad_slot_id, rows_per_cta(state, batch, tuning))
