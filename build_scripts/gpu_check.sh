@@ -2,8 +2,8 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [compare]
-#   (default: tests contract sanitize bench compare)
+#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare]
+#   (default: tests contract sanitize bench spec compare)
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
 # peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
@@ -13,7 +13,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRTLLM_REPLAYSSM_CACHE=${TRTLLM_REPLAYSSM_CACHE:-/tmp/trtllm_replayssm_cache}
-steps="${*:-tests contract sanitize bench compare}"
+steps="${*:-tests contract sanitize bench spec compare}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 results=()
 record() {  # record NAME RC DETAIL
@@ -53,7 +53,7 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
   # racecheck reports hazards on the mbarrier stage protocol that it cannot model ("Racecheck reports on the
   # persistent kernels"): its steps fail only when the tests or the protocol kernel's sums do, the count is shown.
   smoke=("tests/test_mamba2_gpu.py::test_sanitizer_smoke" "tests/test_gdn_kda_gpu.py::test_sanitizer_smoke"
-         "tests/test_quantized_gpu.py::test_sanitizer_smoke"
+         "tests/test_quantized_gpu.py::test_sanitizer_smoke" "tests/test_speculative_gpu.py::test_graph_replay_equals_eager"
          "tests/test_decoder_layer_ops.py")
   for tool in memcheck racecheck initcheck synccheck; do
     for t in "${smoke[@]}"; do
@@ -81,6 +81,12 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
       ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1
     rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
   fi
+fi
+if has spec; then  # speculative verify (Mamba-2, T = 4): replay vs per-draft vs the FlashInfer peers
+  timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
+    --models nemotron-3-super-120b,nemotron-3-nano-4b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
+    -o "$OUT/kernels-spec-h200.json" > "$OUT/bench_spec.log" 2>&1
+  rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-h200.json"
 fi
 if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
   batches=${COMPARE_BATCH:-1,8,64,256}

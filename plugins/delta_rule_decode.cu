@@ -120,10 +120,15 @@ __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int 
   return normalized_qk(p, b, h, col0, qn, kn, q_mul, k_mul);
 }
 
+// The cumulative log-gate at ring position pos (this lane's channels for KDA).
+__device__ __forceinline__ void gate_at(const float* g_ring, int pos, int col0, float (&big_g)[kGates]) {
+  if constexpr (kPerChannel) rssm::load_vec<float, kGates>(g_ring + (long long)pos * kK + col0, big_g);
+  else big_g[0] = g_ring[pos];
+}
+
 // G = g_ring[w-1] (w >= 1): the ring's cumulative log-gate after its last entry (this lane's channels for KDA).
 __device__ __forceinline__ void ring_log_gate(const float* g_ring, int w, int col0, float (&big_g)[kGates]) {
-  if constexpr (kPerChannel) rssm::load_vec<float, kGates>(g_ring + (long long)(w - 1) * kK + col0, big_g);
-  else big_g[0] = g_ring[w - 1];
+  gate_at(g_ring, w - 1, col0, big_g);
 }
 
 // lg = g + G: log-decay of the checkpoint to after the current token; big_g = G (g_ring[w-1], 0 for an empty ring).
@@ -225,17 +230,18 @@ __device__ __forceinline__ void ring_dots(const KeyT* keys, int w, int col0, con
   }
 }
 
-// The ring entries j < w folded into this warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the
-// state after the ring's last token, e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ with G = g_ring[w-1] (exponents <= 0).
-// Ring inputs are read from global memory (the adaptive-mode flush needs this only after a switch from replay).
-__device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
-                                                    int col0, float (&acc)[kRows][kEpl]) {
+// The history's records j < hist.count (ring positions hist.position(j); a replay ring: origin 0) folded into this
+// warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the state after the last record,
+// e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ with G the last record's gate (exponents <= 0). Ring inputs are read from
+// global memory (the adaptive-mode flush needs this only after a switch from replay).
+__device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
+                                                    rssm::SpecCursor hist, int col0, float (&acc)[kRows][kEpl]) {
   const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
   const kring_t* k_ring =
       static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
   float big_g[kGates], dec[kEpl];
-  ring_log_gate(g_ring, w, col0, big_g);
+  gate_at(g_ring, hist.position(hist.count - 1, p.L), col0, big_g);
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) dec[e] = __expf(big_g[kPerChannel ? e : 0]);
   const bool all_predecayed = kPerChannel && predecayed(big_g);
@@ -243,16 +249,56 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) acc[r][e] *= dec[e];
-  for (int j = 0; j < w; ++j) {
+  for (int j = 0; j < hist.count; ++j) {
+    const int pos = hist.position(j, p.L);
     float kd[kEpl];
-    decayed_key(k_ring, g_ring, j, col0, big_g, dec, all_predecayed, kd);
+    decayed_key(k_ring, g_ring, pos, col0, big_g, dec, all_predecayed, kd);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float uj = rssm::to_float(u_ring[(long long)j * kV + r]);
+      const float uj = rssm::to_float(u_ring[(long long)pos * kV + r]);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[e], acc[r][e]);
     }
   }
+}
+
+// One token on this warp's rows held in registers (`acc`, kRows rows of this lane's channels; lane r holds v of row
+// r in `v_lane`): a_q = S·(e^{g} ⊙ q~), a_k likewise with k, u = beta (v - a_k), o = a_q + u (k·q~), then
+// S = e^{g} ⊙ S + u kᵀ in the registers. Returns o of row `lane` (lanes < kRows).
+__device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const float (&qn)[kEpl],
+                                              const float (&kn)[kEpl], float kq, const float (&lg)[kGates],
+                                              float beta, float v_lane) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  float decay[kGates];
+#pragma unroll
+  for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
+  float xq[kEpl], xk[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    xq[e] = decay[kPerChannel ? e : 0] * qn[e];
+    xk[e] = decay[kPerChannel ? e : 0] * kn[e];
+  }
+  float u_rows[kRows];
+  float o_lane = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float aq = 0.f, ak = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      aq = fmaf(acc[r][e], xq[e], aq);
+      ak = fmaf(acc[r][e], xk[e], ak);
+    }
+    aq = rssm::warp_sum(aq);
+    ak = rssm::warp_sum(ak);
+    const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
+    u_rows[r] = u;
+    if (lane == r) o_lane = fmaf(u, kq, aq);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e] * decay[kPerChannel ? e : 0]);
+  return o_lane;
 }
 
 // One flushing decode step of this CTA's row tile, the state read once into registers. kReplay = false: the baseline
@@ -294,7 +340,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
   auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA (the cursor advances below)
     if (w == 0) return;
-    fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, w, col0, acc);
+    fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, rssm::SpecCursor{0, w}, col0, acc);
     __syncthreads();  // every thread has read the cursor
   };
   // The fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the faster order
@@ -320,42 +366,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
       rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
   }
 
-  // Per row: a_q = S·(e^{g} ⊙ q~), a_k likewise with k; then u and o.
-  float decay[kGates];
-#pragma unroll
-  for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
-  float xq[kEpl], xk[kEpl];
-#pragma unroll
-  for (int e = 0; e < kEpl; ++e) {
-    xq[e] = decay[kPerChannel ? e : 0] * qn[e];
-    xk[e] = decay[kPerChannel ? e : 0] * kn[e];
-  }
-  float u_rows[kRows];
-  float o_lane = 0.f;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float aq = 0.f, ak = 0.f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) {
-      aq = fmaf(acc[r][e], xq[e], aq);
-      ak = fmaf(acc[r][e], xk[e], ak);
-    }
-    aq = rssm::warp_sum(aq);
-    ak = rssm::warp_sum(ak);
-    const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
-    u_rows[r] = u;
-    if (lane == r) o_lane = fmaf(u, kq, aq);
-  }
+  const float o_lane = token_update(acc, qn, kn, kq, lg, beta, v_lane);
   if (lane < kRows)
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
-
-  // S = e^{g} ⊙ S + u kᵀ, in the registers that hold S.
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e] * decay[kPerChannel ? e : 0]);
-    rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
-  }
+  for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
 }
 
 }  // namespace
@@ -847,4 +862,424 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
                                      [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf,
                                          int& folds) { replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds); });
 #endif
+}
+
+// ============================================================================================== speculative decoding
+// A verify window of T = p.window tokens per batch row (1 <= T <= kMaxWindow): token inputs and outputs are the rows
+// bt = b T + t of [batch T, ...] tensors (q, k, gate, beta, v, out). Grid (V / VTILE, HV, batch) and 128 threads, like
+// the state kernels. Rows skipped as everywhere (rssm::row_slot); the verify also skips a row whose window does not
+// fit its ring (w + T > L).
+namespace {
+
+constexpr int kMaxWindow = rssm::kMaxWindow;
+constexpr int kGateCols = kPerChannel ? kK : 1;  // log-gates per token and value head
+
+// The verify kernel's shared memory. Per window token t: GDN xq = q~_t, xk = k_t and the scalar lg_t; KDA
+// xq = e^{lg_t} ⊙ q~_t, xk = e^{lg_t} ⊙ k_t and lg_t per channel (lg_t = G_{w+t}: the checkpoint's log-decay to after
+// token t). cq[t][j] = kd_j·q~_t and ck[t][j] = kd_j·k_t with kd_j entry j (ring j < w, window token j - w) decayed to
+// after token t (j < w + t). Per-token scalars: k_t·q~_t, beta_t and the q and k multipliers (q~ = q_mul q_raw).
+struct VerifyShared {
+  float xq[kMaxWindow][kK], xk[kMaxWindow][kK];
+  float lg[kMaxWindow][kGateCols];
+  float cq[kMaxWindow][rssm::kMaxL], ck[kMaxWindow][rssm::kMaxL];
+  float kq[kMaxWindow], beta[kMaxWindow], q_mul[kMaxWindow], k_mul[kMaxWindow];
+};
+
+// Window token s's normalised key k_s (this lane's channels), from the raw input row and its multiplier.
+__device__ __forceinline__ void window_key(const DeltaParams& p, int bt, int h, int col0, float k_mul,
+                                           float (&kn)[kEpl]) {
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + bt * p.s_k_b + h * p.s_k_h + col0, kn);
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) kn[e] *= k_mul;
+}
+
+// KDA: whether window token s's ring key is pre-decayed (warp-collective) and that key, rounded as the ring holds it.
+__device__ __forceinline__ bool kda_window_ring_key(const DeltaParams& p, const VerifyShared& sm, int b, int s, int h,
+                                                    int col0, float (&key)[kEpl]) {
+  float lg[kEpl];
+  rssm::load_vec<float, kEpl>(&sm.lg[s][col0], lg);
+  window_key(p, b * p.window + s, h, col0, sm.k_mul[s], key);
+  const bool pre = predecayed(lg);
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) key[e] = rssm::round_through<kring_t>(pre ? key[e] * __expf(-lg[e]) : key[e]);
+  return pre;
+}
+
+// Coefficients of entry j (< w + T - 1) for the tokens t > j - w into sm.cq / sm.ck (one warp; `key`: the entry's key as
+// the ring holds it, this lane's channels). GDN: raw key dots times e^{lg_t - G_j} (`gj` = G_j). KDA pre-decayed: key
+// dots with e^{lg_t} ⊙ q~_t; KDA raw (a cumulative gate below -kPredecayFloor, rare): e^{lg_t - G_j} per channel
+// (`gj_row`: G_j's row, this lane's channels) with q~_t and k_t rebuilt from the inputs.
+__device__ __forceinline__ void entry_coefficients(const DeltaParams& p, VerifyShared& sm, int b, int h, int w, int j,
+                                                   const float (&key)[kEpl], bool pre, float gj,
+                                                   const float* gj_row) {
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl, T = p.window;
+  const int t0 = j < w ? 0 : j - w + 1;
+  float parts[2 * kMaxWindow] = {};
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    if (t < t0) continue;
+    float xq[kEpl], xk[kEpl], kd[kEpl];
+    if (!kPerChannel || pre) {
+      rssm::load_vec<float, kEpl>(&sm.xq[t][col0], xq);
+      rssm::load_vec<float, kEpl>(&sm.xk[t][col0], xk);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) kd[e] = key[e];
+    } else {
+      const int bt = b * T + t;
+      float lg[kEpl];
+      rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + bt * p.s_q_b + h * p.s_q_h + col0, xq);
+      window_key(p, bt, h, col0, sm.k_mul[t], xk);
+      rssm::load_vec<float, kEpl>(&sm.lg[t][kPerChannel ? col0 : 0], lg);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) {
+        xq[e] *= sm.q_mul[t];
+        kd[e] = key[e] * __expf(lg[e] - gj_row[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      parts[t] = fmaf(kd[e], xq[e], parts[t]);
+      parts[kMaxWindow + t] = fmaf(kd[e], xk[e], parts[kMaxWindow + t]);
+    }
+  }
+  float dot = rssm::warp_sum_scatter<2 * kMaxWindow>(parts);  // lane t: entry·q side of token t, kMaxWindow + t: k side
+  const int t = lane % kMaxWindow;
+  if (lane < 2 * kMaxWindow && t >= t0 && t < T) {
+    if constexpr (!kPerChannel) dot *= __expf(sm.lg[t][0] - gj);
+    (lane < kMaxWindow ? sm.cq : sm.ck)[t][j] = dot;
+  }
+}
+
+// The verify's per-CTA prologue: every token's scalars, cumulative gates and query/key vectors, then the coefficients
+// of every history record (entry j < w = hist.count at ring position hist.position(j)) and window entry, all in `sm`
+// (complete at return).
+__device__ __forceinline__ void verify_prologue(const DeltaParams& p, VerifyShared& sm, int b, int slot, int hv, int h,
+                                                rssm::SpecCursor hist) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int T = p.window, w = hist.count;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    const int bt = b * T + t;
+    float qn[kEpl], kn[kEpl], q_mul, k_mul, g[kGates];
+    const float kq = normalized_qk(p, bt, h, col0, qn, kn, q_mul, k_mul);
+    current_log_gate(p, bt, hv, col0, g);
+    rssm::store_vec<float, kEpl>(&sm.xq[t][col0], qn);
+    rssm::store_vec<float, kEpl>(&sm.xk[t][col0], kn);
+    if constexpr (kPerChannel) rssm::store_vec<float, kGates>(&sm.lg[t][col0], g);
+    if (lane == 0) {
+      if constexpr (!kPerChannel) sm.lg[t][0] = g[0];
+      sm.kq[t] = kq;
+      sm.beta[t] = rssm::sigmoidf(load_scalar(p.beta, bt * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+      sm.q_mul[t] = q_mul;
+      sm.k_mul[t] = k_mul;
+    }
+  }
+  __syncthreads();
+  // lg_t = G_{w-1} + g_0 + ... + g_t per channel (the reference's order of additions); KDA: xq, xk times e^{lg_t}.
+  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  for (int c = threadIdx.x; c < kGateCols; c += rssm::kThreads) {
+    float lg = w > 0 ? g_ring[(long long)hist.position(w - 1, p.L) * kGateCols + c] : 0.f;
+    for (int t = 0; t < T; ++t) {
+      lg += sm.lg[t][c];
+      sm.lg[t][c] = lg;
+      if constexpr (kPerChannel) {
+        const float d = __expf(lg);
+        sm.xq[t][c] *= d;
+        sm.xk[t][c] *= d;
+      }
+    }
+  }
+  __syncthreads();
+  // Entries j < w + T - 1 (the last token's key is no entry of the window), a warp each in turn.
+  const kring_t* k_ring =
+      static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  bool all_predecayed = true;  // KDA: every committed entry pre-decayed (its last one is)
+  if constexpr (kPerChannel) {
+    if (w > 0) {
+      float big_g[kGates];
+      gate_at(g_ring, hist.position(w - 1, p.L), col0, big_g);
+      all_predecayed = predecayed(big_g);
+    }
+  }
+  for (int j = warp; j < w + T - 1; j += rssm::kNumWarps) {
+    float key[kEpl], gj_row[kEpl] = {}, gj = 0.f;
+    bool pre = true;
+    if (j < w) {
+      const long long pos = hist.position(j, p.L);
+      rssm::load_vec<kring_t, kEpl>(k_ring + pos * kK + col0, key);
+      if constexpr (kPerChannel) {
+        if (!all_predecayed) {
+          rssm::load_vec<float, kEpl>(g_ring + pos * kK + col0, gj_row);
+          pre = predecayed(gj_row);
+        }
+      } else {
+        gj = g_ring[pos];
+      }
+    } else {
+      const int s = j - w;
+      if constexpr (kPerChannel) {
+        pre = kda_window_ring_key(p, sm, b, s, h, col0, key);
+        rssm::load_vec<float, kEpl>(&sm.lg[s][col0], gj_row);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) key[e] = rssm::round_through<act_t>(sm.xk[s][col0 + e]);
+        gj = sm.lg[s][0];
+      }
+    }
+    entry_coefficients(p, sm, b, h, w, j, key, pre, gj, gj_row);
+  }
+  __syncthreads();
+}
+
+// This warp's rows (registers `acc`) dotted with a token's xq and xk: lane r gets row r's S0·xq in `aq`, S0·xk in `ak`.
+__device__ __forceinline__ void state_dots(const float (&acc)[kRows][kEpl], const float (&xq)[kEpl],
+                                           const float (&xk)[kEpl], float& aq, float& ak) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  float pq[kRows], pk[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    pq[r] = 0.f;
+    pk[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      pq[r] = fmaf(acc[r][e], xq[e], pq[r]);
+      pk[r] = fmaf(acc[r][e], xk[e], pk[r]);
+    }
+  }
+  if constexpr (2 * kRows <= rssm::kWarpSize) {  // [aq rows | ak rows]: lane r gets aq of row r, r + kRows ak
+    float parts[2 * kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      parts[r] = pq[r];
+      parts[kRows + r] = pk[r];
+    }
+    aq = rssm::warp_sum_scatter<2 * kRows>(parts);
+    ak = __shfl_sync(0xffffffffu, aq, (lane + kRows) % rssm::kWarpSize);
+  } else {
+    aq = rssm::warp_sum_scatter<kRows>(pq);
+    ak = rssm::warp_sum_scatter<kRows>(pk);
+  }
+}
+
+// A folding verify's history folded into this warp's checkpoint rows `acc` (fold_ring_into_rows; rows row0 ... at
+// `rows`), stored, and `acc` rounded as stored: the window decodes from the checkpoint as stored.
+__device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
+                                                  rssm::SpecCursor hist, int col0, state_t* rows,
+                                                  float (&acc)[kRows][kEpl]) {
+  fold_ring_into_rows(p, slot, hv, h, row0, hist, col0, acc);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    rssm::store_vec<state_t, kEpl>(rows + r * kK + col0, acc[r]);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = rssm::round_through<state_t>(acc[r][e]);
+  }
+}
+
+}  // namespace
+
+// Speculative verify (docs/algorithm.md, beyond standard decode): each row's window decoded in exact order from the
+// checkpoint (read once, into registers) and the row's committed history (rssm::SpecCursor: w = count records from
+// ring position origin), token t seeing the window's earlier tokens:
+//   a_k[t] = S0·(e^{lg_t} ⊙ k_t) + Σ_{j<w+t} ck[t][j] u_j,  u_t = beta_t (v_t - a_k[t]),
+//   o_t = S0·(e^{lg_t} ⊙ q~_t) + Σ_{j<w+t} cq[t][j] u_j + u_t (k_t·q~_t),
+// with the window's u_j rounded as the ring holds them. When the history and two windows would overrun the ring
+// (count + 2T > L), each CTA first folds the history into its checkpoint rows (fold_history_rows) and the window
+// decodes from an empty history (its gates restart at the new checkpoint); the row's cursor moves past the history
+// (origin + count, count 0) once every CTA of the row has read it (rssm::arrive_and_advance). Writes out [b T, HV, V]
+// and the window's ring records at the positions after the history: u by every CTA for its rows, the gates (and KDA
+// keys) by each value head's first CTA, GDN keys by the first CTA of each key head's first value head. Reads no record
+// the launch writes (window values come from the inputs). Skips (zero outputs, no writes) pad rows, rows repeating an
+// earlier row's slot and rows whose cursor word does not hold the window.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_kernel(const DeltaParams p) {
+  __shared__ __align__(16) VerifyShared sm;
+  const int b = blockIdx.z, T = p.window;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int row0 = blockIdx.x * kTile;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int col0 = lane * kEpl, wrow = row0 + warp * kRows + lane;  // wrow: lane r's row (r < kRows)
+  act_t* out = static_cast<act_t*>(p.out) + hv * p.s_out_h + wrow;
+  auto zero_outputs = [&] {
+    if (lane < kRows)
+      for (int t = 0; t < T; ++t) out[(b * T + t) * p.s_out_b] = rssm::from_float<act_t>(0.f);
+  };
+  if (slot == p.pad_slot_id) {
+    zero_outputs();
+    return;
+  }
+  state_t* rows = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head +
+                  (long long)(row0 + warp * kRows) * kK;  // this warp's checkpoint rows
+  float acc[kRows][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(rows + r * kK + col0, acc[r]);
+  const int word = p.cursor[slot];
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const int first_id = rssm::preload_row_id(p.slot_idx, b, lane);
+  if (word < 0 || !cur.valid(T, p.L) ||
+      __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id))) {
+    zero_outputs();  // the same answer in every warp of every CTA of the row
+    return;
+  }
+  const bool fold = cur.count > 0 && cur.folds_before(T, p.L);  // an empty history folds to itself
+  const rssm::SpecCursor hist{fold ? cur.position(cur.count, p.L) : cur.origin, fold ? 0 : cur.count};
+  if (fold) {
+    fold_history_rows(p, slot, hv, h, row0 + warp * kRows, cur, col0, rows, acc);
+    __syncthreads();  // every thread has read the cursor
+    if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, hist.word());
+  }
+  verify_prologue(p, sm, b, slot, hv, h, hist);
+  const int w = hist.count;
+
+  // Checkpoint terms per token (lane r: row r).
+  float sq[kMaxWindow], sk[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float xq[kEpl], xk[kEpl];
+    rssm::load_vec<float, kEpl>(&sm.xq[t][col0], xq);
+    rssm::load_vec<float, kEpl>(&sm.xk[t][col0], xk);
+    state_dots(acc, xq, xk, sq[t], sk[t]);
+    if constexpr (!kPerChannel) {
+      const float d = __expf(sm.lg[t][0]);
+      sq[t] *= d;
+      sk[t] *= d;
+    }
+  }
+  // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
+  // l % kRows, then the groups are added into lanes r < kRows.
+  float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
+  if (w > 0) {
+    constexpr int kGroups = rssm::kWarpSize / kRows;
+    const int r = lane % kRows, grp = lane / kRows;
+    const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0 +
+                          warp * kRows + r;
+    if (grp < kGroups)
+      for (int j = grp; j < w; j += kGroups) {
+        const float uj = rssm::to_float(u_ring[(long long)hist.position(j, p.L) * kV]);
+#pragma unroll
+        for (int t = 0; t < kMaxWindow; ++t) {
+          if (t >= T) break;
+          rq[t] = fmaf(sm.cq[t][j], uj, rq[t]);
+          rk[t] = fmaf(sm.ck[t][j], uj, rk[t]);
+        }
+      }
+#pragma unroll
+    for (int t = 0; t < kMaxWindow; ++t) {
+      if (t >= T) break;
+      const float own_q = rq[t], own_k = rk[t];
+#pragma unroll
+      for (int g = 1; g < kGroups; ++g) {
+        rq[t] += __shfl_down_sync(0xffffffffu, own_q, g * kRows);
+        rk[t] += __shfl_down_sync(0xffffffffu, own_k, g * kRows);
+      }
+    }
+  }
+  // The window in exact order (lane r: row r).
+  act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + wrow;
+  float uw[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float aq = sq[t] + rq[t], ak = sk[t] + rk[t];
+#pragma unroll
+    for (int s = 0; s < t; ++s) {
+      aq = fmaf(sm.cq[t][w + s], uw[s], aq);
+      ak = fmaf(sm.ck[t][w + s], uw[s], ak);
+    }
+    const act_t* v_row = static_cast<const act_t*>(p.v) + (b * T + t) * p.s_v_b + hv * p.s_v_h;
+    const float v_in = lane < kRows ? rssm::to_float(v_row[wrow]) : 0.f;
+    const float u = sm.beta[t] * (v_in - ak);
+    uw[t] = rssm::round_through<act_t>(u);
+    if (lane < kRows) {
+      out[(b * T + t) * p.s_out_b] = rssm::from_float<act_t>(fmaf(u, sm.kq[t], aq));
+      u_dst[(long long)hist.position(w + t, p.L) * kV] = rssm::from_float<act_t>(u);
+    }
+  }
+  if (blockIdx.x != 0) return;
+  // The window's gates (G_{w+t} = lg_t) and keys at the ring positions of history records w + t.
+  float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  kring_t* k_dst = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    const long long pos = hist.position(w + t, p.L);
+    if constexpr (kPerChannel) {
+      float key[kEpl], lg[kEpl];
+      kda_window_ring_key(p, sm, b, t, h, col0, key);
+      rssm::load_vec<float, kEpl>(&sm.lg[t][col0], lg);
+      rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);
+      rssm::store_vec<float, kEpl>(g_dst + pos * kK + col0, lg);
+    } else {
+      if (lane == 0) g_dst[pos] = sm.lg[t][0];
+      if (hv % group == 0) {
+        float key[kEpl];
+        rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
+        rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);  // kring_t = act_t for GDN
+      }
+    }
+  }
+}
+
+// Per-draft-state verify (the baseline of speculative decoding): the state read once into registers, then the T
+// window tokens as baseline steps, each token's state stored to inter[b, t] (state dtype; the recurrence goes on in
+// fp32) and its output to out. The slot's state is not written.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_per_draft_verify_kernel(const DeltaParams p) {
+  const int b = blockIdx.z, T = p.window;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  const int hv = blockIdx.y, h = hv / (p.num_v_heads / p.num_k_heads);
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int row0 = blockIdx.x * kTile + warp * kRows;
+  act_t* out = static_cast<act_t*>(p.out) + hv * p.s_out_h + row0 + lane;
+  if (slot == p.pad_slot_id) {
+    if (lane < kRows)
+      for (int t = 0; t < T; ++t) out[(b * T + t) * p.s_out_b] = rssm::from_float<act_t>(0.f);
+    return;
+  }
+  const state_t* src =
+      static_cast<const state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK + col0;
+  state_t* inter = static_cast<state_t*>(p.inter) + b * p.s_inter_b + hv * p.s_inter_h + (long long)row0 * kK + col0;
+  float acc[kRows][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(src + r * kK, acc[r]);
+  for (int t = 0; t < T; ++t) {
+    const int bt = b * T + t;
+    float qn[kEpl], kn[kEpl], lg[kGates];
+    const float kq = normalized_qk(p, bt, h, col0, qn, kn);
+    current_log_gate(p, bt, hv, col0, lg);
+    const float beta = rssm::sigmoidf(load_scalar(p.beta, bt * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    const float v_lane = lane < kRows ? rssm::to_float(static_cast<const act_t*>(p.v)[bt * p.s_v_b + hv * p.s_v_h +
+                                                                                       row0 + lane])
+                                      : 0.f;
+    const float o = token_update(acc, qn, kn, kq, lg, beta, v_lane);
+    if (lane < kRows) out[bt * p.s_out_b] = rssm::from_float<act_t>(o);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl>(inter + t * p.s_inter_t + r * kK, acc[r]);
+  }
+}
+
+// Per-draft-state commit: the slot's state <- inter[b, accepted[b] - 1] (this CTA's rows). A row with an accepted
+// count outside 1 .. T, or repeating an earlier row's slot, is skipped.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_per_draft_commit_kernel(const DeltaParams p) {
+  const int b = blockIdx.z;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  if (slot == p.pad_slot_id) return;
+  const int hv = blockIdx.y;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int row0 = blockIdx.x * kTile + warp * kRows;
+  const int accepted = p.accepted[b];
+  const int first_id = rssm::preload_row_id(p.slot_idx, b, lane);
+  if (accepted < 1 || accepted > p.window ||
+      __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id)))
+    return;
+  const state_t* src = static_cast<const state_t*>(p.inter) + b * p.s_inter_b + (accepted - 1) * p.s_inter_t +
+                       hv * p.s_inter_h + (long long)row0 * kK + col0;
+  state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK +
+                 col0;
+  rssm::RawVecOf<state_t, kEpl> rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_raw(src + r * kK, rows[r]);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    auto* d = reinterpret_cast<typename rssm::VecTraits<state_t, kEpl>::Raw*>(dst + r * kK);
+#pragma unroll
+    for (int c = 0; c < rssm::VecTraits<state_t, kEpl>::kChunks; ++c) d[c] = rows[r].chunk[c];
+  }
 }

@@ -630,13 +630,14 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
 }  // namespace
 
 // Verify step 2 (verify_rows) for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds T).
+// Windows of 8: a minimum of one CTA per SM, else ptxas trades registers for occupancy and spills.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t2_kernel(const Mamba2Params p) {
   verify_rows<2>(p);
 }
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t4_kernel(const Mamba2Params p) {
   verify_rows<4>(p);
 }
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t8_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_t8_kernel(const Mamba2Params p) {
   verify_rows<8>(p);
 }
 

@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 def test_structs_follow_their_layouts():
     m = layouts.MAMBA2_PARAMS.struct
     assert [f for f, _ in m._fields_][:3] == ["state", "x_ring", "dt_ring"]
-    assert ctypes.sizeof(m) == 24 * 8 + 21 * 8 + 14 * 4  # 24 pointers, 21 strides, 14 ints
+    assert ctypes.sizeof(m) == 26 * 8 + 29 * 8 + 15 * 4 + 4  # 26 pointers, 29 strides, 15 ints, padding
     d = layouts.DELTA_PARAMS.struct
-    assert ctypes.sizeof(d) == 17 * 8 + 21 * 8 + 2 * 4 + 14 * 4  # 17 pointers, 21 strides, 2 floats, 14 ints
-    assert d.scale.offset == 17 * 8 + 21 * 8
+    assert ctypes.sizeof(d) == 19 * 8 + 24 * 8 + 2 * 4 + 15 * 4 + 4  # 19 pointers, 24 strides, 2 floats, 15 ints, padding
+    assert d.scale.offset == 19 * 8 + 24 * 8
     assert layouts.DELTA_PARAMS.fields[-5:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
                                                 ("fold_bytes", "int"), ("tail_start", "int"))
 

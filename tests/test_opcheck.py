@@ -3,12 +3,16 @@ torch.compile, autograd registration, AOT dispatch), on CPU through the referenc
 and on CUDA when a GPU is present."""
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import pytest
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import FAMILIES
 from trtllm_replayssm.core.formats import state_spec
+from trtllm_replayssm.core.ops import delta, mamba2_spec
 from trtllm_replayssm.core.samples import fill_rings_, random_state, slot_indices
 from trtllm_replayssm.lab.layers import ops as layer_ops  # noqa: F401  (registers the fused layer ops)
 
@@ -19,6 +23,9 @@ DIMS = {"mamba2": Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=2),
         "kda": KDADims(num_heads=2, head_dim=128)}
 SSM_OPS = [f"{family}_{op}" for family in DIMS for op in ("replay_decode", "state_update")]
 STORED_OPS = ["mamba2_replay_decode_stored", "mamba2_state_update_stored"]  # quantized / dual / SR checkpoints
+# speculative ops: verify from checkpoint + ring, the per-draft-state baseline, every family's commit (a cursor move)
+SPEC_OPS = [f"{family}_{op}" for family in DIMS for op in ("verify_decode", "per_draft_verify")]
+SPEC_OPS += ["mamba2_per_draft_commit", "delta_per_draft_commit", "spec_commit"]
 LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "mlp_act", "rope", "attention_decode"]
 
 
@@ -73,6 +80,46 @@ def _stored_sample(family: str, op: str, gen: torch.Generator) -> tuple:
     return (*head, *rings, layer.cursor, layer.arrive, layer.coef, layer.step, *plain[8:-2], plan.words, plain[-1])
 
 
+def _window_step(family: str, batch: int, T: int, gen: torch.Generator):
+    """Random inputs of a window of T tokens per row: the per-token fields [batch, T, ...]."""
+    step = FAMILIES[family].random_step(DIMS[family], batch * T, gen, DEV, torch.bfloat16)
+    return replace(step, **{f.name: getattr(step, f.name).unflatten(0, (batch, T)) for f in fields(step)
+                            if f.name not in step.per_head_fields})
+
+
+def _spec_sample(name: str, gen: torch.Generator) -> tuple:
+    """A speculative op's arguments: a window of T = 2 tokens for 3 rows whose cursor words hold 0, 1, 2 committed
+    records from ring position 3 of rings of L = 4 (the last two fold first, the last wraps)."""
+    family, _, op = name.partition("_")
+    family = {"delta": "gdn", "spec": "gdn"}.get(family, family)
+    dims, fam, batch, T = DIMS[family], FAMILIES[family], 3, 2
+    idx = slot_indices(batch, gen, DEV)
+    layer = fam.new_cache(dims, 1, batch + 1, buffer_len=4, device=DEV).layer(0)
+    layer.state.copy_(random_state(batch + 1, dims, "fp32", gen, DEV))
+    fill_rings_(layer, gen)
+    layer.cursor[idx.long()] = torch.tensor([spec_cursor.pack(3, c) for c in range(batch)], dtype=torch.int32,
+                                            device=DEV)
+    accepted = torch.tensor([1, 2, 2], dtype=torch.int32, device=DEV)
+    if name == "spec_commit":
+        return layer.cursor, accepted, idx, -1, T, layer.buffer_len
+    tile = (mamba2_spec.rows_per_cta(layer.state, batch) if family == "mamba2"
+            else delta.window_tile(layer.state, batch))
+    inter = torch.randn(batch, T, *layer.state.shape[1:], generator=gen).to(DEV)
+    if op == "per_draft_commit":
+        return layer.state, inter, accepted, idx, -1, tile
+    args, kwargs = _window_step(family, batch, T, gen).op_args()
+    tail = (*kwargs.values(), *{"mamba2": (), "gdn": (dims.cols ** -0.5,), "kda": (None, dims.cols ** -0.5)}[family])
+    out = torch.empty(batch, T, dims.heads, dims.rows, dtype=torch.bfloat16, device=DEV)
+    if op == "per_draft_verify":
+        head = (layer.state, inter)
+    elif family == "mamba2":
+        coef = torch.empty(batch, dims.heads, mamba2_spec.verify_coef_floats(layer.buffer_len), device=DEV)
+        head = (layer.state, *layer.rings, layer.cursor, layer.arrive, coef, layer.step)
+    else:
+        head = (layer.state, *layer.rings, layer.cursor, layer.arrive)
+    return (*head, *args, *tail, idx, -1, tile, out)
+
+
 def _layer_sample(name: str, gen: torch.Generator) -> tuple:
     def rnd(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, generator=gen).to(device=DEV, dtype=dtype)
@@ -99,11 +146,14 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
 def test_every_replayssm_op_is_covered():
     registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("replayssm::")}
-    assert registered == set(SSM_OPS) | set(STORED_OPS) | set(LAYER_OPS)
+    assert registered == set(SSM_OPS) | set(STORED_OPS) | set(SPEC_OPS) | set(LAYER_OPS)
 
 
-@pytest.mark.parametrize("name", SSM_OPS + STORED_OPS + LAYER_OPS)
+@pytest.mark.parametrize("name", SSM_OPS + STORED_OPS + SPEC_OPS + LAYER_OPS)
 def test_opcheck(name):
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    args = _ssm_sample(name, gen) if name in SSM_OPS + STORED_OPS else _layer_sample(name, gen)
+    if name in SPEC_OPS:
+        args = _spec_sample(name, gen)
+    else:
+        args = _ssm_sample(name, gen) if name in SSM_OPS + STORED_OPS else _layer_sample(name, gen)
     torch.library.opcheck(getattr(torch.ops.replayssm, name).default, args)

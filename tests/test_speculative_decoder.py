@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, step_rows, with_constants
@@ -43,7 +44,7 @@ def _window(steps: list[Mamba2Step | DeltaStep]) -> Mamba2Step | DeltaStep:
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
-@pytest.mark.parametrize("T,L", [(2, 2), (4, 4), (3, 8), (4, 16)])  # L == T: every commit flushes
+@pytest.mark.parametrize("T,L", [(2, 2), (4, 4), (3, 8), (4, 16)])  # L == T: rings of 2T, every verify folds
 def test_ssm_window_equals_sequential_steps_of_the_accepted_tokens(family: str, T: int, L: int) -> None:
     fam, dims = get_family(family), SSM_DIMS[family]
     gen = torch.Generator().manual_seed(T * 100 + L + len(family))
@@ -58,9 +59,15 @@ def test_ssm_window_equals_sequential_steps_of_the_accepted_tokens(family: str, 
     for _ in range(12):
         steps = [with_constants(fam.random_step(dims, batch, gen, "cpu", f32), constants) for _ in range(T)]
         out = {impl: torch.full((batch, T, dims.heads, dims.rows), float("nan")) for impl in IMPLS}
+        before = seq.clone()
         for impl in IMPLS:
             ssm[impl].verify(0, out[impl], _window(steps))
         assert _rel(out["replay"], out["baseline"]) < 1e-5  # every window token, rejected ones included
+        layer = ssm["replay"].cache.layer(0)
+        for b in range(batch):
+            if spec_cursor.unpack(int(layer.cursor[b]))[1] == 0:  # the verify folded: the state before the window
+                flushes += 1
+                assert _rel(layer.checkpoint().fold_values(torch.tensor([b]))[0], before[b]) < 1e-4
         accepted = _accepted(batch, T, gen)
         for b in range(batch):
             for t in range(int(accepted[b])):
@@ -70,14 +77,9 @@ def test_ssm_window_equals_sequential_steps_of_the_accepted_tokens(family: str, 
         for s in ssm.values():
             s.commit(0, accepted)
         assert _rel(ssm["baseline"].states[0], seq) < 1e-4  # the per-draft path keeps the live state
-        layer = ssm["replay"].cache.layer(0)
         for b in range(batch):
-            w = int(layer.cursor[b])
-            assert w + T <= L  # the next window fits
-            if w == 0:  # the commit flushed: the checkpoint is the state after the accepted tokens
-                flushes += 1
-                assert _rel(layer.checkpoint().fold_values(torch.tensor([b]))[0], seq[b]) < 1e-4
-    assert flushes >= (12 * batch if L == T else 3)
+            assert spec_cursor.valid(int(layer.cursor[b]), T, layer.buffer_len)  # the next window fits
+    assert flushes >= (11 * batch if L == T else 3)
 
 
 def test_ssm_window_checks() -> None:
@@ -106,8 +108,8 @@ def _sequential(model: HybridLM, prompt: torch.Tensor, max_len: int) -> list[Dec
 @pytest.mark.parametrize("preset,T,L", [("tiny-nemotron", 4, 4), ("tiny-nemotron", 3, 8), ("tiny-qwen", 4, 4),
                                         ("tiny-qwen", 2, 6)])
 def test_speculative_decode_equals_sequential_decode_of_the_accepted_tokens(preset: str, T: int, L: int) -> None:
-    """Logits of every accepted token, the SSM states (per-draft: after every commit; replay: the checkpoint after
-    every flushing commit, every commit when L == T), the conv states and the KV lengths after each commit."""
+    """Logits of every accepted token (the replay checkpoints' folds: test_ssm_window_equals_sequential_steps_of_the_
+    accepted_tokens), the per-draft SSM states, the conv states and the KV lengths after each commit."""
     model = HybridLM.build(from_preset(preset), seed=3)
     gen = torch.Generator().manual_seed(T * 10 + L)
     batch, windows, vocab = 3, 10, model.cfg.vocab_size
@@ -139,10 +141,7 @@ def _assert_same_committed_state(spec: dict[str, DecodeState], seq: DecodeState,
     per_draft, replay = spec["baseline"], spec["replay"].ssm.cache
     for j, state in enumerate(seq.ssm.states):
         assert _rel(per_draft.ssm.states[j][b], state[0]) < 1e-4
-        layer = replay.layer(j)
-        assert int(layer.cursor[b]) + T <= replay.buffer_len
-        if int(layer.cursor[b]) == 0:
-            assert _rel(layer.checkpoint().fold_values(torch.tensor([b]))[0], state[0]) < 1e-4
+        assert spec_cursor.valid(int(replay.layer(j).cursor[b]), T, replay.buffer_len)  # the next window fits
         for s in spec.values():
             torch.testing.assert_close(s.conv[j][b], seq.conv[j][0], rtol=1e-5, atol=1e-5)
     for i, kv in enumerate(seq.kv):

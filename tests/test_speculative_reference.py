@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref
@@ -53,6 +54,7 @@ def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(T, L, 
             seq[2] = layer.checkpoint().fold_values(idx[[3]].long())[0].double()
         inp = _window(len(idx), T, gen)
         out = torch.full((len(idx), T, H, DIMS.head_dim), float("nan"), dtype=torch.bfloat16)
+        before = seq.clone()
         ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
                          inp["dt"], A, inp["B"], inp["C"], D, None, dt_bias, True, idx, PAD, out)
         assert (out[2] == 0).all()
@@ -64,51 +66,51 @@ def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(T, L, 
                                                  inp["B"][b:b + 1, t], inp["C"][b:b + 1, t], D, dt_bias=dt_bias)
                 seq[i] = seq_new[0]
                 worst = max(worst, _rel(out[b, t].float(), y[0]))
-        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A, accepted, idx,
-                    PAD, window=T)
-        for i, b in enumerate(rows):
-            w = int(layer.cursor[idx[b]])
-            assert w + T <= L  # the next window fits
-            if w == 0:  # the commit flushed: the checkpoint is the state after the accepted tokens
+        folded = [spec_cursor.unpack(int(layer.cursor[idx[b]]))[1] == 0 for b in rows]
+        for i, b in enumerate(rows):  # a verify that folded: the checkpoint is the state before its window
+            if folded[i]:
                 tol = 1e-5 if state == "fp32" else 1e-2
-                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], seq[i]) < tol
+                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], before[i]) < tol
+        spec_cursor.commit_(layer.cursor, accepted, idx, PAD, window=T)
+        for b in rows:
+            assert spec_cursor.valid(int(layer.cursor[idx[b]]), T, L)  # the next window fits
     assert worst < 5e-3  # bf16 outputs: their own rounding (2^-9 per element)
     for name in ("x_ring", "dt_ring", "B_ring", "cursor", "state"):  # slots 1, 3, 4 belong to no row
         assert torch.equal(layer.tensors()[name][[1, 3, 4]], untouched[name][[1, 3, 4]]), name
 
 
-def test_commit_flushes_exactly_when_the_next_window_would_not_fit():
+def test_verify_folds_exactly_when_the_history_and_two_windows_overrun_the_ring():
     gen = torch.Generator().manual_seed(1)
     cache = get_family("mamba2").new_cache(DIMS, 1, 2, buffer_len=8, device="cpu")
     layer = cache.layer(0)
     idx = torch.tensor([1], dtype=torch.int32)
     A = -torch.ones(DIMS.nheads)
-    cursors = []
-    for a in (3, 1, 2, 3):  # T = 3: w 0 -> 3 -> 4 -> 6 (6 + 3 > 8: flush) -> 3
+    words = []
+    for a in (2, 1, 2, 3, 1):  # T = 3, R = 8: a verify folds from count 3 on (3 + 6 > 8)
         inp = _window(1, 3, gen)
         out = torch.empty(1, 3, DIMS.nheads, DIMS.head_dim, dtype=torch.bfloat16)
         ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
                          inp["dt"], A, inp["B"], inp["C"], None, None, None, True, idx, PAD, out)
-        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A,
-                    torch.tensor([a]), idx, PAD, window=3)
-        cursors.append(int(layer.cursor[1]))
-    assert cursors == [3, 4, 0, 3]
+        words.append(spec_cursor.unpack(int(layer.cursor[1])))
+        spec_cursor.commit_(layer.cursor, torch.tensor([a]), idx, PAD, window=3)
+        words.append(spec_cursor.unpack(int(layer.cursor[1])))
+    # (origin, count) after each verify, then after each commit: a fold moves the origin past the history
+    assert words == [(0, 0), (0, 2), (0, 2), (0, 3), (3, 0), (3, 2), (3, 2), (3, 5), (0, 0), (0, 1)]  # wraps
 
 
 def test_verify_and_commit_checks():
-    cache = get_family("mamba2").new_cache(DIMS, 1, 2, buffer_len=4, device="cpu")
+    cache = get_family("mamba2").new_cache(DIMS, 1, 2, buffer_len=6, device="cpu")
     layer = cache.layer(0)
-    layer.cursor[1] = 2
+    layer.cursor[1] = spec_cursor.pack(1, 4)
     idx = torch.tensor([1], dtype=torch.int32)
     inp = _window(1, 3, torch.Generator().manual_seed(0))
     out = torch.empty(1, 3, DIMS.nheads, DIMS.head_dim, dtype=torch.bfloat16)
     A = -torch.ones(DIMS.nheads)
-    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds 2 committed entries, a window of 3 needs w \+ T"):
+    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds word 1025 \(origin, count\) = \(1, 4\); a window of 3"):
         ref.verify_step_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, inp["x"],
                          inp["dt"], A, inp["B"], inp["C"], None, None, None, True, idx, PAD, out)
     with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
-        ref.commit_(layer.checkpoint(), layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, A,
-                    torch.tensor([0]), idx, PAD, window=3)
+        spec_cursor.commit_(layer.cursor, torch.tensor([0]), idx, PAD, window=3)
 
 
 # ------------------------------------------------------------------------------------------------ GDN and KDA
@@ -128,14 +130,15 @@ def _delta_window(family: str, batch: int, T: int, gen: torch.Generator) -> dict
     return win
 
 
-@pytest.mark.parametrize("family,T,L", [("gdn", 1, 8), ("gdn", 3, 8), ("gdn", 8, 16), ("kda", 2, 8),
-                                        ("kda", 4, 16)])
-def test_delta_rule_verify_and_commit_equal_sequential_decode(family, T, L):
+@pytest.mark.parametrize("family,T,L,state", [("gdn", 1, 8, "fp32"), ("gdn", 3, 8, "fp32"), ("gdn", 3, 7, "fp32"),
+                                              ("gdn", 8, 16, "fp32"), ("kda", 2, 8, "fp32"), ("kda", 4, 16, "fp32"),
+                                              ("kda", 3, 8, "bf16")])
+def test_delta_rule_verify_and_commit_equal_sequential_decode(family, T, L, state):
     mod = {"gdn": ref_gdn, "kda": ref_kda}[family]
     d = DELTA_DIMS[family]
     HV = d.heads
     gen = torch.Generator().manual_seed(len(family) * 1000 + T * 10 + L)
-    cache = get_family(family).new_cache(d, 1, 6, buffer_len=L, device="cpu")
+    cache = get_family(family).new_cache(d, 1, 6, buffer_len=L, state_dtype=state, device="cpu")
     layer = cache.layer(0)
     idx = torch.tensor([4, PAD, 1, 3], dtype=torch.int32)
     rows = [0, 2, 3]
@@ -143,14 +146,25 @@ def test_delta_rule_verify_and_commit_equal_sequential_decode(family, T, L):
     dt_bias = torch.randn(HV, d.cols, generator=gen) if family == "kda" else torch.randn(HV, generator=gen)
     cache.load_prefill_state(0, idx[rows], torch.randn(len(rows), HV, d.rows, d.cols, generator=gen) * 0.2)
     seq = layer.checkpoint().fold_values(idx[rows].long()).double()
+    untouched = {k: v.clone() for k, v in layer.tensors().items()}
     gates = (None,) if family == "kda" else ()  # KDA takes a lower bound (None: the plain gate) before the scale
-    worst = 0.0
-    for _ in range(30):
+    tol = 2e-2 if state == "fp32" else 4e-2  # bf16 u and k rings (docs/algorithm.md, numerics)
+    worst, origins = 0.0, set()
+    for n in range(30):
+        if n == 17:  # slot reuse: row 3's slot gets a new request (prefill hand-off: new checkpoint, cursor 0)
+            cache.load_prefill_state(0, idx[[3]], torch.randn(1, HV, d.rows, d.cols, generator=gen) * 0.2)
+            seq[2] = layer.checkpoint().fold_values(idx[[3]].long())[0].double()
         win = _delta_window(family, len(idx), T, gen)
         out = torch.full((len(idx), T, HV, d.rows), float("nan"), dtype=torch.bfloat16)
+        before = seq.clone()
         mod.verify_step_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, win["q"],
                          win["k"], win["v"], win["a"], win["b"], A_log, dt_bias, *gates, None, idx, PAD, out)
         assert (out[1] == 0).all()
+        for i, b in enumerate(rows):  # a verify that folded: the checkpoint is the state before its window
+            origin, count = spec_cursor.unpack(int(layer.cursor[idx[b]]))
+            origins.add(origin)
+            if count == 0:
+                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], before[i]) < tol
         accepted = torch.randint(1, T + 1, (len(idx),), generator=gen)
         accepted[0], accepted[2] = T, 1
         for i, b in enumerate(rows):
@@ -160,31 +174,27 @@ def test_delta_rule_verify_and_commit_equal_sequential_decode(family, T, L):
                                              A_log, dt_bias)
                 seq[i] = new[0]
                 worst = max(worst, _rel(out[b, t].float(), y[0]))
-        mod.commit_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, accepted, idx, PAD,
-                    window=T)
-        for i, b in enumerate(rows):
-            w = int(layer.cursor[idx[b]])
-            assert w + T <= L
-            if w == 0:
-                assert _rel(layer.checkpoint().fold_values(idx[[b]].long())[0], seq[i]) < 2e-2  # bf16 u and k rings
-    assert worst < 1e-2  # bf16 rings of u and k (docs/algorithm.md, numerics) and bf16 outputs
+        get_family(family).commit(layer, win, accepted, state_batch_indices=idx, pad_slot_id=PAD, window=T)
+        for b in rows:
+            assert spec_cursor.valid(int(layer.cursor[idx[b]]), T, L)  # the next window fits
+    assert len(origins) > 2  # the origins rotate (and wrap: L is no multiple of every fold's count)
+    assert worst < tol
+    for name, t in layer.tensors().items():  # slots 0, 2, 5 belong to no row
+        assert torch.equal(t[[0, 2, 5]].nan_to_num(), untouched[name][[0, 2, 5]].nan_to_num()), name
 
 
 def test_delta_rule_verify_checks():
     d = DELTA_DIMS["gdn"]
-    cache = get_family("gdn").new_cache(d, 1, 2, buffer_len=4, device="cpu")
+    cache = get_family("gdn").new_cache(d, 1, 2, buffer_len=6, device="cpu")
     layer = cache.layer(0)
-    layer.cursor[1] = 2
+    layer.cursor[1] = spec_cursor.pack(1, 4)
     idx = torch.tensor([1], dtype=torch.int32)
     win = _delta_window("gdn", 1, 3, torch.Generator().manual_seed(0))
     out = torch.empty(1, 3, d.heads, d.rows, dtype=torch.bfloat16)
     args = (torch.zeros(d.heads), torch.zeros(d.heads))
-    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds 2 committed entries, a window of 3"):
+    with pytest.raises(ValueError, match=r"^cursor: slot 1 holds word 1025 \(origin, count\) = \(1, 4\); a window"):
         ref_gdn.verify_step_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, win["q"],
                              win["k"], win["v"], win["a"], win["b"], *args, None, idx, PAD, out)
-    with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
-        ref_gdn.commit_(layer.checkpoint(), layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor,
-                        torch.tensor([4]), idx, PAD, window=3)
 
 
 # ------------------------------------------------------------------------------------------------ conv window

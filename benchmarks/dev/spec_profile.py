@@ -1,6 +1,6 @@
 """Kernel times of one speculative verify case (development only): the replay verify's prep / main / commit kernels
 and the per-draft baseline's, from torch.profiler over eager steps on cold-L2 pools. Run on the GPU host:
-  PYTHONPATH=. python3 benchmarks/dev/spec_profile.py MODEL BATCH T [STEPS]
+  PYTHONPATH=. python3 benchmarks/dev/spec_profile.py MODEL BATCH T [STEPS [ROWS_PER_CTA]]
 or under Nsight Compute with the NVTX range "profile"."""
 import sys
 from collections import defaultdict
@@ -8,19 +8,21 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trtllm_replayssm.lab.bench import spec, timing
+from trtllm_replayssm.core.plans import Tuning
+from trtllm_replayssm.lab.bench import spec
 from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 dev = torch.device("cuda", 0)
 model, batch, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 16
+tuning = Tuning(rows_per_cta=int(sys.argv[5])) if len(sys.argv) > 5 else Tuning()
 shape = shape_from_preset(model)
 gen = torch.Generator().manual_seed(0)
 ring = spec.ring_len(16, window)
 step = spec.window_step(shape.dims, batch, window, gen, dev)
 accepted = torch.randint(1, window + 1, (batch,), generator=gen).to(torch.int32).to(dev)
 pools = 4
-replay, _, tile = spec._replay_calls(shape, batch, "fp32", step, accepted, window, ring, pools, gen, dev)
+replay, _, tile = spec._replay_calls(shape, batch, "fp32", step, accepted, window, ring, pools, gen, dev, tuning)
 per_draft, _, _ = spec._per_draft_calls(shape, batch, "fp32", step, accepted, window, pools, gen, dev)
 for name, calls in (("replay", replay), ("per_draft", per_draft)):
     for f in calls:

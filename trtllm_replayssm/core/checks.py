@@ -5,6 +5,7 @@ from typing import Sequence
 
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import DTYPES
 from trtllm_replayssm.core.plans import MODES
@@ -152,6 +153,17 @@ def check_cursors(cursor: torch.Tensor, idx: torch.Tensor, pad_slot_id: int, rin
         raise ValueError(f"{name}: expected values in [0, {ring_len}) for the batch's slots, got "
                          f"{dict(zip(ids[bad].tolist(), w[bad].tolist()))} (slot: cursor); reset_slots() empties a "
                          f"slot's ring")
+
+
+def spec_word(cursor: torch.Tensor, slot: int, window: int, ring_len: int) -> tuple[int, int]:
+    """``(origin, count)`` of the speculative cursor word of ``slot`` if a verify of ``window`` tokens can run from it
+    (``spec_cursor.valid``); ValueError naming the word otherwise."""
+    word = int(cursor[slot])
+    if not spec_cursor.valid(word, window, ring_len):
+        raise ValueError(f"cursor: slot {slot} holds word {word} (origin, count) = {spec_cursor.unpack(word)}; a "
+                         f"window of {window} needs origin < {ring_len} and count + {window} <= {ring_len} "
+                         f"(spec_cursor.commit_ keeps it so)")
+    return spec_cursor.unpack(word)
 
 
 def check_step_values(idx: torch.Tensor, slots: int, pad_slot_id: int, cursor: torch.Tensor | None, ring_len: int,

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
@@ -51,6 +52,11 @@ class Family:
                                act_dtype=act_dtype, device=device, checkpoints=checkpoints)
 
 
+def _commit(layer: object, _step: object, accepted: torch.Tensor, **kw) -> None:
+    """Every family's speculative commit: a cursor move (``spec_cursor.commit_``)."""
+    spec_cursor.commit_(layer.cursor, accepted, **kw)
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mamba2", "Mamba-2", Mamba2Dims, mamba2.replay_decode, mamba2.state_update, mamba2.replay_plan,
            mamba2.state_update_plan, mamba2.kernel_configs, mamba2_step,
@@ -58,8 +64,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                                                    st.dt_bias, True))),
            lambda d, n, s, **kw: ReplayStateCache.mamba2(n, s, d.nheads, d.head_dim, d.d_state, d.n_groups, **kw),
            lambda layer, *a, **kw: ref_mamba2.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor, *a, **kw),
-           lambda layer, step, accepted, **kw: ref_mamba2.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
-                                                                  step.A, accepted, **kw)),
+           _commit),
     Family("gdn", "Gated DeltaNet", GDNDims, gdn.replay_decode, gdn.state_update, gdn.replay_plan,
            gdn.state_update_plan, gdn.kernel_configs, delta_step,
            lambda s, st: ref_gdn.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
@@ -67,16 +72,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                                       **kw),
            lambda layer, *a, scale=None, **kw: ref_gdn.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor,
                                                                     *a, scale=scale, **kw),
-           lambda layer, _step, accepted, **kw: ref_gdn.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
-                                                                accepted, **kw)),
+           _commit),
     Family("kda", "Kimi Delta Attention", KDADims, kda.replay_decode, kda.state_update, kda.replay_plan,
            kda.state_update_plan, kda.kernel_configs, delta_step,
            lambda s, st: ref_kda.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.kda(n, s, d.num_heads, d.head_dim, **kw),
            lambda layer, *a, lower_bound=None, scale=None, **kw: ref_kda.verify_step_(
                layer.checkpoint(), *layer.rings, layer.cursor, *a, lower_bound=lower_bound, scale=scale, **kw),
-           lambda layer, _step, accepted, **kw: ref_kda.commit_(layer.checkpoint(), *layer.rings, layer.cursor,
-                                                                accepted, **kw)),
+           _commit),
 )}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_replayssm.core.formats import StateSpec, get_dtype
-from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_STAGES, NUM_WARPS
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_STAGES, MAX_WINDOW, NUM_WARPS
 
 _CTYPES = {"ptr": ctypes.c_void_p, "long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
 _WHERE = "trtllm_replayssm/core/layouts.py"
@@ -51,6 +51,10 @@ class ParamLayout:
             out += [(n.strip(), kind) for n in m.group(2).split(",")]
         return tuple(out)
 
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f for f, _ in self.fields)
+
     @functools.cached_property
     def struct(self) -> type[ctypes.Structure]:
         """The ctypes mirror (natural alignment, as the C++ struct)."""
@@ -80,7 +84,8 @@ def common_checks() -> str:
     """``static_assert`` lines pinning plugins/replayssm_common.cuh's limits to core/limits.py."""
     return "\n".join(f'static_assert(rssm::{cpp} == {value}, "rssm::{cpp} differs from core/limits.py {py}");'
                      for cpp, value, py in (("kMaxL", MAX_BUFFER_LEN, "MAX_BUFFER_LEN"), ("kNumWarps", NUM_WARPS,
-                                            "NUM_WARPS"), ("kMaxStages", MAX_STAGES, "MAX_STAGES")))
+                                            "NUM_WARPS"), ("kMaxStages", MAX_STAGES, "MAX_STAGES"),
+                                            ("kMaxWindow", MAX_WINDOW, "MAX_WINDOW")))
 
 
 # plugins/mamba2_decode.cu: one by-value struct for every Mamba-2 kernel
@@ -102,7 +107,9 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   const void* z;          // [b, H, P] or null
   const float* dt_bias;   // [H] or null
   const int* slot_idx;    // [b]
-  void* out;              // [b, H, P]
+  void* out;              // [b, H, P]; a verify's [b, T, H, P]
+  void* inter;            // per-draft verify: [b, T, H, P, N] the state after each window token (state dtype)
+  const int* accepted;    // per-draft commit: [b] accepted tokens of each row (1..T)
   float* state_scale;     // [slots, H, P] fp32 row scales of an fp8/nvfp4 checkpoint, or null
   void* state_bscale;     // [slots, H, P, N/16] E4M3 block scales of an nvfp4 checkpoint, or null
   void* read;             // dual mode: the read copy's codes [slots, H, P, N (fp8) or N/2 (nvfp4)], else null
@@ -115,13 +122,22 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   long long s_Br_slot, s_Br_group;
   long long s_coef_row;
   long long s_x_b, s_x_h, s_dt_b, s_dt_h, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_out_b, s_out_h;
+  long long s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_out_t;  // a verify window's token strides (inputs [b, T, ...])
+  long long s_inter_b, s_inter_t;
   int nheads, ngroups, L, pad_slot_id;
   int slots;              // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
   int seed;               // the layer's stochastic-rounding seed
   int dt_softplus, dt_is_f32, force_flush, batch;
+  int window;             // tokens per row of the step: T of a verify, else 1
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
   int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)""")
+
+# plugins/spec_commit.cu: the speculative commit of every family
+SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [slots] rssm::SpecCursor words
+  const int* accepted;    // [b] accepted tokens per row (1..window)
+  const int* slot_idx;    // [b]
+  int batch, pad_slot_id, slots, window, ring_len;""")
 
 # plugins/delta_rule_decode.cu: one by-value struct for every GDN and KDA kernel
 DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots, HV, V, K]
@@ -141,14 +157,18 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   const float* A_log;     // [HV]
   const float* dt_bias;   // GDN: [HV]; KDA: [HV, K]
   const int* slot_idx;    // [b]
-  void* out;              // [b, HV, V]
+  void* out;              // [b, HV, V]; speculative kernels [b T, HV, V] (token inputs too: row b T + t)
+  const int* accepted;    // [b] accepted window tokens, 1 .. window (commit kernels)
+  void* inter;            // [b, T, HV, V, K] per-draft states (per-draft kernels)
   long long s_state_slot, s_state_head;
   long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_row;
+  long long s_inter_b, s_inter_t, s_inter_h;
   long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_gate_b, s_gate_h, s_beta_b, s_beta_h, s_out_b, s_out_h;
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
   int slots;       // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
+  int window;      // speculative kernels: tokens T of a verify window
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
   int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)""")

@@ -16,15 +16,20 @@ from trtllm_replayssm.core.formats import get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
                                            delta_stage_bytes, key_ring_dtype)
-from trtllm_replayssm.core.limits import NUM_WARPS
-from trtllm_replayssm.core.ops.launch import ptr, run_plan, step_rows, stride
+from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
+from trtllm_replayssm.core.jit.loader import get_kernel
+from trtllm_replayssm.core.jit.loader import launch as launch_kernel
+from trtllm_replayssm.core.ops import spec as spec_ops
+from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stride
 from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, device_of,
                                          fitting_tiles, non_replay_plan, persistent_plan, programmatic_prep,
                                          resolved_tail_fraction, stages_for, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
-           "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
+           "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel",
+           "verify": "delta_verify_kernel",
+           "per_draft_verify": "delta_per_draft_verify_kernel", "per_draft_commit": "delta_per_draft_commit_kernel"}
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster than the baseline (fp16: not measured)
@@ -63,9 +68,9 @@ def _checks(state_dtype: torch.dtype, act_dtype: torch.dtype, config: KernelConf
 
 def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every module a layer can launch at any batch size (all row tiles)."""
-    return unique(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
-                  for t in tile_choices(value_dim, key_dim))
+    """Every module a layer can launch at any batch size (all row tiles, the speculative commit's)."""
+    return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
+                     for t in tile_choices(value_dim, key_dim)), spec_ops.KERNEL_CONFIG])
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -152,23 +157,30 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
 
 # ---------------------------------------------------------------------------------------------------- launching
 def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,  # noqa: N803
-           scale: float, lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out):
-    """The kernel parameter struct (rings None for the baseline kernel)."""
+           scale: float, lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out, *,
+           key_heads: int | None = None, window: int = 1, accepted=None, inter=None):
+    """The kernel parameter struct (rings None for the baseline kernel; token tensors None for the commit kernels,
+    which then name the key heads). Speculative kernels take ``window`` tokens per row as rows ``b T + t`` of
+    [b T, ...] token tensors, ``accepted`` [b] and the per-draft states ``inter`` [b, T, HV, V, K]."""
     return DELTA_PARAMS.pack(
         state=ptr(state), u_ring=ptr(u_ring), k_ring=ptr(k_ring), g_ring=ptr(g_ring), cursor=ptr(cursor),
         arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), q=ptr(q), k=ptr(k), v=ptr(v), gate=ptr(gate),
         beta=ptr(beta), A_log=ptr(A_log), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
+        accepted=ptr(accepted), inter=ptr(inter),
         s_state_slot=state.stride(0), s_state_head=state.stride(1), s_ur_slot=stride(u_ring, 0),
         s_ur_head=stride(u_ring, 1), s_kr_slot=stride(k_ring, 0), s_kr_head=stride(k_ring, 1),
         s_gr_slot=stride(g_ring, 0), s_gr_head=stride(g_ring, 1), s_coef_row=stride(coef, 0),
-        s_q_b=q.stride(0), s_q_h=q.stride(1), s_k_b=k.stride(0), s_k_h=k.stride(1), s_v_b=v.stride(0),
-        s_v_h=v.stride(1), s_gate_b=gate.stride(0), s_gate_h=gate.stride(1), s_beta_b=beta.stride(0),
-        s_beta_h=beta.stride(1), s_out_b=out.stride(0), s_out_h=out.stride(1),
+        s_inter_b=stride(inter, 0), s_inter_t=stride(inter, 1), s_inter_h=stride(inter, 2),
+        s_q_b=stride(q, 0), s_q_h=stride(q, 1), s_k_b=stride(k, 0), s_k_h=stride(k, 1), s_v_b=stride(v, 0),
+        s_v_h=stride(v, 1), s_gate_b=stride(gate, 0), s_gate_h=stride(gate, 1), s_beta_b=stride(beta, 0),
+        s_beta_h=stride(beta, 1), s_out_b=stride(out, 0), s_out_h=stride(out, 1),
         scale=float(scale), lower_bound=0.0 if lower_bound is None else float(lower_bound),
-        num_k_heads=q.shape[1], num_v_heads=v.shape[1], L=u_ring.shape[2] if u_ring is not None else 1,
-        pad_slot_id=pad_slot_id, slots=state.shape[0], gate_is_f32=int(gate.dtype == torch.float32),
-        beta_is_f32=int(beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
-        force_flush=int(force_flush), batch=q.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
+        num_k_heads=q.shape[1] if key_heads is None else key_heads, num_v_heads=state.shape[1],
+        L=u_ring.shape[2] if u_ring is not None else 1,
+        pad_slot_id=pad_slot_id, slots=state.shape[0], gate_is_f32=int(gate is not None and gate.dtype == torch.float32),
+        beta_is_f32=int(beta is not None and beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
+        force_flush=int(force_flush), window=window, batch=idx.shape[0], stages=0, stage_bytes=0, fold_bytes=0,
+        tail_start=0)
 
 
 def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v,
@@ -181,6 +193,31 @@ def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, 
                     scale, lower_bound, idx, pad_slot_id, launch.mode == "flush", out)
     config = kernel_config(per_channel_gate, q.shape[2], v.shape[2], state.dtype, q.dtype, launch.rows_per_cta)
     run_plan(config, KERNELS, launch, struct, q.device, prep_carveout=True)
+
+
+def launch_rows(kernel: str, per_channel_gate: bool, act_dtype: torch.dtype, rows_per_cta: int, state: torch.Tensor,
+                batch: int, struct) -> None:
+    """One of the speculative kernels (``kernel``: a KERNELS key) over grid (V / rows_per_cta, HV, batch)."""
+    if batch == 0:
+        return
+    _, HV, V, K = state.shape
+    config = kernel_config(per_channel_gate, K, V, state.dtype, act_dtype, rows_per_cta)
+    launch_kernel(get_kernel(config, KERNELS[kernel], state.device), (V // rows_per_cta, HV, batch), STATE_BLOCK,
+                  struct)
+
+
+def run_per_draft(per_channel_gate: bool, state, inter, q, k, v, gate, beta, A_log, dt_bias,  # noqa: N803
+                  scale: float, lower_bound: float | None, idx, pad_slot_id: int, rows_per_cta: int, out) -> None:
+    """The per-draft verify kernel on a window's inputs [b, T, ...] (GDN: ``gate`` = a; KDA: the raw gate g)."""
+    struct = params(state, None, None, None, None, None, None, None, tokens(q), tokens(k), tokens(v), tokens(gate),
+                    tokens(beta), A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, False, tokens(out),
+                    window=q.shape[1], inter=inter)
+    launch_rows("per_draft_verify", per_channel_gate, q.dtype, rows_per_cta, state, q.shape[0], struct)
+
+
+def tokens(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A window's per-token tensor [b, T, ...] as the kernels index it, [b T, ...] (a view where the strides allow)."""
+    return None if t is None else t.flatten(0, 1)
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -218,9 +255,9 @@ def validate_common(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_
 
 
 def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, per_channel_gate: bool,
-                   idx: torch.Tensor, pad_slot_id: int) -> None:
+                   idx: torch.Tensor, pad_slot_id: int, replay_cursor: bool = True) -> None:
     """Ring/cursor/scratch tensors of ``layer`` against the step's dims (slots, H, HV, V, K) and slot ids ``idx``
-    (on CPU: the cursors of their slots)."""
+    (on CPU, ``replay_cursor``: the replay cursors of their slots; a verify checks its cursor words itself)."""
     batch = idx.shape[0]
     slots, H, HV, V, K = dims
     chk.check_scratch_rows(batch, slots)
@@ -236,7 +273,7 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.coef", layer.coef, (slots, HV, delta_record_len(L, K, per_channel_gate)),
                      (torch.float32,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
-    if dev.type == "cpu":
+    if dev.type == "cpu" and replay_cursor:
         chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
     if dev.type == "cuda" and layer.storage is None:  # state tiles move by bulk copies, row inputs by 4-byte copies
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
@@ -245,3 +282,92 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
         if per_channel_gate:
             chk.check_aligned("layer.g_ring", layer.g_ring, K // 32)
 
+
+
+# ---------------------------------------------------------------------------------------------------- speculative
+def validate_window(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
+    """Checks of a verify window shared by GDN and KDA: q, k [b,T,H,K], v [b,T,HV,V] (T = 1..MAX_WINDOW), out
+    [b,T,HV,V] (dims 0 and 1 mergeable); returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
+    (slots, HV, V, K), dev = chk.check_state(state)
+    if K not in SUPPORTED_KEY_DIMS:
+        raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
+    if V % NUM_WARPS:
+        raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
+    chk.check_tensor("q", q, (None, None, None, K), chk.FLOAT_DTYPES, dev)
+    batch, T, H = q.shape[:3]
+    if not 1 <= T <= MAX_WINDOW:
+        raise ValueError(f"q: window tokens (dim 1) must be 1..{MAX_WINDOW}, got {T}")
+    if H == 0 or HV % H:
+        raise ValueError(f"q: key heads (dim 2) must divide the value heads of the state ({HV}), got {H}")
+    chk.check_tensor("k", k, (batch, T, H, K), (q.dtype,), dev, dtype_of="q")
+    chk.check_tensor("v", v, (batch, T, HV, V), (q.dtype,), dev, dtype_of="q")
+    if out is None:
+        out = torch.empty(batch, T, HV, V, dtype=q.dtype, device=dev)
+    chk.check_tensor("out", out, (batch, T, HV, V), (q.dtype,), dev, dtype_of="q")
+    if batch > 1 and T > 1 and out.stride(0) != T * out.stride(1):
+        raise ValueError(f"out: dims 0 and 1 must be mergeable (stride(0) == T * stride(1)), got strides "
+                         f"{list(out.stride())}")
+    if dev.type == "cuda":
+        for name, t in (("state", state), ("q", q), ("k", k)):
+            if isinstance(t, torch.Tensor):
+                chk.check_aligned(name, t, K // 32)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    return idx, out, (slots, H, HV, V, K)
+
+
+def check_plain_for_kernels(layer: GDNLayerCache, op: str) -> None:
+    """The speculative kernels read and write plain fp32/fp16/bf16 checkpoints only."""
+    if layer.storage is not None and layer.state.device.type == "cuda":
+        raise NotImplementedError(f"{op}: {layer.spec.label} checkpoints have no speculative CUDA kernels; CPU "
+                                  f"tensors run the reference")
+
+
+def check_accepted(accepted: object, batch: int, device: torch.device) -> torch.Tensor:
+    """``accepted`` [batch] int32 on ``device`` (values 1..T: checked by the CPU references; CUDA skips other rows)."""
+    return chk.check_tensor("accepted", accepted, (batch,), (torch.int32,), device)
+
+
+def check_inter(inter: object, state: torch.Tensor, batch: int, window: int) -> torch.Tensor:
+    """Per-draft states ``inter`` [batch, T, HV, V, K] in the state's dtype, the last two dims dense."""
+    _, HV, V, K = state.shape
+    chk.check_tensor("inter", inter, (batch, window, HV, V, K), (state.dtype,), state.device, inner_contiguous=2,
+                     dtype_of="state")
+    if state.device.type == "cuda":
+        chk.check_aligned("inter", inter, K // 32)
+    return inter
+
+
+def window_tile(state: torch.Tensor, batch: int) -> int:
+    """Row tile of the speculative kernels: the state kernels' heuristic (plans.state_tile)."""
+    _, HV, V, K = state.shape
+    return _row_tile(V, K, batch * HV, device_of(state.device), DEFAULT_TUNING)
+
+
+def _per_draft_commit_cpu(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                          state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int) -> None:
+    ref.per_draft_commit_(state, inter, accepted, state_batch_indices, pad_slot_id)
+
+
+def _per_draft_commit_cuda(state, inter, accepted, state_batch_indices, pad_slot_id, rows_per_cta) -> None:
+    struct = params(state, None, None, None, None, None, None, None, None, None, None, None, None, None, None, 1.0,
+                    None, state_batch_indices, pad_slot_id, False, None, key_heads=state.shape[1],
+                    window=inter.shape[1], accepted=accepted, inter=inter)
+    launch_rows("per_draft_commit", False, state.dtype, rows_per_cta, state, state_batch_indices.shape[0], struct)
+
+
+_per_draft_commit_op = define_op("delta_per_draft_commit", ("state",), _per_draft_commit_cpu, _per_draft_commit_cuda)
+
+
+def per_draft_commit(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                     state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1) -> None:
+    """After a per-draft verify (GDN or KDA): row b's slot state <- ``inter[b, accepted[b] - 1]``. ``state``
+    [slots,HV,V,K], ``inter`` [b,T,HV,V,K] (state dtype), ``accepted`` [b] int32 (1..T; on CUDA a row outside is
+    skipped, the CPU reference raises)."""
+    (slots, _, _, _), dev = chk.check_state(state)
+    chk.check_tensor("inter", inter, (None, None, *state.shape[1:]), (state.dtype,), dev, inner_contiguous=2,
+                     dtype_of="state")
+    batch, window = inter.shape[:2]
+    check_inter(inter, state, batch, window)
+    check_accepted(accepted, batch, dev)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    _per_draft_commit_op(state, inter, accepted, idx, pad_slot_id, window_tile(state, batch))

@@ -19,6 +19,7 @@ from trtllm_replayssm.core.dims import GDNDims
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.ops import delta
 from trtllm_replayssm.core.ops.launch import define_op
+from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import Device, Launch, LaunchPlan, Tuning, checked_plan
 from trtllm_replayssm.core.reference import gdn as ref
 
@@ -146,3 +147,101 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     _state_update_op(state, q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id,
                      plan.words, out)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- speculative
+def _verify_cpu(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+                cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,  # noqa: N803
+                state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int, out: torch.Tensor) -> None:
+    ref.verify_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, a, b, A_log, dt_bias, scale,
+                     state_batch_indices, pad_slot_id, out)
+
+
+def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale,  # noqa: N803
+                 state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
+    tok = delta.tokens
+    struct = delta.params(state, u_ring, k_ring, g_ring, cursor, arrive, None, None, tok(q), tok(k), tok(v), tok(a),
+                          tok(b), A_log, dt_bias, scale, None, state_batch_indices, pad_slot_id, False, tok(out),
+                          window=q.shape[1])
+    delta.launch_rows("verify", False, q.dtype, rows_per_cta, state, q.shape[0], struct)
+
+
+_verify_op = define_op("gdn_verify_decode", ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"),
+                       _verify_cpu, _verify_cuda)
+
+
+def _per_draft_cpu(state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                   scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int,
+                   out: torch.Tensor) -> None:
+    ref.per_draft_verify_(state, inter, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id, out)
+
+
+def _per_draft_cuda(state, inter, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id,  # noqa: N803
+                    rows_per_cta, out) -> None:
+    delta.run_per_draft(False, state, inter, q, k, v, a, b, A_log, dt_bias, scale, None, state_batch_indices,
+                        pad_slot_id, rows_per_cta, out)
+
+
+_per_draft_op = define_op("gdn_per_draft_verify", ("inter", "out"), _per_draft_cpu, _per_draft_cuda)
+
+
+def _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,  # noqa: N803
+                           pad_slot_id) -> tuple:
+    idx, out, dims = delta.validate_window(state, q, k, v, out, state_batch_indices, pad_slot_id)
+    HV, dev, (batch, T) = dims[2], state.device, q.shape[:2]
+    chk.check_tensor("a", a, (batch, T, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
+    chk.check_tensor("b", b, (batch, T, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
+    chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
+    chk.check_tensor("dt_bias", dt_bias, (HV,), (torch.float32,), dev)
+    return idx, out, dims
+
+
+def verify_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                  b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
+                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Speculative verify of a window of T tokens per row (docs/algorithm.md, beyond standard decode); returns
+    ``out`` [b,T,HV,V]. ``q, k`` [b,T,H,K], ``v`` [b,T,HV,V], ``a, b`` [b,T,HV] (activation dtype or fp32), ``A_log,
+    dt_bias`` [HV] fp32. Token t is decoded from the checkpoint, the row's committed history (``core/spec_cursor.py``)
+    and the window's earlier tokens, the history first folded into the checkpoint when the ring would overrun; the
+    window's records go past the history. Follow it with ``spec.commit(layer, accepted, ..., window=T)``. The layer's
+    rings hold at least 2T records; on CUDA a row whose cursor word is not valid for T is skipped (zero outputs)."""
+    if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
+        raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
+    delta.check_plain_for_kernels(layer, "gdn.verify_decode")
+    state = layer.require_state() if layer.storage is None else layer.checkpoint()
+    idx, out, dims = _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
+                                            pad_slot_id)
+    check_window(q.shape[1], layer.buffer_len)
+    delta.validate_rings(layer, dims, q.dtype, False, idx, pad_slot_id, replay_cursor=False)
+    scale = delta.resolve_scale(scale, dims[4])
+    if layer.storage is not None:
+        ref.verify_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, a, b, A_log, dt_bias,
+                         scale, idx, pad_slot_id, out)
+        return out
+    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, q, k, v, a, b,
+               A_log, dt_bias, scale, idx, pad_slot_id, delta.window_tile(layer.state, q.shape[0]), out)
+    return out
+
+
+def per_draft_verify_decode(state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                            dt_bias: torch.Tensor, scale: float | None = None,
+                            state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-draft-state verify (the speculative baseline): the window's tokens (as :func:`verify_decode`) as baseline
+    steps from the slot pool ``state`` [slots,HV,V,K], which is not written; the state after token t goes to
+    ``inter`` [b,T,HV,V,K] (state dtype). Returns ``out`` [b,T,HV,V]; :func:`per_draft_commit` keeps a draft."""
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"state: expected a torch.Tensor slot pool, got {type(state).__name__}")
+    idx, out, dims = _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
+                                            pad_slot_id)
+    delta.check_inter(inter, state, *q.shape[:2])
+    _per_draft_op(state, inter, q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id,
+                  delta.window_tile(state, q.shape[0]), out)
+    return out
+
+
+per_draft_commit = delta.per_draft_commit

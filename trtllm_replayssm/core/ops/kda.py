@@ -19,6 +19,7 @@ from trtllm_replayssm.core.dims import KDADims
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.ops import delta
 from trtllm_replayssm.core.ops.launch import define_op
+from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import Device, Launch, LaunchPlan, Tuning, checked_plan
 from trtllm_replayssm.core.reference import kda as ref
 
@@ -83,18 +84,21 @@ def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, st
                    pad_slot_id):
     ref.check_lower_bound(lower_bound)
     idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
-    _, _, HV, _, K = dims
-    dev, batch = state.device, q.shape[0]
-    chk.check_tensor("g", g, (batch, HV, K), (q.dtype, torch.float32), dev, dtype_of="q")
-    chk.check_tensor("beta", beta, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0,
-                     dtype_of="q")
+    _check_gates(g, beta, A_log, dt_bias, q.shape[:1], dims[2], dims[4], q.dtype, state.device)
+    return idx, out, dims
+
+
+def _check_gates(g, beta, A_log, dt_bias, lead: tuple[int, ...], HV: int, K: int,  # noqa: N803
+                 act_dtype: torch.dtype, dev: torch.device) -> None:
+    """g [*lead, HV, K], beta [*lead, HV] (lead: (batch,) or a window's (batch, T)), A_log [HV], dt_bias [HV, K]."""
+    chk.check_tensor("g", g, (*lead, HV, K), (act_dtype, torch.float32), dev, dtype_of="q")
+    chk.check_tensor("beta", beta, (*lead, HV), (act_dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
     chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
     bias_shape = (HV * K,) if isinstance(dt_bias, torch.Tensor) and dt_bias.dim() == 1 else (HV, K)
     chk.check_tensor("dt_bias", dt_bias, bias_shape, (torch.float32,), dev, inner_contiguous=len(bias_shape))
     if dev.type == "cuda":
         chk.check_aligned("g", g, K // 32)
         chk.check_aligned("dt_bias", dt_bias, K // 32)
-    return idx, out, dims
 
 
 def _check_values(idx, state, cursor, L, q, k, v, g, beta, A_log, dt_bias, pad_slot_id) -> None:  # noqa: N803
@@ -159,3 +163,98 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     _state_update_op(state, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
                      delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- speculative
+def _verify_cpu(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
+                cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+                rows_per_cta: int, out: torch.Tensor) -> None:
+    ref.verify_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
+                     state_batch_indices, pad_slot_id, out)
+
+
+def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, g, beta, A_log, dt_bias,  # noqa: N803
+                 lower_bound, scale, state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
+    tok = delta.tokens
+    struct = delta.params(state, u_ring, k_ring, g_ring, cursor, arrive, None, None, tok(q), tok(k), tok(v), tok(g),
+                          tok(beta), A_log, dt_bias, scale, lower_bound, state_batch_indices, pad_slot_id, False,
+                          tok(out), window=q.shape[1])
+    delta.launch_rows("verify", True, q.dtype, rows_per_cta, state, q.shape[0], struct)
+
+
+_verify_op = define_op("kda_verify_decode", ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"),
+                       _verify_cpu, _verify_cuda)
+
+
+def _per_draft_cpu(state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                   lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+                   rows_per_cta: int, out: torch.Tensor) -> None:
+    ref.per_draft_verify_(state, inter, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, state_batch_indices,
+                          pad_slot_id, out)
+
+
+def _per_draft_cuda(state, inter, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,  # noqa: N803
+                    state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
+    delta.run_per_draft(True, state, inter, q, k, v, g, beta, A_log, dt_bias, scale, lower_bound, state_batch_indices,
+                        pad_slot_id, rows_per_cta, out)
+
+
+_per_draft_op = define_op("kda_per_draft_verify", ("inter", "out"), _per_draft_cpu, _per_draft_cuda)
+
+
+def _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,  # noqa: N803
+                           state_batch_indices, pad_slot_id) -> tuple:
+    ref.check_lower_bound(lower_bound)
+    idx, out, dims = delta.validate_window(state, q, k, v, out, state_batch_indices, pad_slot_id)
+    _check_gates(g, beta, A_log, dt_bias, q.shape[:2], dims[2], dims[4], q.dtype, state.device)
+    return idx, out, dims
+
+
+def verify_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                  lower_bound: float | None = None, scale: float | None = None,
+                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Speculative verify of a window of T tokens per row, as ``gdn.verify_decode``; returns ``out`` [b,T,HV,V].
+    ``q, k`` [b,T,H,K], ``v`` [b,T,HV,V], raw gate ``g`` [b,T,HV,K] and beta logits ``beta`` [b,T,HV] (activation
+    dtype or fp32), ``A_log`` [HV], ``dt_bias`` [HV,K] (or [HV*K]) fp32, ``lower_bound`` as :func:`replay_decode`."""
+    if not isinstance(layer, KDALayerCache):
+        raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
+    delta.check_plain_for_kernels(layer, "kda.verify_decode")
+    state = layer.require_state() if layer.storage is None else layer.checkpoint()
+    idx, out, dims = _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+                                            state_batch_indices, pad_slot_id)
+    check_window(q.shape[1], layer.buffer_len)
+    delta.validate_rings(layer, dims, q.dtype, True, idx, pad_slot_id, replay_cursor=False)
+    scale = delta.resolve_scale(scale, dims[4])
+    lower_bound = None if lower_bound is None else float(lower_bound)
+    if layer.storage is not None:
+        ref.verify_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, g, beta, A_log,
+                         dt_bias, lower_bound, scale, idx, pad_slot_id, out)
+        return out
+    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, q, k, v, g, beta,
+               A_log, dt_bias, lower_bound, scale, idx, pad_slot_id, delta.window_tile(layer.state, q.shape[0]), out)
+    return out
+
+
+def per_draft_verify_decode(state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                            dt_bias: torch.Tensor, lower_bound: float | None = None, scale: float | None = None,
+                            state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-draft-state verify (the speculative baseline), as ``gdn.per_draft_verify_decode`` with the inputs of
+    :func:`verify_decode`; returns ``out`` [b,T,HV,V]."""
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"state: expected a torch.Tensor slot pool, got {type(state).__name__}")
+    idx, out, dims = _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+                                            state_batch_indices, pad_slot_id)
+    delta.check_inter(inter, state, *q.shape[:2])
+    _per_draft_op(state, inter, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
+                  delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, delta.window_tile(state, q.shape[0]), out)
+    return out
+
+
+per_draft_commit = delta.per_draft_commit

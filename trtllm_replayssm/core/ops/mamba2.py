@@ -69,12 +69,14 @@ def _checks(state_row_bytes: int, act_elem: int, config: KernelConfig) -> str:
 
 def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
+    """Every module a layer of ``dims`` can launch at any batch size (all row tiles; with a plain checkpoint, the
+    speculative commit's)."""
     tiles = tile_choices(dims.head_dim, dims.d_state)
     if two_head_shape(dims.head_dim, dims.nheads, dims.n_groups):
         tiles = [*tiles, 2 * dims.head_dim]
+    speculative = [] if state_spec(state_dtype, arg="state_dtype").stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t) for t in tiles),
-                   spec_ops.KERNEL_CONFIG])
+                   *speculative])
 
 
 def two_head_shape(head_dim: int, nheads: int, ngroups: int) -> bool:

@@ -11,11 +11,12 @@ of the op contract (docs/design.md) and are the CPU fallback of the ops.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from trtllm_replayssm.core import checks
+from trtllm_replayssm.core import checks, spec_cursor
 from trtllm_replayssm.core.checkpoint import Checkpoint, as_checkpoint
 from trtllm_replayssm.core.layouts import key_ring_dtype
 
@@ -175,10 +176,22 @@ def delta_rule_update_(
     out[rows] = _matvec(s_new, q_v).to(out.dtype)
 
 
+def _history_order(ring: torch.Tensor, slots: torch.Tensor, origin: torch.Tensor | None) -> torch.Tensor:
+    """``ring[slots]`` [n,heads,L,..] with each row's record j (ring position ``(origin + j) % L``) at index j;
+    ``origin`` None: the records from position 0."""
+    rows = ring[slots]
+    if origin is None:
+        return rows
+    ring_len = ring.shape[2]
+    pos = (origin.unsqueeze(1) + torch.arange(ring_len, device=origin.device)) % ring_len  # [n,L]
+    return rows.gather(2, pos.view(-1, 1, ring_len, *(1,) * (rows.dim() - 3)).expand(rows.shape))
+
+
 class _History:
     """Checkpoint (``s0``: what each row reads) and masked ring records of the active rows.
 
-    Represents ``S_h = S0 Diag(e^G) + sum_{j<w} u_j (k_j e^{G-G_j})^T`` without building it unless asked.
+    Represents ``S_h = S0 Diag(e^G) + sum_{j<w} u_j (k_j e^{G-G_j})^T`` without building it unless asked. Record j of
+    a row is at ring position j, or ``(origin + j) % L`` given ``origin`` [n] (a speculative history).
     ``predecayed_keys`` (KDA): ``k_ring [slots,HV,L,K]`` in the pre-decayed form (PREDECAY_FLOOR), whose entries
     decay by ``e^G`` alone.
     """
@@ -186,23 +199,24 @@ class _History:
     def __init__(
         self, s0: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
         slots: torch.Tensor, w: torch.Tensor, num_v_heads: int, predecayed_keys: bool,
+        origin: torch.Tensor | None = None,
     ) -> None:
         f32, dev = torch.float32, w.device
         ring_len = u_ring.shape[2]
-        # Mask every ring position >= w before any arithmetic: stale entries may hold anything, NaN included.
+        # Mask every record >= w before any arithmetic: stale entries may hold anything, NaN included.
         valid = (torch.arange(ring_len, device=dev) < w.unsqueeze(1))[:, None, :, None]  # [n,1,L,1]
         zero = torch.zeros((), dtype=f32, device=dev)
-        g_hist = g_ring[slots]  # [n,HV,L,C]
+        g_hist = _history_order(g_ring, slots, origin)  # [n,HV,L,C]
         last = (w - 1).clamp_min(0)[:, None, None, None].expand(-1, num_v_heads, 1, g_hist.shape[-1])
         self.big_g = torch.where(w[:, None, None] > 0, g_hist.gather(2, last).squeeze(2), zero)  # G, [n,HV,C]
         decay = torch.exp(self.big_g.unsqueeze(2) - g_hist)  # exponents <= 0
-        keys = k_ring[slots].to(f32)
+        keys = _history_order(k_ring, slots, origin).to(f32)
         if predecayed_keys:
             pre = (g_hist >= -PREDECAY_FLOOR).all(-1, keepdim=True)  # [n,HV,L,1]
             decay = torch.where(pre, torch.exp(self.big_g).unsqueeze(2), decay)
         else:
             keys = _expand_heads(keys, num_v_heads)
-        self.u = torch.where(valid, u_ring[slots].to(f32), zero)  # [n,HV,L,V]
+        self.u = torch.where(valid, _history_order(u_ring, slots, origin).to(f32), zero)  # [n,HV,L,V]
         self.k_dec = torch.where(valid, keys, zero) * torch.where(valid, decay, zero)  # [n,HV,L,K]
         self.s0 = s0  # float32 checkpoints of the rows [n,HV,V,K]
         self.e_g = torch.exp(self.big_g)
@@ -218,15 +232,67 @@ class _History:
         return _matvec(self.s0[sel], self.e_g[sel] * x) + torch.einsum("nhlv,nhl->nhv", self.u[sel], ring_dots)
 
 
+class _Token(NamedTuple):
+    """One token's float32 inputs of the active rows: scaled normalised q per value head, normalised k per key head
+    and per value head, v, the log-gate g, alpha = e^g and beta."""
+
+    q_v: torch.Tensor
+    k_hat: torch.Tensor
+    k_v: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+
+    @staticmethod
+    def of(rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor,
+           beta: torch.Tensor, scale: float) -> _Token:
+        q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, v.shape[1], torch.float32)
+        g = log_gate[rows]
+        return _Token(q_v, k_hat, k_v, v[rows].to(torch.float32), g, torch.exp(g), beta[rows])
+
+    def select(self, sel: torch.Tensor) -> _Token:
+        return _Token(*(x[sel] for x in self))
+
+    def output(self, a_q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """``o = a_q + u (k . q~)``."""
+        return a_q + u * (self.k_v * self.q_v).sum(-1, keepdim=True)
+
+
+def _append_token_(
+    hist: _History, sel: torch.Tensor, tok: _Token, rings: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    slots: torch.Tensor, pos: torch.Tensor, predecayed_keys: bool,
+) -> torch.Tensor:
+    """A non-flush token of the rows ``sel`` of ``hist`` (``tok``: their inputs): returns its output and writes its
+    records ``u``, ``k`` and ``G + g`` at ring positions ``pos`` [n_sel] of ``slots``: ``k`` once per key head, or with
+    ``predecayed_keys`` (KDA) once per value head in the pre-decayed form (PREDECAY_FLOOR), in the ring dtypes."""
+    u_ring, k_ring, g_ring = rings
+    a_q = hist.matvec(sel, tok.alpha * tok.q_v)
+    u = tok.beta.unsqueeze(-1) * (tok.v - hist.matvec(sel, tok.alpha * tok.k_v))
+    s_sel, p_sel = slots.unsqueeze(1), pos.unsqueeze(1)
+    hv_idx = torch.arange(tok.v.shape[1], device=pos.device).unsqueeze(0)
+    g_new = hist.big_g[sel] + tok.g  # [n,HV,C]
+    u_ring[s_sel, hv_idx, p_sel] = u.to(u_ring.dtype)
+    if predecayed_keys:
+        pre = (g_new >= -PREDECAY_FLOOR).all(-1, keepdim=True)
+        key = torch.where(pre, tok.k_v * torch.exp(-g_new.clamp_min(-PREDECAY_FLOOR)), tok.k_v)
+        k_ring[s_sel, hv_idx, p_sel] = key.to(k_ring.dtype)
+    else:
+        h_idx = torch.arange(tok.k_hat.shape[1], device=pos.device).unsqueeze(0)
+        k_ring[s_sel, h_idx, p_sel] = tok.k_hat.to(k_ring.dtype)
+    g_ring[s_sel, hv_idx, p_sel] = g_new
+    return tok.output(a_q, u)
+
+
 def delta_rule_replay_(
     state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
     cursor: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, beta: torch.Tensor, scale: float,
     state_batch_indices: torch.Tensor, pad_slot_id: int, force_flush: bool, out: torch.Tensor,
-    predecayed_keys: bool = False, never_flush: bool = False,
+    predecayed_keys: bool = False,
 ) -> None:
     """Float32 ReplaySSM step in place (docs/design.md "Cursor semantics"); pad rows get zero outputs and touch no
-    slot. ``never_flush``: every row appends, at ring position L-1 too (a speculative window's tokens).
+    slot.
 
     ``g_ring [slots,HV,L,C]`` holds the inclusive cumulative log-gate since the checkpoint; ``log_gate [b,HV,C]`` and
     ``beta [b,HV]`` are float32. With ``x~ = alpha x``: ``a_q = S_h q~``, ``u = beta (v - S_h k~)``,
@@ -241,15 +307,12 @@ def delta_rule_replay_(
     out[state_batch_indices == pad_slot_id] = 0
     if rows.numel() == 0:
         return
-    f32 = torch.float32
     num_v_heads, ring_len = v.shape[1], u_ring.shape[2]
     checks.check_cursors(cursor, slots, pad_slot_id, ring_len, name="cursor")
     w = cursor[slots].long()
-    q_v, k_hat, k_v = _inputs(q[rows], k[rows], scale, num_v_heads, f32)
-    v_r, g, b_r = v[rows].to(f32), log_gate[rows], beta[rows]
-    alpha = torch.exp(g)
-    if force_flush or never_flush:
-        is_flush = torch.full_like(w, force_flush, dtype=torch.bool)
+    tok = _Token.of(rows, q, k, v, log_gate, beta, scale)
+    if force_flush:
+        is_flush = torch.ones_like(w, dtype=torch.bool)
     else:
         is_flush = w == ring_len - 1
     if ckpt.read is None:
@@ -262,31 +325,18 @@ def delta_rule_replay_(
 
     sel = torch.nonzero(is_flush).squeeze(1)
     if sel.numel():
-        s_h = hist.materialize(sel)
-        a_q = _matvec(s_h, alpha[sel] * q_v[sel])
-        u, s_new = _fold(s_h, k_v[sel], v_r[sel], alpha[sel], b_r[sel])
+        s_h, t = hist.materialize(sel), tok.select(sel)
+        a_q = _matvec(s_h, t.alpha * t.q_v)
+        u, s_new = _fold(s_h, t.k_v, t.v, t.alpha, t.beta)
         ckpt.store_(slots[sel], s_new)
         cursor[slots[sel]] = 0
-        out[rows[sel]] = (a_q + u * (k_v[sel] * q_v[sel]).sum(-1, keepdim=True)).to(out.dtype)
+        out[rows[sel]] = t.output(a_q, u).to(out.dtype)
 
     sel = torch.nonzero(~is_flush).squeeze(1)
     if sel.numel():
-        a_q = hist.matvec(sel, alpha[sel] * q_v[sel])
-        u = b_r[sel].unsqueeze(-1) * (v_r[sel] - hist.matvec(sel, alpha[sel] * k_v[sel]))
-        s_sel, w_sel = slots[sel].unsqueeze(1), w[sel].unsqueeze(1)
-        hv_idx = torch.arange(num_v_heads, device=w.device).unsqueeze(0)
-        h_idx = torch.arange(k_hat.shape[1], device=w.device).unsqueeze(0)
-        g_new = hist.big_g[sel] + g[sel]  # [n,HV,C]
-        u_ring[s_sel, hv_idx, w_sel] = u.to(u_ring.dtype)
-        if predecayed_keys:
-            pre = (g_new >= -PREDECAY_FLOOR).all(-1, keepdim=True)
-            key = torch.where(pre, k_v[sel] * torch.exp(-g_new.clamp_min(-PREDECAY_FLOOR)), k_v[sel])
-            k_ring[s_sel, hv_idx, w_sel] = key.to(k_ring.dtype)
-        else:
-            k_ring[s_sel, h_idx, w_sel] = k_hat[sel].to(k_ring.dtype)
-        g_ring[s_sel, hv_idx, w_sel] = g_new
+        y = _append_token_(hist, sel, tok.select(sel), (u_ring, k_ring, g_ring), slots[sel], w[sel], predecayed_keys)
         cursor[slots[sel]] = (w[sel] + 1).to(cursor.dtype)
-        out[rows[sel]] = (a_q + u * (k_v[sel] * q_v[sel]).sum(-1, keepdim=True)).to(out.dtype)
+        out[rows[sel]] = y.to(out.dtype)
 
 
 def delta_rule_verify_(
@@ -296,54 +346,75 @@ def delta_rule_verify_(
     predecayed_keys: bool = False,
 ) -> None:
     """Speculative verify in float32 (docs/algorithm.md): each row's window of T tokens (q, k [b,T,H,K], v
-    [b,T,HV,V], log_gate [b,T,HV,C], beta [b,T,HV]) decoded in exact order from the checkpoint and the committed ring
-    entries ``0 .. w-1``: token t's corrected value ``u_t`` sees the window's earlier ones, and its record goes to ring
-    position ``w + t``; out [b,T,HV,V]. Neither the checkpoint nor the cursor changes (:func:`delta_rule_commit_`).
-    Requires ``w + T <= L`` on every row. Pad rows get zero outputs and touch no slot."""
-    rows, slots = active_rows(state_batch_indices, pad_slot_id, as_checkpoint(state).shape[0])
-    T, ring_len = q.shape[1], u_ring.shape[2]
-    w0 = cursor[slots].clone()
-    long = (w0.long() + T > ring_len).nonzero()
-    if long.numel():
-        slot, w = int(slots[long[0, 0]]), int(w0[long[0, 0]])
-        raise ValueError(f"cursor: slot {slot} holds {w} committed entries, a window of {T} needs w + T <= L = "
-                         f"{ring_len} (commit with window={T} flushes early enough)")
-    for t in range(T):
-        out_t = torch.empty_like(out[:, t])
-        delta_rule_replay_(state, u_ring, k_ring, g_ring, cursor, q[:, t], k[:, t], v[:, t], log_gate[:, t],
-                           beta[:, t], scale, state_batch_indices, pad_slot_id, False, out_t, predecayed_keys,
-                           never_flush=True)
-        out[:, t] = out_t
-    cursor[slots] = w0
-
-
-def delta_rule_commit_(
-    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
-    predecayed_keys: bool = False,
-) -> None:
-    """After a verify: each row's first ``accepted[b]`` window tokens (1 .. window) become committed history
-    (cursor ``w <- w + accepted``); when the next window would not fit (``w + window > L``) the committed entries are
-    folded into a new checkpoint (stored by the write rule) and the cursor goes to 0. Pad rows touch no slot."""
+    [b,T,HV,V], log_gate [b,T,HV,C], beta [b,T,HV]) decoded in exact order from the checkpoint and the row's committed
+    history (``core/spec_cursor.py``: ``count`` ring records from ``origin``), token t's ``u_t`` seeing the window's
+    earlier tokens; out [b,T,HV,V]. When the history and two windows would overrun the ring, the history is first
+    folded into a new checkpoint (stored by the write rule) and the cursor moves past it (origin + count, count 0);
+    the window's cumulative log-gates then start from the new checkpoint. Token t's record goes to the ring position
+    after the history and the window's earlier tokens; the commit (``spec_cursor.commit_``) keeps the accepted ones.
+    Pad rows get zero outputs and touch no slot."""
     ckpt = as_checkpoint(state)
     rows, slots = active_rows(state_batch_indices, pad_slot_id, ckpt.shape[0])
+    out[state_batch_indices == pad_slot_id] = 0
+    if rows.numel() == 0:
+        return
+    T, ring_len = q.shape[1], u_ring.shape[2]
+    words = [checks.spec_word(cursor, int(slot), T, ring_len) for slot in slots]
+    origin, count = (torch.tensor(c, dtype=torch.long, device=slots.device) for c in zip(*words))
+    fold = spec_cursor.folds_before(count, T, ring_len)
+    if bool(fold.any()):
+        hist = _History(ckpt.fold_values(slots[fold]), u_ring, k_ring, g_ring, slots[fold], count[fold],
+                        v.shape[2], predecayed_keys, origin[fold])
+        ckpt.store_(slots[fold], hist.materialize(torch.arange(int(fold.sum()), device=slots.device)))
+        origin = torch.where(fold, (origin + count) % ring_len, origin)
+        count = torch.where(fold, 0, count)
+        cursor[slots[fold]] = spec_cursor.pack(origin[fold], 0).to(cursor.dtype)
+    s0 = ckpt.read_values(slots)
+    every = torch.arange(rows.numel(), device=rows.device)
+    for t in range(T):
+        tok = _Token.of(rows, q[:, t], k[:, t], v[:, t], log_gate[:, t], beta[:, t], scale)
+        hist = _History(s0, u_ring, k_ring, g_ring, slots, count + t, v.shape[2], predecayed_keys, origin)
+        y = _append_token_(hist, every, tok, (u_ring, k_ring, g_ring), slots, (origin + count + t) % ring_len,
+                           predecayed_keys)
+        out[rows, t] = y.to(out.dtype)
+
+
+def delta_rule_per_draft_verify_(
+    state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    log_gate: torch.Tensor, beta: torch.Tensor, scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+    out: torch.Tensor,
+) -> None:
+    """Per-draft-state verify in float32 (the speculative baseline): each row's window (as
+    :func:`delta_rule_verify_`) as T baseline steps from the slot's state, the state after token t stored to
+    ``inter [b,T,HV,V,K]`` (state dtype; the recurrence goes on unrounded); out [b,T,HV,V]. The slot's state is not
+    written; pad rows get zero outputs and touch no draft."""
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
+    out[state_batch_indices == pad_slot_id] = 0
+    if rows.numel() == 0:
+        return
+    f32 = torch.float32
+    s = state[slots].to(f32)
+    for t in range(q.shape[1]):
+        q_v, _, k_v = _inputs(q[rows, t], k[rows, t], scale, v.shape[2], f32)
+        _, s = _fold(s, k_v, v[rows, t].to(f32), torch.exp(log_gate[rows, t]), beta[rows, t])
+        inter[rows, t] = s.to(inter.dtype)
+        out[rows, t] = _matvec(s, q_v).to(out.dtype)
+
+
+def per_draft_commit_(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,
+                      state_batch_indices: torch.Tensor, pad_slot_id: int) -> None:
+    """After a per-draft verify: each row's slot state <- its draft ``accepted[b] - 1`` (1 .. T); pad rows touch no
+    slot."""
+    rows, slots = active_rows(state_batch_indices, pad_slot_id, state.shape[0])
     if rows.numel() == 0:
         return
     a = accepted[rows].long()
-    bad = ((a < 1) | (a > window)).nonzero()
+    bad = ((a < 1) | (a > inter.shape[1])).nonzero()
     if bad.numel():
         row = int(rows[bad[0, 0]])
-        raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got "
+        raise ValueError(f"accepted: expected 1..{inter.shape[1]} per row (the bonus token included), got "
                          f"{int(accepted[row])} in row {row}")
-    w = cursor[slots].long() + a
-    flush = w + window > u_ring.shape[2]
-    cursor[slots[~flush]] = w[~flush].to(cursor.dtype)
-    sel = flush.nonzero().squeeze(1)
-    if sel.numel():
-        hist = _History(ckpt.fold_values(slots[sel]), u_ring, k_ring, g_ring, slots[sel], w[sel], u_ring.shape[1],
-                        predecayed_keys)
-        ckpt.store_(slots[sel], hist.materialize(torch.arange(sel.numel(), device=sel.device)))
-        cursor[slots[sel]] = 0
+    state[slots] = inter[rows, a - 1]
 
 
 # -------------------------------------------------------------------------------------------------------------- GDN API
@@ -463,10 +534,12 @@ def verify_step_(
                        resolve_scale(scale, q.shape[-1]), state_batch_indices, pad_slot_id, out)
 
 
-def commit_(
-    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
+def per_draft_verify_(
+    state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None,  # noqa: N803
+    state_batch_indices: torch.Tensor, pad_slot_id: int, out: torch.Tensor,
 ) -> None:
-    """GDN commit after a verify (:func:`delta_rule_commit_`)."""
-    delta_rule_commit_(state, u_ring, k_ring, g_ring.unsqueeze(-1), cursor, accepted, state_batch_indices,
-                       pad_slot_id, window)
+    """GDN per-draft-state verify (:func:`delta_rule_per_draft_verify_`), inputs as :func:`verify_step_`."""
+    g, beta = _step_gates(a, b, A_log, dt_bias)
+    delta_rule_per_draft_verify_(state, inter, q, k, v, g, beta, resolve_scale(scale, q.shape[-1]),
+                                 state_batch_indices, pad_slot_id, out)

@@ -29,7 +29,7 @@ from trtllm_replayssm.core.reference.gdn import (
     check_scalars,
     check_state_io,
     check_tensor,
-    delta_rule_commit_,
+    delta_rule_per_draft_verify_,
     delta_rule_replay_,
     delta_rule_verify_,
     delta_rule_sequential_step,
@@ -166,10 +166,13 @@ def verify_step_(
                        state_batch_indices, pad_slot_id, out, predecayed_keys=True)
 
 
-def commit_(
-    state: torch.Tensor | Checkpoint, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-    cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int, window: int,
+def per_draft_verify_(
+    state: torch.Tensor, inter: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    g_raw: torch.Tensor, beta_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+    lower_bound: float | None, scale: float | None, state_batch_indices: torch.Tensor, pad_slot_id: int,
+    out: torch.Tensor,
 ) -> None:
-    """KDA commit after a verify (``gdn.delta_rule_commit_``)."""
-    delta_rule_commit_(state, u_ring, k_ring, g_ring, cursor, accepted, state_batch_indices, pad_slot_id, window,
-                       predecayed_keys=True)
+    """KDA per-draft-state verify (``gdn.delta_rule_per_draft_verify_``), inputs as :func:`verify_step_`."""
+    g, beta = _step_gates(g_raw, beta_raw, A_log, dt_bias, lower_bound)
+    delta_rule_per_draft_verify_(state, inter, q, k, v, g, beta, resolve_scale(scale, q.shape[-1]),
+                                 state_batch_indices, pad_slot_id, out)

@@ -9,6 +9,11 @@ Run (flashinfer + apache-tvm-ffi + ninja importable, no GPU needed)::
     FLASHINFER_CUDA_ARCH_LIST=9.0a python -m trtllm_replayssm.lab.bench.flashinfer_aot -o /tmp/flashinfer_aot \
         --driver-stub /tmp/cuda_stub --cuda-root /usr/local/cuda --pack .whl/flashinfer_aot.tar.xz
 
+Both ops are specialised on the token count T of a call (``nt_T`` / ``np_T`` in the module name), so the
+speculative-decoding benchmark (T > 1 tokens per verify step) needs modules of its own: ``--tokens`` picks the
+T values (default 1,4; T > 1 only with fp32 state). Each fp32 checkpointing_ssu module takes about 7 minutes on two
+cores (bf16 state about 14), selective_state_update 0.5 (T = 1) to 2 minutes; ``--tokens 1,2,4,8`` adds T = 2 and 8.
+
 On the GPU host, extract the archive into ``<site>/flashinfer/data/aot/``.
 
 ``--driver-stub`` is for machines without the CUDA driver: FlashInfer links every module with ``-lcuda``; an empty
@@ -18,6 +23,7 @@ when the module is loaded.
 from __future__ import annotations
 
 import argparse
+import lzma
 import os
 import shutil
 import subprocess
@@ -37,11 +43,14 @@ _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 @dataclass(frozen=True)
 class SsuModule:
-    """One FlashInfer `selective_state_update` sm_90 specialisation (single-token decode)."""
+    """One FlashInfer `selective_state_update` sm_90 specialisation: `tokens` = T of x (batch, T, nheads, dim);
+    T = 1 is single-token decode, T > 1 the multi-token (MTP / speculative verify) call."""
 
     state_dtype: torch.dtype
     dim: int
     dstate: int = 128
+    tokens: int = 1
+    accepted_dtype: torch.dtype = torch.int64  # dtype of num_accepted_tokens (int64 when it is None)
 
     def spec(self):  # -> flashinfer.jit.core.JitSpec
         from flashinfer.jit.mamba.selective_state_update import gen_selective_state_update_sm90_module
@@ -50,13 +59,14 @@ class SsuModule:
         # dtypes `selective_state_update` assumes when those tensors are None.
         return gen_selective_state_update_sm90_module(
             self.state_dtype, _INPUT_DTYPE, _WEIGHT_DTYPE, torch.float32, torch.int32, None,
-            self.dim, self.dstate, 1, torch.int32, torch.int64, 0,
+            self.dim, self.dstate, self.tokens, torch.int32, self.accepted_dtype, 0,
         )
 
 
 @dataclass(frozen=True)
 class CheckpointingSsuModule:
-    """One FlashInfer `checkpointing_ssu` specialisation (STP: T = 1, ring R = window + 1)."""
+    """One FlashInfer `checkpointing_ssu` specialisation: T = `tokens` new tokens per call, logical replay window
+    `window` (the ring then has R = window + T rows: FlashInfer derives max_window = x_cache.size(2) - T)."""
 
     state_dtype: torch.dtype
     dim: int
@@ -64,26 +74,35 @@ class CheckpointingSsuModule:
     ngroups: int
     window: int = 16
     dstate: int = 128
+    tokens: int = 1
 
     def spec(self):  # -> flashinfer.jit.core.JitSpec
         from flashinfer.jit.mamba.checkpointing_ssu import gen_checkpointing_ssu_module
 
         return gen_checkpointing_ssu_module(
             self.state_dtype, _INPUT_DTYPE, torch.float32, _WEIGHT_DTYPE, torch.float32, torch.int32, None,
-            self.dim, self.dstate, 1, self.window, self.nheads // self.ngroups, self.ngroups, 0, False,
+            self.dim, self.dstate, self.tokens, self.window, self.nheads // self.ngroups, self.ngroups, 0, False,
         )
 
 
-def benchmark_modules() -> list[SsuModule | CheckpointingSsuModule]:
-    """Modules for the benchmark shapes that FlashInfer 0.7.0.post1 can compile: Super-120B (H 128, P 64, G 8),
-    fp32 and bf16 state, for both ops.
+DEFAULT_TOKENS: tuple[int, ...] = (1, 4)
 
-    Nano-4B's head_dim 80 compiles in neither: ``selective_state_update`` fails a static_assert (DIM_PER_CTA %
-    ROWS_PER_PASS in the MTP-simple kernel; later 0.7.x releases fix DIMs that are not multiples of 64) and
-    ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16.
+
+def benchmark_modules(tokens: tuple[int, ...] = DEFAULT_TOKENS) -> list[SsuModule | CheckpointingSsuModule]:
+    """Modules for the benchmark shapes that FlashInfer 0.7.0.post1 can compile: Super-120B (H 128, P 64, G 8),
+    for both ops; T = 1 with fp32 and bf16 state, each T > 1 in `tokens` (speculative verify) with fp32 state.
+
+    Nano-4B's head_dim 80 compiles in neither (at any T): ``selective_state_update`` fails a static_assert
+    (DIM_PER_CTA % ROWS_PER_PASS in the MTP-simple kernel; later 0.7.x releases fix DIMs that are not multiples of
+    64) and ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16.
     """
-    mods: list[SsuModule | CheckpointingSsuModule] = [SsuModule(sd, 64) for sd in _STATE_DTYPES]
-    mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8) for sd in _STATE_DTYPES]
+    if not tokens or any(not 1 <= t <= 16 for t in tokens):
+        raise ValueError(f"tokens: expected values in 1..16 (FlashInfer's limit, T <= window), got {tokens}")
+    mods: list[SsuModule | CheckpointingSsuModule] = []
+    for t in sorted(set(tokens)):
+        state_dtypes = _STATE_DTYPES if t == 1 else (torch.float32,)
+        mods += [SsuModule(sd, 64, tokens=t) for sd in state_dtypes]
+        mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8, tokens=t) for sd in state_dtypes]
     return mods
 
 
@@ -129,10 +148,15 @@ def build(out_dir: Path, modules: list[SsuModule | CheckpointingSsuModule]) -> d
     return status
 
 
-def pack(out_dir: Path, archive: Path) -> Path:
-    """Write ``<uri>/<uri>.so`` of `out_dir` into an xz tarball (halves what the GPU call carries)."""
-    with tarfile.open(archive, "w:xz") as tar:
-        for so in sorted(out_dir.glob("*/*.so")):
+def pack(out_dir: Path, archive: Path, names: list[str] | None = None) -> Path:
+    """Write ``<uri>/<uri>.so`` of `out_dir` (only the modules `names` when given) into an xz tarball (level 9,
+    extreme: about a third of the .so bytes, which is what the GPU call carries)."""
+    sos = sorted(out_dir.glob("*/*.so"))
+    if names is not None:
+        sos = [so for so in sos if so.parent.name in names]
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+        for so in sos:
             tar.add(so, arcname=str(so.relative_to(out_dir)))
     return archive
 
@@ -143,17 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-stub", type=Path, default=None, help="link against an empty libcuda stub made here")
     parser.add_argument("--cuda-root", type=Path, default=Path("/usr/local/cuda"), help="CUDA toolkit (for cudart)")
     parser.add_argument("--pack", type=Path, default=None, help="also write the modules into this .tar.xz")
+    parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+                        help="comma-separated tokens per call T to build (T > 1: speculative verify, fp32 state)")
     args = parser.parse_args(argv)
     if args.driver_stub is not None:
         flags = driver_stub_ldflags(args.driver_stub, args.cuda_root)
         os.environ["FLASHINFER_EXTRA_LDFLAGS"] = f"{os.environ.get('FLASHINFER_EXTRA_LDFLAGS', '')} {flags}".strip()
-    status = build(args.out_dir, benchmark_modules())
+    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
+    status = build(args.out_dir, benchmark_modules(tokens))
     failed = {k: v for k, v in status.items() if v != "ok"}
     for name, err in failed.items():
         print(f"[aot] {name}:\n{err}", file=sys.stderr)
     print(f"[aot] {len(status) - len(failed)}/{len(status)} modules in {args.out_dir}")
     if args.pack is not None:
-        print(f"[aot] packed {pack(args.out_dir, args.pack)}")
+        ok = [name for name, st in status.items() if st == "ok"]
+        print(f"[aot] packed {len(ok)} modules into {pack(args.out_dir, args.pack, ok)}")
     return 1 if failed else 0
 
 

@@ -1,8 +1,9 @@
 """Adapters for the peer kernels run side by side : FlashInfer, mamba-ssm (Triton SSU), fla-core.
 
 Each adapter builds, for one (shape, batch, state dtype), a list of step callables (one per independent pool, each
-one decode step of `batch` rows) or raises :class:`PeerUnavailable` with the reason (not importable, unsupported
-shape). Peers are optional: importing this module imports none of them.
+one decode step of `batch` rows; for the speculative peers, :data:`SPEC_PEERS`, one verify step of T tokens with its
+commit) or raises :class:`PeerUnavailable` with the reason (not importable, unsupported shape, no prebuilt module).
+Peers are optional: importing this module imports none of them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import torch
 
+from trtllm_replayssm.core.formats import torch_dtype
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, random_state, slot_indices
+
+from .flashinfer_aot import CheckpointingSsuModule, SsuModule
 from .shapes import BenchShape
 
 MAMBA_SSM_SRC_ENV = "REPLAYSSM_MAMBA_SSM_SRC"
@@ -76,7 +80,8 @@ def peer_versions() -> dict[str, str | None]:
 
 @dataclass
 class _TiedMamba2:
-    """The peers' tie_hdim views of the per-head inputs: dt (b,H,P) strides (H,1,0); A (H,P,N); D, dt_bias (H,P); all fp32."""
+    """The peers' tie_hdim views of the per-head inputs: dt (..., H, P) with strides (..., 1, 0) (a decode step's
+    [b,H] or a window's [b,T,H]); A (H,P,N); D, dt_bias (H,P); all fp32."""
 
     dt: torch.Tensor
     A: torch.Tensor
@@ -85,9 +90,9 @@ class _TiedMamba2:
 
 
 def _tied(shape: BenchShape, step: Mamba2Step) -> _TiedMamba2:
-    b, H, P, N = step.x.shape[0], shape.dims.heads, shape.dims.rows, shape.dims.cols
+    H, P, N = shape.dims.heads, shape.dims.rows, shape.dims.cols
     return _TiedMamba2(
-        dt=step.dt[:, :, None].expand(b, H, P),
+        dt=step.dt[..., None].expand(*step.dt.shape, P),
         A=step.A[:, None, None].expand(H, P, N),
         D=step.D[:, None].expand(H, P),
         dt_bias=step.dt_bias[:, None].expand(H, P),
@@ -101,15 +106,48 @@ def _pools(n_pools: int, batch: int, gen: torch.Generator, device: torch.device)
 # ------------------------------------------------------------------------------------------------------ FlashInfer
 
 
-def flashinfer_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
-                   gen: torch.Generator, device: torch.device) -> PeerCase:
-    """``flashinfer.mamba.selective_state_update`` (STP), each of auto/simple/vertical timed; the fastest is kept."""
+def _check_ssu_shape(impl: str, shape: BenchShape) -> None:
+    """PeerUnavailable unless FlashInfer's ``selective_state_update`` compiles for `shape`."""
     if shape.family != "mamba2":
-        raise PeerUnavailable(f"flashinfer_ssu is a Mamba-2 kernel, not {shape.family}")
+        raise PeerUnavailable(f"{impl} is a Mamba-2 kernel, not {shape.family}")
     if shape.dims.rows % 64 and _version("flashinfer-python") in ("0.7.0", "0.7.0.post1"):
         raise PeerUnavailable(f"selective_state_update (FlashInfer {_version('flashinfer-python')}) does not compile "
                               f"for head_dim {shape.dims.rows}: static_assert DIM_PER_CTA % ROWS_PER_PASS == 0 in its "
                               f"MTP-simple kernel (later 0.7.x releases fix head dims that are not multiples of 64)")
+
+
+def _check_checkpointing_shape(impl: str, shape: BenchShape) -> None:
+    """PeerUnavailable unless FlashInfer's ``checkpointing_ssu`` compiles for `shape`."""
+    if shape.family != "mamba2":
+        raise PeerUnavailable(f"{impl} is a Mamba-2 kernel, not {shape.family}")
+    if shape.dims.rows % 32:
+        raise PeerUnavailable(f"checkpointing_ssu (FlashInfer 0.7.0.post1) does not compile for head_dim "
+                              f"{shape.dims.rows}: its split tactics need head_dim / 2 to be a multiple of 16")
+
+
+def _require_built(module: SsuModule | CheckpointingSsuModule) -> None:
+    """PeerUnavailable unless FlashInfer's sm_90 module for the case is prebuilt (or already JIT-built): building one
+    takes minutes, which the benchmark does not spend."""
+    spec = module.spec()
+    if not spec.is_compiled:
+        raise PeerUnavailable(f"FlashInfer module {spec.name} is not prebuilt (lab/bench/flashinfer_aot.py "
+                              f"--tokens {module.tokens} builds it)")
+
+
+def _autotune(fi: types.ModuleType, call: Callable[[], None], what: str, device: torch.device) -> None:
+    """Run `call` once under ``flashinfer.autotune(True)`` (tactics cached for the later calls), or PeerUnavailable."""
+    try:
+        with fi.autotune(True):
+            call()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        raise PeerUnavailable(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def flashinfer_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
+                   gen: torch.Generator, device: torch.device) -> PeerCase:
+    """``flashinfer.mamba.selective_state_update`` (STP), each of auto/simple/vertical timed; the fastest is kept."""
+    _check_ssu_shape("flashinfer_ssu", shape)
     fim = _import("flashinfer.mamba")
     tied = _tied(shape, step)
     out = torch.empty_like(step.x)
@@ -141,6 +179,63 @@ def flashinfer_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2
     return PeerCase("flashinfer_ssu", ok[first], variant=first, notes=notes, outputs=[out], alternatives=ok)
 
 
+def flashinfer_ssu_mtp(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, accepted: torch.Tensor,
+                       n_pools: int, gen: torch.Generator, device: torch.device) -> PeerCase:
+    """Per-draft-state verify with ``selective_state_update`` over a window ``step`` (x [b,T,H,P]): the state after
+    each window token into ``intermediate_states_buffer`` [b,T,H,P,N] (the pool's state left as it was), then each
+    row's slot <- the state after its ``accepted[b]`` tokens ([b] int32; a torch gather + ``index_copy_``, in the
+    step). Algorithm ``auto`` (``simple`` on sm_90); ``num_accepted_tokens`` None (the prebuilt int64 module)."""
+    _check_ssu_shape("flashinfer_ssu_mtp", shape)
+    fim = _import("flashinfer.mamba")
+    T, H, P, N = step.x.shape[1], shape.dims.heads, shape.dims.rows, shape.dims.cols
+    _require_built(SsuModule(torch_dtype(state_dtype), P, N, tokens=T))
+    tied = _tied(shape, step)
+    out = torch.empty_like(step.x)
+    buffer_rows = torch.arange(batch, dtype=torch.int32, device=device)  # row b's intermediate states: buffer[b]
+    before_first = torch.arange(batch, device=device) * T - 1  # + accepted[b]: row b's accepted state in buffer[b*T:]
+    idx = _pools(n_pools, batch, gen, device)
+    pools = [(random_state(batch + 1, shape.dims, state_dtype, gen, device),
+              torch.empty(batch, T, H, P, N, dtype=torch_dtype(state_dtype), device=device), idx[p], idx[p].long())
+             for p in range(n_pools)]
+
+    def call(p: int) -> Callable[[], None]:
+        state, inter, sbi, slots = pools[p]
+
+        def run() -> None:
+            fim.selective_state_update(
+                state, step.x, tied.dt, tied.A, step.B, step.C, tied.D, z=None, dt_bias=tied.dt_bias,
+                dt_softplus=True, state_batch_indices=sbi, pad_slot_id=-1, out=out, disable_state_update=True,
+                intermediate_states_buffer=inter, intermediate_state_indices=buffer_rows, cache_steps=T,
+                algorithm="auto")
+            state.index_copy_(0, slots, inter.flatten(0, 1).index_select(0, before_first + accepted))
+        return run
+
+    calls = [call(p) for p in range(n_pools)]
+    try:
+        calls[0]()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        raise PeerUnavailable(f"selective_state_update (T={T}) failed: {type(exc).__name__}: {exc}") from exc
+    return PeerCase("flashinfer_ssu_mtp", calls, variant="auto", outputs=[out],
+                    notes="commit: torch gather + index_copy_ in the timed step")
+
+
+def _ring_pool(shape: BenchShape, slots: int, ring: int, state_dtype: str, act: torch.dtype,
+               gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+    """One ``checkpointing_ssu`` pool of `slots` slots: the state, random ring records of `ring` rows (x and B in
+    `act`, Δ after bias + softplus in [1e-3, 1e-1]) and zeroed trackers ``ring_start`` / ``prev``."""
+    H, P, N, G = shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
+    dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    return {
+        "state": random_state(slots, shape.dims, state_dtype, gen, device),
+        "x_cache": torch.empty(slots, H, ring, P, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
+        "B_cache": torch.empty(slots, G, ring, N, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
+        "dt_cache": torch.empty(slots, H, ring, device=device).uniform_(1e-3, 1e-1, generator=dev_gen),
+        "ring_start": torch.zeros(slots, dtype=torch.int32, device=device),
+        "prev": torch.zeros(slots, dtype=torch.int32, device=device),
+    }
+
+
 @functools.cache
 def _tracker_kernel():
     """A one-launch Triton kernel advancing FlashInfer's ring trackers for single-token decode (like vLLM's)."""
@@ -165,39 +260,24 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
                                  window: int, gen: torch.Generator, device: torch.device) -> PeerCase:
     """``flashinfer.mamba.checkpointing_ssu`` (ring API of 0.7.x, T = 1, R = window + 1), autotuned once under
     ``flashinfer.autotune(True)``; the per-call tracker update (one small Triton kernel) is part of each step."""
-    if shape.family != "mamba2":
-        raise PeerUnavailable(f"flashinfer_checkpointing_ssu is a Mamba-2 kernel, not {shape.family}")
-    H, P, N, G = shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
-    if P % 32:
-        raise PeerUnavailable(f"checkpointing_ssu (FlashInfer 0.7.0.post1) does not compile for head_dim {P}: its "
-                              f"split tactics need head_dim / 2 to be a multiple of 16")
+    _check_checkpointing_shape("flashinfer_checkpointing_ssu", shape)
     fi = _import("flashinfer")
     fim = _import("flashinfer.mamba")
     advance = _tracker_kernel()
     R = window + 1
-    slots = batch + 1
     x4 = step.x[:, None]
     B4, C4 = step.B[:, None], step.C[:, None]
-    dt4 = step.dt[:, None, :, None].expand(batch, 1, H, P)
     tied = _tied(shape, step)
+    dt4 = tied.dt[:, None]
     out = torch.empty_like(x4)
-    scratch = fim.allocate_checkpointing_ssu_scratch(batch, H, 1, window, step.x.dtype, device)
+    scratch = fim.allocate_checkpointing_ssu_scratch(batch, shape.dims.heads, 1, window, step.x.dtype, device)
     idx = _pools(n_pools, batch, gen, device)
-    act = step.x.dtype
-    dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     pools = []
     for p in range(n_pools):
-        prev0 = torch.zeros(slots, dtype=torch.int32, device=device)
-        prev0[idx[p].long()] = torch.arange(batch, dtype=torch.int32, device=device) % window  # staggered fill
-        pools.append({
-            "state": random_state(slots, shape.dims, state_dtype, gen, device),
-            "x_cache": torch.empty(slots, H, R, P, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
-            "B_cache": torch.empty(slots, G, R, N, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
-            "dt_cache": torch.empty(slots, H, R, device=device).uniform_(1e-3, 1e-1, generator=dev_gen),
-            "ring_start": torch.zeros(slots, dtype=torch.int32, device=device),
-            "prev": prev0,
-            "prev0": prev0.clone(),
-        })
+        pool = _ring_pool(shape, batch + 1, R, state_dtype, step.x.dtype, gen, device)
+        pool["prev"][idx[p].long()] = torch.arange(batch, dtype=torch.int32, device=device) % window  # staggered
+        pool["prev0"] = pool["prev"].clone()
+        pools.append(pool)
     block = 256
     grid = ((batch + block - 1) // block,)
 
@@ -214,18 +294,73 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
         return run
 
     calls = [call(p) for p in range(n_pools)]
-    try:
-        with fi.autotune(True):
-            calls[0]()
-        torch.cuda.synchronize(device)
-    except Exception as exc:
-        raise PeerUnavailable(f"checkpointing_ssu failed for P={P}, H={H}, G={G}: {type(exc).__name__}: {exc}") \
-            from exc
+    dims = shape.dims
+    _autotune(fi, calls[0], f"checkpointing_ssu for P={dims.rows}, H={dims.heads}, G={dims.key_heads}", device)
     for pool in pools:  # restore the staggered trackers after the tuning call
         pool["ring_start"].zero_()
         pool["prev"].copy_(pool["prev0"])
     return PeerCase("flashinfer_checkpointing_ssu", calls, variant=f"autotuned, R={R}",
                     notes="tracker update (1 Triton launch) in the timed step", outputs=[out])
+
+
+def advance_checkpointing_ring_(ring_start: torch.Tensor, prev: torch.Tensor, accepted: torch.Tensor,
+                                slots: torch.Tensor, tokens: int, max_window: int) -> torch.Tensor:
+    """The caller's bookkeeping after a ``checkpointing_ssu`` call of `tokens` tokens per row (the kernel reads the
+    trackers, never writes them): a row with ``prev + tokens > max_window`` flushed, so its ``ring_start`` moves past
+    the ``prev`` replayed records (mod R = max_window + tokens) and ``prev`` becomes its accepted count; any other row
+    adds its accepted count to ``prev``. ``ring_start`` / ``prev`` [slots] int32 are updated at `slots` ([b] int64);
+    ``accepted`` [b] int32 in 1..tokens. Torch ops on the trackers' device; returns the rows' flush mask [b]."""
+    start, count = ring_start[slots], prev[slots]
+    flush = count > max_window - tokens
+    ring_start.index_copy_(0, slots, torch.where(flush, (start + count) % (max_window + tokens), start))
+    prev.index_copy_(0, slots, torch.where(flush, 0, count) + accepted)
+    return flush
+
+
+def flashinfer_checkpointing_ssu_spec(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step,
+                                      accepted: torch.Tensor, max_window: int, starts: list[tuple[int, int]],
+                                      n_pools: int, gen: torch.Generator, device: torch.device) -> PeerCase:
+    """``checkpointing_ssu`` verifying a window ``step`` (x [b,T,H,P]) on rings of R = max_window + T rows with the
+    scratch trio, autotuned once like the T = 1 adapter. Each step is the call plus the trackers' bookkeeping with the
+    fixed counts ``accepted`` ([b] int32; :func:`advance_checkpointing_ring_`, torch ops). ``starts``: row b's initial
+    ``(ring_start, prev_num_accepted_tokens)``."""
+    _check_checkpointing_shape("flashinfer_checkpointing_ssu", shape)
+    T, H, P, N, G = step.x.shape[1], shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
+    if not T <= max_window <= 16:
+        raise PeerUnavailable(f"checkpointing_ssu needs T <= max_window <= 16, got T={T}, max_window={max_window}")
+    fi = _import("flashinfer")
+    fim = _import("flashinfer.mamba")
+    _require_built(CheckpointingSsuModule(torch_dtype(state_dtype), P, H, G, max_window, N, tokens=T))
+    R = max_window + T
+    tied = _tied(shape, step)
+    out = torch.empty_like(step.x)
+    scratch = fim.allocate_checkpointing_ssu_scratch(batch, H, T, max_window, step.x.dtype, device)
+    trackers = torch.tensor(starts, dtype=torch.int32, device=device)  # [b, 2]
+    idx = _pools(n_pools, batch, gen, device)
+    pools = []
+    for p in range(n_pools):
+        pool = _ring_pool(shape, batch + 1, R, state_dtype, step.x.dtype, gen, device)
+        pool["slots"] = idx[p].long()
+        pool["ring_start"][pool["slots"]] = trackers[:, 0]
+        pool["prev"][pool["slots"]] = trackers[:, 1]
+        pools.append(pool)
+
+    def call(p: int) -> Callable[[], None]:
+        pool = pools[p]
+
+        def run() -> None:
+            fim.checkpointing_ssu(
+                pool["state"], pool["x_cache"], pool["B_cache"], pool["dt_cache"], pool["ring_start"], pool["prev"],
+                step.x, tied.dt, tied.A, step.B, step.C, out, D=tied.D, z=None, dt_bias=tied.dt_bias,
+                dt_softplus=True, state_batch_indices=idx[p], pad_slot_id=-1, cb_scaled=scratch[0],
+                cumAdt_vec=scratch[1], cb_old=scratch[2], algorithm="auto")
+            advance_checkpointing_ring_(pool["ring_start"], pool["prev"], accepted, pool["slots"], T, max_window)
+        return run
+
+    calls = [call(p) for p in range(n_pools)]
+    _autotune(fi, calls[0], f"checkpointing_ssu for T={T}, R={R}, P={P}, H={H}, G={G}", device)
+    return PeerCase("flashinfer_checkpointing_ssu", calls, variant=f"autotuned, T={T}, R={R}", outputs=[out],
+                    notes="tracker bookkeeping (torch ops) in the timed step")
 
 
 # ------------------------------------------------------------------------------------------------------- mamba-ssm
@@ -316,6 +451,7 @@ MAMBA2_PEERS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu
 GDN_PEERS = ("fla_gdn",)
 KDA_PEERS = ("fla_kda",)
 PEERS_BY_FAMILY: dict[str, tuple[str, ...]] = {"mamba2": MAMBA2_PEERS, "gdn": GDN_PEERS, "kda": KDA_PEERS}
+SPEC_PEERS = ("flashinfer_checkpointing_ssu", "flashinfer_ssu_mtp")  # speculative verify (bench kernels --spec)
 
 
 def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep,
@@ -332,3 +468,17 @@ def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step:
     if impl == "fla_kda":
         return fla_kda(shape, batch, state_dtype, step, n_pools, gen, device)
     raise ValueError(f"impl: expected one of {sum(PEERS_BY_FAMILY.values(), ())}, got {impl!r}")
+
+
+def build_spec_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step,
+                    accepted: torch.Tensor, max_window: int, starts: list[tuple[int, int]], n_pools: int,
+                    gen: torch.Generator, device: torch.device) -> PeerCase:
+    """Build the verify-step callables of speculative peer `impl` (a window ``step``, x [b,T,H,P]) or raise
+    PeerUnavailable. ``max_window`` and ``starts`` (each row's initial ring_start, prev_num_accepted_tokens) are the
+    ring peer's."""
+    if impl == "flashinfer_checkpointing_ssu":
+        return flashinfer_checkpointing_ssu_spec(shape, batch, state_dtype, step, accepted, max_window, starts,
+                                                 n_pools, gen, device)
+    if impl == "flashinfer_ssu_mtp":
+        return flashinfer_ssu_mtp(shape, batch, state_dtype, step, accepted, n_pools, gen, device)
+    raise ValueError(f"impl: expected one of {SPEC_PEERS}, got {impl!r}")

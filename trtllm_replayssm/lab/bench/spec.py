@@ -1,21 +1,25 @@
 """Speculative verify benchmark (``bench kernels --spec T``): one verify step of T tokens per row, the commit of its
 accepted counts included, for our replay verify and our per-draft-state verify (the baseline every peer's
-speculative path follows), side by side in one process.
+speculative path follows), side by side in one process, for every family (:data:`SPEC_OPS`).
 
 Protocol as the kernel benchmark (docs/benchmarks.md): the copy ceiling measured first in the same run; cold L2 by
 rotating independent pools (checkpoint + rings, or state + per-draft buffer) inside one CUDA graph of ``steps``
 verify steps x pools; the median of >= 15 graph replays per call. Each row's accepted count is drawn once per case,
 uniformly from 1..T, and stays fixed (a device tensor), so the graph replays the same pattern; cursors start
-staggered (origin and history length by row) over rings of L + T - 1 records, so folds fall on different steps.
+staggered (origin and history length by row) over rings of L + T - 1 records, so folds fall on different steps;
+GDN/KDA gate rings are rotated so each row's records from its origin hold falling cumulative log-gates.
 
 With ``peers`` the FlashInfer 0.7.0.post1 peers follow in the same process (``peers.build_spec_peer``):
 ``flashinfer_checkpointing_ssu`` (its ring API, rings of R = L + T rows, the trackers' bookkeeping in the step) and
 ``flashinfer_ssu_mtp`` (``selective_state_update`` writing one state per window token, the accepted one copied back
-in the step). A peer that cannot run a case is recorded in ``skipped`` with the reason.
+in the step). A peer that cannot run a case (GDN and KDA: Mamba-2 kernels only) is recorded in ``skipped`` with
+the reason.
 
-Byte model per row and step (``|S|`` the state, ``a`` the activation element): replay ``|S| (1 + f)`` plus the
-history's ring records read and the window's inputs and records (f: folds per verify of the pattern, each writing
-the state once); per-draft ``|S| (1 + T)`` for the verify plus ``2 |S|`` for the commit's copy, plus the inputs.
+Byte model per row and step (``|S|`` the state; records and each token's inputs and outputs as the standard-decode
+model counts them, ``core.byte_model.record_bytes`` and ``io_bytes``, bf16 activations): replay ``|S| (1 + f)`` plus
+the history's ring records read (KDA's pre-decayed keys: values and keys, and one gate row), the window's T records
+written and T tokens' I/O (f: folds per verify of the pattern, each writing the state once); per-draft
+``|S| (1 + T)`` for the verify plus ``2 |S|`` for the commit's copy, plus the T tokens' I/O.
 FlashInfer's ring peer counts as replay on its own rings (its flush rule is our fold rule at R = L + T); its
 per-draft peer as per-draft with ``4 |S|`` for the commit (a gather, then ``index_copy_``).
 """
@@ -26,25 +30,48 @@ import gc
 import platform
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
 from trtllm_replayssm.core import byte_model as core_bytes
 from trtllm_replayssm.core import spec_cursor
-from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MAX_WINDOW
-from trtllm_replayssm.core.ops import mamba2_spec, spec
-from trtllm_replayssm.core.samples import Mamba2Step, fill_rings_, random_state, slot_indices
+from trtllm_replayssm.core.ops import delta, gdn, kda, mamba2_spec, spec
+from trtllm_replayssm.core.plans import Tuning
+from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, fill_rings_, random_state, slot_indices
 
 from . import timing
+from .byte_model import ACT_DTYPE
 from .peers import SPEC_PEERS, PeerUnavailable, build_spec_peer, peer_versions
 from .shapes import BenchShape, select_shapes
 
 IMPLS = ("replay_verify", "per_draft_verify")
 STEPS_PER_GRAPH = 8
+
+
+@dataclass(frozen=True)
+class SpecOps:
+    """A family's speculative ops, taking a window's ``op_args()``: ``verify(layer, *args, **kwargs, ...)``,
+    ``per_draft_verify(state, inter, *args, **kwargs, ...)``, ``per_draft_commit(state, inter, accepted, idx)`` and
+    ``rows_per_cta(state, batch)``, the row tile they launch."""
+
+    verify: Callable
+    per_draft_verify: Callable
+    per_draft_commit: Callable
+    rows_per_cta: Callable
+
+
+SPEC_OPS: dict[str, SpecOps] = {
+    "mamba2": SpecOps(mamba2_spec.verify_decode, mamba2_spec.per_draft_verify, mamba2_spec.per_draft_commit,
+                      mamba2_spec.rows_per_cta),
+    "gdn": SpecOps(gdn.verify_decode, gdn.per_draft_verify_decode, delta.per_draft_commit, delta.window_tile),
+    "kda": SpecOps(kda.verify_decode, kda.per_draft_verify_decode, delta.per_draft_commit, delta.window_tile),
+}
 
 
 @dataclass
@@ -91,68 +118,103 @@ def folds_per_verify(accepted: list[int], window: int, ring: int, steps: int = 1
     return folds / (steps * len(accepted))
 
 
-def window_step(dims: Mamba2Dims, batch: int, window: int, gen: torch.Generator,
-                device: torch.device) -> Mamba2Step:
-    """A window's inputs: per-token fields [b, T, ...] (``samples.mamba2_step`` of b x T rows, reshaped)."""
+def window_step(dims: SSMDims, batch: int, window: int, gen: torch.Generator,
+                device: torch.device) -> Mamba2Step | DeltaStep:
+    """A window's inputs: the family's ``random_step`` of b x T rows, per-token fields reshaped to [b, T, ...]."""
     flat = family_of(dims).random_step(dims, batch * window, gen, device)
-    return replace(flat, **{f: getattr(flat, f).reshape(batch, window, *getattr(flat, f).shape[1:])
-                            for f in ("x", "dt", "B", "C")})
+    return replace(flat, **{f.name: getattr(flat, f.name).unflatten(0, (batch, window)) for f in fields(flat)
+                            if f.name not in flat.per_head_fields})
 
 
-def _replay_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step, accepted: torch.Tensor, window: int,
-                  ring: int, n_pools: int, gen: torch.Generator, device: torch.device):
-    fam = family_of(shape.dims)
-    out = torch.empty_like(step.x)
+def rotate_gate_rings_(layer: GDNLayerCache, idx: torch.Tensor, words: list[int]) -> None:
+    """Rotate the gate rings of rows ``idx`` so that the records from each cursor word's origin hold ``fill_rings_``'s
+    cumulative log-gates in order (falling from the checkpoint); as written, from ring position 0, a history starting
+    at origin o > 0 would wrap back to a higher gate (a growing decay)."""
+    ring, slots = layer.g_ring.shape[2], idx.long()
+    origin = torch.tensor([spec_cursor.unpack(w)[0] for w in words], device=idx.device)
+    src = (torch.arange(ring, device=idx.device) - origin[:, None]) % ring  # position p holds record p - origin
+    g = layer.g_ring[slots]
+    layer.g_ring[slots] = g.gather(2, src.view(len(words), 1, ring, *(1,) * (g.dim() - 3)).expand_as(g))
+
+
+def _tuned(family: str, tuning: Tuning) -> dict:
+    """``tuning`` as the family's speculative ops take it: Mamba-2's a row tile; GDN/KDA's plan their own."""
+    if family == "mamba2":
+        return {"tuning": tuning}
+    if tuning != Tuning():
+        raise ValueError(f"tuning: the {family} speculative kernels take no tuning, got {tuning}")
+    return {}
+
+
+def _window_out(shape: BenchShape, batch: int, window: int, device: torch.device) -> torch.Tensor:
+    return torch.empty(batch, window, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
+
+
+def _replay_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | DeltaStep, accepted: torch.Tensor,
+                  window: int, ring: int, n_pools: int, gen: torch.Generator, device: torch.device,
+                  tuning: Tuning = Tuning()):
+    fam, ops, tuned = family_of(shape.dims), SPEC_OPS[shape.family], _tuned(shape.family, tuning)
+    args, kwargs = step.op_args()
+    out = _window_out(shape, batch, window, device)
+    words = start_words(batch, window, ring)
     calls, tile = [], 0
     for _ in range(n_pools):
         layer = fam.new_cache(shape.dims, 1, batch + 1, buffer_len=ring, state_dtype=sd, device=device).layer(0)
         idx = slot_indices(batch, gen, device)
         layer.state.copy_(random_state(layer.slots, shape.dims, layer.state.dtype, gen, device))
         fill_rings_(layer, gen)
+        if isinstance(layer, GDNLayerCache):  # KDA's too
+            rotate_gate_rings_(layer, idx, words)
         layer.cursor.zero_()
-        layer.cursor[idx.long()] = torch.tensor(start_words(batch, window, ring), dtype=torch.int32, device=device)
-        tile = mamba2_spec.rows_per_cta(layer.state, batch)
+        layer.cursor[idx.long()] = torch.tensor(words, dtype=torch.int32, device=device)
+        tile = ops.rows_per_cta(layer.state, batch, **tuned)
 
         def call(layer=layer, idx=idx):
-            mamba2_spec.verify_decode(layer, step.x, step.dt, step.A, step.B, step.C, step.D, None, step.dt_bias,
-                                      state_batch_indices=idx, out=out)
+            ops.verify(layer, *args, **kwargs, state_batch_indices=idx, out=out, **tuned)
             spec.commit(layer, accepted, idx, window=window)
         calls.append(call)
     return calls, out, tile
 
 
-def _per_draft_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step, accepted: torch.Tensor,
+def _per_draft_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | DeltaStep, accepted: torch.Tensor,
                      window: int, n_pools: int, gen: torch.Generator, device: torch.device):
-    out = torch.empty_like(step.x)
+    ops, dims = SPEC_OPS[shape.family], shape.dims
+    args, kwargs = step.op_args()
+    out = _window_out(shape, batch, window, device)
     calls, tile = [], 0
-    dims = shape.dims
     for _ in range(n_pools):
         state = random_state(batch + 1, dims, parse_state_label(sd).format, gen, device)
         inter = torch.empty(batch, window, dims.heads, dims.rows, dims.cols, dtype=state.dtype, device=device)
         idx = slot_indices(batch, gen, device)
-        tile = mamba2_spec.rows_per_cta(state, batch)
+        tile = ops.rows_per_cta(state, batch)
 
         def call(state=state, inter=inter, idx=idx):
-            mamba2_spec.per_draft_verify(state, inter, step.x, step.dt, step.A, step.B, step.C, step.D, None,
-                                         step.dt_bias, state_batch_indices=idx, out=out)
-            mamba2_spec.per_draft_commit(state, inter, accepted, idx)
+            ops.per_draft_verify(state, inter, *args, **kwargs, state_batch_indices=idx, out=out)
+            ops.per_draft_commit(state, inter, accepted, idx)
         calls.append(call)
     return calls, out, tile
 
 
-def step_bytes(impl: str, dims: Mamba2Dims, sd: str, window: int, ring: int, folds: float) -> float:
+def _history_bytes(dims: SSMDims, records: float) -> float:
+    """Ring bytes a verify reads of a history of ``records`` committed records: whole records; KDA (pre-decayed keys,
+    every one of them under the benchmark's gates): their values and keys and one gate row, the last record's."""
+    rec = core_bytes.record_bytes(dims, ACT_DTYPE)
+    if not dims.per_channel_gate:
+        return rec * records
+    gate_row = core_bytes.gate_elems(dims) * core_bytes.GATE_BYTES
+    return (rec - gate_row) * records + gate_row
+
+
+def step_bytes(impl: str, dims: SSMDims, sd: str, window: int, ring: int, folds: float) -> float:
     """Bytes per row and verify step (the module docstring's model); ``ring`` and ``folds`` are the impl's own
     (ring length, folds per verify) where it keeps rings."""
     s = core_bytes.state_bytes(dims, parse_state_label(sd))
-    act = 2
-    token_in = (2 * dims.nheads * dims.head_dim + 2 * dims.n_groups * dims.d_state) * act + 4 * dims.nheads
-    token_out = dims.nheads * dims.head_dim * act
-    inputs = window * (token_in + token_out)
+    io = window * core_bytes.io_bytes(dims, ACT_DTYPE)
     if impl in ("per_draft_verify", "flashinfer_ssu_mtp"):
-        return s * (1 + window) + (2 if impl == "per_draft_verify" else 4) * s + inputs
-    record = (dims.nheads * dims.head_dim + dims.n_groups * dims.d_state) * act + 4 * dims.nheads
+        return s * (1 + window) + (2 if impl == "per_draft_verify" else 4) * s + io
     mean_history = (ring - 2 * window) / 2
-    return s * (1 + folds) + record * (mean_history + window) + inputs
+    return (s * (1 + folds) + _history_bytes(dims, mean_history) + core_bytes.record_bytes(dims, ACT_DTYPE) * window
+            + io)
 
 
 def run_spec_bench(families: list[str], models: list[str] | None, batches: list[int], windows: list[int],
@@ -168,8 +230,7 @@ def run_spec_bench(families: list[str], models: list[str] | None, batches: list[
     if not 1 <= buffer_len <= MAX_BUFFER_LEN or any(ring_len(buffer_len, w) > MAX_BUFFER_LEN for w in windows):
         raise ValueError(f"buffer_len: rings of L + T - 1 records must fit {MAX_BUFFER_LEN}, got L={buffer_len}, "
                          f"T={windows}")
-    shapes = [s for s in select_shapes(families, models) if s.family == "mamba2"]
-    skipped = [f for f in families if f != "mamba2"]
+    shapes = select_shapes(families, models)
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     copy_gbps = timing.copy_ceiling_gbps(device)
@@ -178,8 +239,7 @@ def run_spec_bench(families: list[str], models: list[str] | None, batches: list[
     results = {"device": props.name, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                "copy_ceiling_gbps": copy_gbps, "l2_bytes": l2, "sm_count": props.multi_processor_count,
                "buffer_len": buffer_len, "torch": torch.__version__, "cuda": torch.version.cuda,
-               "python": platform.python_version(), "peer_versions": peer_versions(), "records": [],
-               "skipped": [{"family": f, "reason": "no speculative kernels for this family yet"} for f in skipped]}
+               "python": platform.python_version(), "peer_versions": peer_versions(), "records": [], "skipped": []}
     for shape in shapes:
         for window in windows:
             for batch in batches:
@@ -196,8 +256,9 @@ def peer_ring_len(buffer_len: int, window: int) -> int:
     return buffer_len + window
 
 
-def _peer_calls(impl: str, shape: BenchShape, batch: int, sd: str, step: Mamba2Step, accepted: torch.Tensor,
-                window: int, buffer_len: int, n_pools: int, gen: torch.Generator, device: torch.device):
+def _peer_calls(impl: str, shape: BenchShape, batch: int, sd: str, step: Mamba2Step | DeltaStep,
+                accepted: torch.Tensor, window: int, buffer_len: int, n_pools: int, gen: torch.Generator,
+                device: torch.device):
     ring = peer_ring_len(buffer_len, window)
     starts = [spec_cursor.unpack(w) for w in start_words(batch, window, ring)]
     case = build_spec_peer(impl, shape, batch, sd, step, accepted, buffer_len, starts, n_pools, gen, device)

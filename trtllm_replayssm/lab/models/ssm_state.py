@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, window_token
@@ -40,6 +41,9 @@ class SSMStates:
         if spec_tokens < 1 or (impl == "replay" and spec_tokens > buffer_len):
             raise ValueError(f"spec_tokens: expected a window of 1 to buffer_len = {buffer_len} tokens (it must fit "
                              f"the ring), got {spec_tokens}")
+        # Speculative rings hold L + T - 1 records, at least 2T (core/spec_cursor.py), as `build --spec-tokens` sizes
+        ring_len = buffer_len if spec_tokens == 1 else max(buffer_len + spec_tokens - 1,
+                                                           spec_cursor.min_ring_len(spec_tokens))
         self.family = family_of(dims)
         self.impl, self.replay_mode = impl, replay_mode
         self.num_layers, self.slots, self.buffer_len = num_layers, slots, buffer_len
@@ -57,7 +61,7 @@ class SSMStates:
                 self.drafts = [torch.zeros((spec_tokens, *self.state_shape), dtype=state_dtype, device=device)
                                for _ in range(num_layers)]
         else:
-            self.cache = self.family.new_cache(dims, num_layers, slots, buffer_len=buffer_len,
+            self.cache = self.family.new_cache(dims, num_layers, slots, buffer_len=ring_len,
                                                state_dtype=state_dtype, act_dtype=act_dtype, device=device)
 
     def reset(self) -> None:
@@ -108,7 +112,7 @@ class SSMStates:
 
     def commit(self, layer: int, accepted: torch.Tensor) -> None:
         """After :meth:`verify`: each row keeps its first ``accepted[b]`` window tokens (``[b]``, 1 .. T). Replay
-        moves the cursors (folding committed history into the checkpoint when the next window would not fit);
+        moves the cursors (a later verify folds the history into the checkpoint when the ring would overrun);
         baseline copies each row's accepted draft state into the state."""
         window = self._windows[layer]
         if window is None:
