@@ -93,7 +93,7 @@ def _bench_table(bench: dict) -> "object":
               help="Replay op mode (auto: flush every step at low batch x heads).")
 @click.option("--spec", "spec_tokens", type=int, default=None,
               help="Also run speculative verify steps of T tokens per row (2..8: the last token and T-1 drafts), "
-                   "per-draft-state vs replay verify, on the PyTorch reference path (CPU only).")
+                   "per-draft-state vs replay verify (the CUDA kernels on a GPU).")
 @click.option("--mean-accept", type=float, default=None,
               help="With --spec: the mean accepted tokens per window (1 <= A <= T, the bonus token counted) of the "
                    "synthetic acceptance pattern.")

@@ -8,10 +8,9 @@ from typing import Callable
 
 import torch
 
-from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
-from trtllm_replayssm.core.ops import gdn, kda, mamba2
+from trtllm_replayssm.core.ops import gdn, kda, mamba2, mamba2_spec, spec
 from trtllm_replayssm.core.reference import gdn as ref_gdn, kda as ref_kda, mamba2 as ref_mamba2
 from trtllm_replayssm.core.samples import delta_step, mamba2_step
 
@@ -22,10 +21,11 @@ class Family:
     ops, ``replay_plan`` / ``state_update_plan`` their planners; ``random_step(dims, batch, gen, device,
     act_dtype)`` draws one step's inputs (``.op_args()`` gives the ops' arguments); ``reference_step(state, step)``
     is the float64 recurrence of one token for a batch of rows: ``(out [b, heads, rows], new state)``.
-    Speculative decoding (the float32 references on a layer cache, docs/algorithm.md): ``verify_step(layer,
-    *step_args, state_batch_indices, pad_slot_id, out, ...)`` decodes a window of T tokens (step arguments
-    ``[b, T, ...]``) from checkpoint + ring, ``commit(layer, step, accepted, state_batch_indices, pad_slot_id,
-    window)`` keeps each row's accepted count (``step``: the verified window's inputs, for the layer constants)."""
+    Speculative decoding (docs/design.md; the ops: CUDA kernels on a GPU, the float32 references on the CPU):
+    ``verify_step(layer, *step_args, state_batch_indices, pad_slot_id, out, ...)`` decodes a window of T tokens
+    (step arguments ``[b, T, ...]``) from checkpoint + ring, ``commit(layer, step, accepted, state_batch_indices,
+    pad_slot_id, window)`` keeps each row's accepted count (``step``: the verified window's inputs, for the layer
+    constants; ``accepted``: any integer tensor)."""
 
     name: str
     title: str
@@ -53,8 +53,8 @@ class Family:
 
 
 def _commit(layer: object, _step: object, accepted: torch.Tensor, **kw) -> None:
-    """Every family's speculative commit: a cursor move (``spec_cursor.commit_``)."""
-    spec_cursor.commit_(layer.cursor, accepted, **kw)
+    """Every family's speculative commit: a cursor move (``core/ops/spec.py``)."""
+    spec.commit(layer, accepted.to(device=layer.cursor.device, dtype=torch.int32), **kw)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -63,23 +63,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            lambda s, st: tuple(reversed(ref_mamba2.sequential_step(s, st.x, st.dt, st.A, st.B, st.C, st.D, None,
                                                                    st.dt_bias, True))),
            lambda d, n, s, **kw: ReplayStateCache.mamba2(n, s, d.nheads, d.head_dim, d.d_state, d.n_groups, **kw),
-           lambda layer, *a, **kw: ref_mamba2.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor, *a, **kw),
-           _commit),
+           mamba2_spec.verify_decode, _commit),
     Family("gdn", "Gated DeltaNet", GDNDims, gdn.replay_decode, gdn.state_update, gdn.replay_plan,
            gdn.state_update_plan, gdn.kernel_configs, delta_step,
            lambda s, st: ref_gdn.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.gdn(n, s, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim,
                                                       **kw),
-           lambda layer, *a, scale=None, **kw: ref_gdn.verify_step_(layer.checkpoint(), *layer.rings, layer.cursor,
-                                                                    *a, scale=scale, **kw),
-           _commit),
+           gdn.verify_decode, _commit),
     Family("kda", "Kimi Delta Attention", KDADims, kda.replay_decode, kda.state_update, kda.replay_plan,
            kda.state_update_plan, kda.kernel_configs, delta_step,
            lambda s, st: ref_kda.sequential_step(s, st.q, st.k, st.v, st.a, st.b, st.A_log, st.dt_bias),
            lambda d, n, s, **kw: ReplayStateCache.kda(n, s, d.num_heads, d.head_dim, **kw),
-           lambda layer, *a, lower_bound=None, scale=None, **kw: ref_kda.verify_step_(
-               layer.checkpoint(), *layer.rings, layer.cursor, *a, lower_bound=lower_bound, scale=scale, **kw),
-           _commit),
+           kda.verify_decode, _commit),
 )}
 
 
