@@ -229,28 +229,35 @@ def resolve_scale(scale: float | None, key_dim: int) -> float:
     return value
 
 
-def validate_common(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
-    """Checks shared by GDN and KDA; returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
+def validate_common(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_indices, pad_slot_id,
+                    window: bool = False) -> tuple:
+    """Checks shared by GDN and KDA of one step's q, k [b,H,K], v and out [b,HV,V] or, with ``window``, a verify
+    window's ([b,T,...] each, T = 1..MAX_WINDOW, out's dims 0 and 1 mergeable); returns ``(idx, out, dims)`` with
+    dims = (slots, H, HV, V, K)."""
     (slots, HV, V, K), dev = chk.check_state(state)
     if K not in SUPPORTED_KEY_DIMS:
         raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
     if V % NUM_WARPS:
         raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
-    chk.check_tensor("q", q, (None, None, K), chk.FLOAT_DTYPES, dev)
-    batch, H = q.shape[:2]
+    chk.check_tensor("q", q, (None,) * (3 if window else 2) + (K,), chk.FLOAT_DTYPES, dev)
+    lead, H = tuple(q.shape[:-2]), q.shape[-2]  # lead: (batch,) or (batch, T)
+    if window and not 1 <= lead[1] <= MAX_WINDOW:
+        raise ValueError(f"q: window tokens (dim 1) must be 1..{MAX_WINDOW}, got {lead[1]}")
     if H == 0 or HV % H:
-        raise ValueError(f"q: key heads (dim 1) must divide the value heads of the state ({HV}), got {H}")
-    chk.check_tensor("k", k, (batch, H, K), (q.dtype,), dev, dtype_of="q")
-    chk.check_tensor("v", v, (batch, HV, V), (q.dtype,), dev, dtype_of="q")
+        raise ValueError(f"q: key heads (dim {len(lead)}) must divide the value heads of the state ({HV}), got {H}")
+    chk.check_tensor("k", k, (*lead, H, K), (q.dtype,), dev, dtype_of="q")
+    chk.check_tensor("v", v, (*lead, HV, V), (q.dtype,), dev, dtype_of="q")
     if out is None:
-        out = torch.empty_like(v)
-    chk.check_tensor("out", out, (batch, HV, V), (q.dtype,), dev, dtype_of="q")
+        out = torch.empty((*lead, HV, V), dtype=q.dtype, device=dev)
+    chk.check_tensor("out", out, (*lead, HV, V), (q.dtype,), dev, dtype_of="q")
+    if window and lead[0] > 1 and lead[1] > 1 and out.stride(0) != lead[1] * out.stride(1):
+        raise ValueError(f"out: dims 0 and 1 must be mergeable (stride(0) == T * stride(1)), got strides "
+                         f"{list(out.stride())}")
     if dev.type == "cuda":
-        epl = K // 32
         for name, t in (("state", state), ("q", q), ("k", k)):
             if isinstance(t, torch.Tensor):
-                chk.check_aligned(name, t, epl)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+                chk.check_aligned(name, t, K // 32)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, lead[0], slots, pad_slot_id, dev)
     return idx, out, (slots, H, HV, V, K)
 
 
@@ -285,36 +292,6 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
 
 
 # ---------------------------------------------------------------------------------------------------- speculative
-def validate_window(state: torch.Tensor | Checkpoint, q, k, v, out, state_batch_indices, pad_slot_id) -> tuple:
-    """Checks of a verify window shared by GDN and KDA: q, k [b,T,H,K], v [b,T,HV,V] (T = 1..MAX_WINDOW), out
-    [b,T,HV,V] (dims 0 and 1 mergeable); returns ``(idx, out, dims)`` with dims = (slots, H, HV, V, K)."""
-    (slots, HV, V, K), dev = chk.check_state(state)
-    if K not in SUPPORTED_KEY_DIMS:
-        raise ValueError(f"state: key dim (last dim) must be one of {SUPPORTED_KEY_DIMS}, got {K}")
-    if V % NUM_WARPS:
-        raise ValueError(f"state: value dim (dim 2) must be a multiple of {NUM_WARPS}, got {V}")
-    chk.check_tensor("q", q, (None, None, None, K), chk.FLOAT_DTYPES, dev)
-    batch, T, H = q.shape[:3]
-    if not 1 <= T <= MAX_WINDOW:
-        raise ValueError(f"q: window tokens (dim 1) must be 1..{MAX_WINDOW}, got {T}")
-    if H == 0 or HV % H:
-        raise ValueError(f"q: key heads (dim 2) must divide the value heads of the state ({HV}), got {H}")
-    chk.check_tensor("k", k, (batch, T, H, K), (q.dtype,), dev, dtype_of="q")
-    chk.check_tensor("v", v, (batch, T, HV, V), (q.dtype,), dev, dtype_of="q")
-    if out is None:
-        out = torch.empty(batch, T, HV, V, dtype=q.dtype, device=dev)
-    chk.check_tensor("out", out, (batch, T, HV, V), (q.dtype,), dev, dtype_of="q")
-    if batch > 1 and T > 1 and out.stride(0) != T * out.stride(1):
-        raise ValueError(f"out: dims 0 and 1 must be mergeable (stride(0) == T * stride(1)), got strides "
-                         f"{list(out.stride())}")
-    if dev.type == "cuda":
-        for name, t in (("state", state), ("q", q), ("k", k)):
-            if isinstance(t, torch.Tensor):
-                chk.check_aligned(name, t, K // 32)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
-    return idx, out, (slots, H, HV, V, K)
-
-
 def check_plain_for_kernels(layer: GDNLayerCache, op: str) -> None:
     """The speculative kernels read and write plain fp32/fp16/bf16 checkpoints only."""
     if layer.storage is not None and layer.state.device.type == "cuda":

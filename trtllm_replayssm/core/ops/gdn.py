@@ -78,12 +78,13 @@ _state_update_op = define_op("gdn_state_update", ("state", "out"), _state_update
 
 
 # ---------------------------------------------------------------------------------------------------- public API
-def _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id):  # noqa: N803
-    idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
-    _, _, HV, _, _ = dims
-    dev, batch = state.device, q.shape[0]
-    chk.check_tensor("a", a, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
-    chk.check_tensor("b", b, (batch, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
+def _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id,  # noqa: N803
+                   window: bool = False):
+    """One step's inputs (a, b [b,HV]) or, with ``window``, a verify window's ([b,T,HV]; delta.validate_common)."""
+    idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id, window)
+    HV, dev, lead = dims[2], state.device, q.shape[:-2]
+    chk.check_tensor("a", a, (*lead, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
+    chk.check_tensor("b", b, (*lead, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
     chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
     chk.check_tensor("dt_bias", dt_bias, (HV,), (torch.float32,), dev)
     return idx, out, dims
@@ -187,17 +188,6 @@ def _per_draft_cuda(state, inter, q, k, v, a, b, A_log, dt_bias, scale, state_ba
 _per_draft_op = define_op("gdn_per_draft_verify", ("inter", "out"), _per_draft_cpu, _per_draft_cuda)
 
 
-def _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,  # noqa: N803
-                           pad_slot_id) -> tuple:
-    idx, out, dims = delta.validate_window(state, q, k, v, out, state_batch_indices, pad_slot_id)
-    HV, dev, (batch, T) = dims[2], state.device, q.shape[:2]
-    chk.check_tensor("a", a, (batch, T, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
-    chk.check_tensor("b", b, (batch, T, HV), (q.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="q")
-    chk.check_tensor("A_log", A_log, (HV,), (torch.float32,), dev)
-    chk.check_tensor("dt_bias", dt_bias, (HV,), (torch.float32,), dev)
-    return idx, out, dims
-
-
 def verify_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                   b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
@@ -212,8 +202,8 @@ def verify_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
     delta.check_plain_for_kernels(layer, "gdn.verify_decode")
     state = layer.require_state() if layer.storage is None else layer.checkpoint()
-    idx, out, dims = _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
-                                            pad_slot_id)
+    idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
+                                    pad_slot_id, window=True)
     check_window(q.shape[1], layer.buffer_len)
     delta.validate_rings(layer, dims, q.dtype, False, idx, pad_slot_id, replay_cursor=False)
     scale = delta.resolve_scale(scale, dims[4])
@@ -236,8 +226,8 @@ def per_draft_verify_decode(state: torch.Tensor, inter: torch.Tensor, q: torch.T
     ``inter`` [b,T,HV,V,K] (state dtype). Returns ``out`` [b,T,HV,V]; :func:`per_draft_commit` keeps a draft."""
     if not isinstance(state, torch.Tensor):
         raise TypeError(f"state: expected a torch.Tensor slot pool, got {type(state).__name__}")
-    idx, out, dims = _validate_window_gates(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
-                                            pad_slot_id)
+    idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices,
+                                    pad_slot_id, window=True)
     delta.check_inter(inter, state, *q.shape[:2])
     _per_draft_op(state, inter, q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id,
                   delta.window_tile(state, q.shape[0]), out)

@@ -81,10 +81,11 @@ _state_update_op = define_op("kda_state_update", ("state", "out"), _state_update
 
 # ---------------------------------------------------------------------------------------------------- public API
 def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,  # noqa: N803
-                   pad_slot_id):
+                   pad_slot_id, window: bool = False):
+    """One step's inputs or, with ``window``, a verify window's ([b,T,...]; delta.validate_common)."""
     ref.check_lower_bound(lower_bound)
-    idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id)
-    _check_gates(g, beta, A_log, dt_bias, q.shape[:1], dims[2], dims[4], q.dtype, state.device)
+    idx, out, dims = delta.validate_common(state, q, k, v, out, state_batch_indices, pad_slot_id, window)
+    _check_gates(g, beta, A_log, dt_bias, q.shape[:-2], dims[2], dims[4], q.dtype, state.device)
     return idx, out, dims
 
 
@@ -205,14 +206,6 @@ def _per_draft_cuda(state, inter, q, k, v, g, beta, A_log, dt_bias, lower_bound,
 _per_draft_op = define_op("kda_per_draft_verify", ("inter", "out"), _per_draft_cpu, _per_draft_cuda)
 
 
-def _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,  # noqa: N803
-                           state_batch_indices, pad_slot_id) -> tuple:
-    ref.check_lower_bound(lower_bound)
-    idx, out, dims = delta.validate_window(state, q, k, v, out, state_batch_indices, pad_slot_id)
-    _check_gates(g, beta, A_log, dt_bias, q.shape[:2], dims[2], dims[4], q.dtype, state.device)
-    return idx, out, dims
-
-
 def verify_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                   lower_bound: float | None = None, scale: float | None = None,
@@ -225,8 +218,9 @@ def verify_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
         raise TypeError(f"layer: expected a KDALayerCache, got {type(layer).__name__}")
     delta.check_plain_for_kernels(layer, "kda.verify_decode")
     state = layer.require_state() if layer.storage is None else layer.checkpoint()
-    idx, out, dims = _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
-                                            state_batch_indices, pad_slot_id)
+    idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+                                    state_batch_indices, pad_slot_id,
+                                    window=True)
     check_window(q.shape[1], layer.buffer_len)
     delta.validate_rings(layer, dims, q.dtype, True, idx, pad_slot_id, replay_cursor=False)
     scale = delta.resolve_scale(scale, dims[4])
@@ -249,8 +243,9 @@ def per_draft_verify_decode(state: torch.Tensor, inter: torch.Tensor, q: torch.T
     :func:`verify_decode`; returns ``out`` [b,T,HV,V]."""
     if not isinstance(state, torch.Tensor):
         raise TypeError(f"state: expected a torch.Tensor slot pool, got {type(state).__name__}")
-    idx, out, dims = _validate_window_gates(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
-                                            state_batch_indices, pad_slot_id)
+    idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out,
+                                    state_batch_indices, pad_slot_id,
+                                    window=True)
     delta.check_inter(inter, state, *q.shape[:2])
     _per_draft_op(state, inter, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
                   delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, delta.window_tile(state, q.shape[0]), out)

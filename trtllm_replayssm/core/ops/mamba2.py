@@ -334,35 +334,37 @@ _state_update_stored_op = define_op("mamba2_state_update_stored", (*OP_TENSORS, 
 
 
 # ---------------------------------------------------------------------------------------------------- public API
-def _validate_step(state: torch.Tensor | Checkpoint, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices,
-                   pad_slot_id):
+def validate_rows(state: torch.Tensor | Checkpoint, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices,
+                  pad_slot_id, window: bool = False):
+    """Checks of one step's row inputs (x [b,H,P], dt [b,H], B/C [b,G,N], z and out [b,H,P]) or, with ``window``, a
+    verify window's ([b,T,...] each) against ``state`` [slots,H,P,N]; returns (slot indices, out)."""
     (slots, H, P, N), dev = chk.check_state(state)
     if N % 32:
         raise ValueError(f"state: d_state (last dim) must be a multiple of 32, got {N}")
     if P % 4:
         raise ValueError(f"state: head_dim (dim 2) must be a multiple of 4, got {P}")
-    chk.check_tensor("x", x, (None, H, P), chk.FLOAT_DTYPES, dev)
-    batch = x.shape[0]
-    chk.check_tensor("B", B, (batch, None, N), (x.dtype,), dev, dtype_of="x")
-    G = B.shape[1]
+    chk.check_tensor("x", x, (None,) * (2 if window else 1) + (H, P), chk.FLOAT_DTYPES, dev)
+    lead = tuple(x.shape[:-2])  # (batch,) or (batch, T)
+    chk.check_tensor("B", B, (*lead, None, N), (x.dtype,), dev, dtype_of="x")
+    G = B.shape[-2]
     if G == 0 or H % G:
-        raise ValueError(f"B: ngroups (dim 1) must divide nheads={H}, got {G}")
-    chk.check_tensor("C", C, (batch, G, N), (x.dtype,), dev, dtype_of="x")
-    chk.check_tensor("dt", dt, (batch, H), (x.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="x")
+        raise ValueError(f"B: ngroups (dim {len(lead)}) must divide nheads={H}, got {G}")
+    chk.check_tensor("C", C, (*lead, G, N), (x.dtype,), dev, dtype_of="x")
+    chk.check_tensor("dt", dt, (*lead, H), (x.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="x")
     chk.check_tensor("A", A, (H,), (torch.float32,), dev)
     chk.check_optional("D", D, (H,), (torch.float32,), dev)
     chk.check_optional("dt_bias", dt_bias, (H,), (torch.float32,), dev)
-    chk.check_optional("z", z, (batch, H, P), (x.dtype,), dev, dtype_of="x")
+    chk.check_optional("z", z, (*lead, H, P), (x.dtype,), dev, dtype_of="x")
     if out is None:
         out = torch.empty_like(x)
-    chk.check_tensor("out", out, (batch, H, P), (x.dtype,), dev, dtype_of="x")
+    chk.check_tensor("out", out, (*lead, H, P), (x.dtype,), dev, dtype_of="x")
     if dev.type == "cuda":
         epl = N // 32
         if isinstance(state, torch.Tensor):
             chk.check_aligned("state", state, epl)
         chk.check_aligned("B", B, epl)
         chk.check_aligned("C", C, epl)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, lead[0], slots, pad_slot_id, dev)
     return idx, out
 
 
@@ -389,7 +391,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
     state = layer.require_state() if layer.storage is None else layer.checkpoint()
-    idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    idx, out = validate_rows(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
     slots, H, P, N = state.shape
     L = layer.buffer_len
     dev = layer.state.device
@@ -435,7 +437,7 @@ def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Te
     master read and written every step, and the read copy written in dual mode); returns ``out``. ``plan``: what to
     launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as :func:`replay_decode`.
     Stochastic rounding on CUDA needs the replay op's per-slot counters: use ``replay_decode(mode='flush')``."""
-    idx, out = _validate_step(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
+    idx, out = validate_rows(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
     stored = isinstance(state, Checkpoint) and state.spec.stored
     if stored and state.device.type == "cuda":
         chk.check_stored_for_kernels(state)

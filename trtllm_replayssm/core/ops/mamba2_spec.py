@@ -21,7 +21,7 @@ from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import MAMBA2_PARAMS
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr
-from trtllm_replayssm.core.ops.mamba2 import DEFAULT_TUNING, SPEC_KERNELS, _params, kernel_config
+from trtllm_replayssm.core.ops.mamba2 import DEFAULT_TUNING, SPEC_KERNELS, _params, kernel_config, validate_rows
 from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import Tuning, device_of, state_tile
 from trtllm_replayssm.core.reference import mamba2 as ref
@@ -139,33 +139,10 @@ _per_draft_commit_op = define_op("mamba2_per_draft_commit", ("state",), _per_dra
 # ---------------------------------------------------------------------------------------------------- public API
 def _validate_window(state: torch.Tensor, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id,
                      ring_len: int | None):
-    """Checks of a window's inputs (x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N], z [b,T,H,P]) against the pool
-    ``state`` [slots,H,P,N]; returns (slot indices, out [b,T,H,P])."""
+    """A window's checks (``mamba2.validate_rows``) against a plain pool ``state`` and, given, the ring length."""
     chk.check_tensor("state", state, (None, None, None, None), (torch.float32, torch.float16, torch.bfloat16))
-    slots, H, P, N = state.shape
-    dev = state.device
-    if N % 32 or P % 4:
-        raise ValueError(f"state: expected d_state a multiple of 32 and head_dim a multiple of 4, got {[P, N]}")
-    chk.check_tensor("x", x, (None, None, H, P), chk.FLOAT_DTYPES, dev)
-    batch, T = x.shape[:2]
-    check_window(T, ring_len if ring_len is not None else 2 * T)
-    chk.check_tensor("B", B, (batch, T, None, N), (x.dtype,), dev, dtype_of="x")
-    G = B.shape[2]
-    if G == 0 or H % G:
-        raise ValueError(f"B: ngroups (dim 2) must divide nheads={H}, got {G}")
-    chk.check_tensor("C", C, (batch, T, G, N), (x.dtype,), dev, dtype_of="x")
-    chk.check_tensor("dt", dt, (batch, T, H), (x.dtype, torch.float32), dev, inner_contiguous=0, dtype_of="x")
-    chk.check_tensor("A", A, (H,), (torch.float32,), dev)
-    chk.check_optional("D", D, (H,), (torch.float32,), dev)
-    chk.check_optional("dt_bias", dt_bias, (H,), (torch.float32,), dev)
-    chk.check_optional("z", z, (batch, T, H, P), (x.dtype,), dev, dtype_of="x")
-    if out is None:
-        out = torch.empty_like(x)
-    chk.check_tensor("out", out, (batch, T, H, P), (x.dtype,), dev, dtype_of="x")
-    if dev.type == "cuda":
-        for name, t in (("state", state), ("B", B), ("C", C)):
-            chk.check_aligned(name, t, N // 32)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, batch, slots, pad_slot_id, dev)
+    idx, out = validate_rows(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id, window=True)
+    check_window(x.shape[1], ring_len if ring_len is not None else 2 * x.shape[1])
     return idx, out
 
 
