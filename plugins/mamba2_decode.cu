@@ -404,18 +404,20 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode
 #if PT <= P && MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: plain checkpoints
 namespace {
 
-constexpr int kVerifyRawBytes = 192;  // per thread; core/ops/mamba2_spec.py VERIFY_RAW_BYTES
-
 // A verify's per-head record of weights in the scratch (p.coef rows, VerifyCoef::floats(R) per head), written by
-// the prep kernel: token t's weights w[t][l] = s_{t,l} B_l · C_t of the records it sees from `base` (l < R) and its
-// checkpoint decay; a folding verify's history weights s_j and decay. core/ops/mamba2_spec.py sizes the scratch.
+// the prep kernel: first a folding verify's history weights s_j and decay, then token t's weights w[t][l] =
+// s_{t,l} B_l · C_t of the records it sees from `base` (l < R) and its checkpoint decay, each [R + 1] with the decay
+// at R: a window of T tokens uses the first (1 + T)(R + 1) floats (core/layouts.py verify_coef_floats mirrors it).
 struct VerifyCoef {
-  __host__ __device__ static constexpr int floats(int ring_len) {
-    return rssm::kMaxWindow * (ring_len + 1) + ring_len + 1;
-  }
-  __device__ static float* w(float* c, int ring_len, int tok) { return c + tok * (ring_len + 1); }  // [R], decay at R
-  __device__ static float* fold(float* c, int ring_len) { return c + rssm::kMaxWindow * (ring_len + 1); }  // [R], R
+  __host__ __device__ static constexpr int floats(int ring_len) { return (1 + rssm::kMaxWindow) * (ring_len + 1); }
+  __host__ __device__ static constexpr int used(int ring_len, int window) { return (1 + window) * (ring_len + 1); }
+  template <class F>
+  __device__ static F* fold(F* c, int ring_len) { return c; }
+  template <class F>
+  __device__ static F* w(F* c, int ring_len, int tok) { return c + (1 + tok) * (ring_len + 1); }
 };
+
+constexpr int kVerifyRawBytes = 192;  // per thread; core/ops/mamba2_spec.py VERIFY_RAW_BYTES
 
 }  // namespace
 
@@ -423,8 +425,10 @@ struct VerifyCoef {
 // window sees with every window token, per head the weights (VerifyCoef) into the per-row scratch; appends the
 // window's Δ (per head) and B (per group) records after the history; records the row's cursor word in p.step (the
 // main kernel's copy: rssm::kSkipStep for a row it skips); the last group of a folding row moves the cursor past the
-// history. Reads history records only where no launch of the step writes.
+// history. Reads history records only where no launch of the step writes. Lets the persistent verify kernel launch
+// once the previous grid has finished (rssm::prep_begin).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_kernel(const Mamba2Params p) {
+  rssm::prep_begin(p.step - 1);
   __shared__ float s_B[rssm::kMaxL][N];
   __shared__ float s_C[rssm::kMaxWindow][N];
   __shared__ float s_bc[rssm::kMaxWindow][rssm::kMaxL];
@@ -513,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
 
 namespace {
 
-// Verify step 2 for windows of at most kT tokens, grid (P / PT, nheads, batch): y_t = decay_t (S · C_t) +
+// Verify step 2 at small batch for windows of at most kT tokens, grid (P / PT, nheads, batch): y_t = decay_t (S · C_t) +
 // Σ_l w[t][l] x_{base + l} + D x_t over the records token t sees, S the checkpoint or (a folding verify) the
 // history folded into it, stored by this CTA for its rows. The row's cursor word comes from the prep kernel (p.step).
 template <int kT>
@@ -629,15 +633,16 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
 
 }  // namespace
 
-// Verify step 2 (verify_rows) for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds T).
-// Windows of 8: a minimum of one CTA per SM, else ptxas trades registers for occupancy and spills.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t2_kernel(const Mamba2Params p) {
+// Verify step 2 at small batch (verify_rows: a CTA per row tile, core/ops/mamba2_spec.py verify_plan chooses it
+// below a batch x heads crossover) for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds
+// T). Windows of 8: a minimum of one CTA per SM, else ptxas trades registers for occupancy and spills.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_grid_t2_kernel(const Mamba2Params p) {
   verify_rows<2>(p);
 }
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_t4_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_grid_t4_kernel(const Mamba2Params p) {
   verify_rows<4>(p);
 }
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_t8_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_grid_t8_kernel(const Mamba2Params p) {
   verify_rows<8>(p);
 }
 
@@ -1127,3 +1132,267 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
                               });
 #endif
 }
+
+#if PT <= P && MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: the persistent verify
+namespace {
+
+// One shared-memory stage of the persistent verify for windows of up to kT tokens and rings of R records: the
+// checkpoint tile, then what the consumers read of the tile besides it (core/layouts.py mirrors the total, checked
+// at compilation). The history's x records are in history order (record j at row j), not ring order.
+struct VerifyStageLayout {
+  int info, coef, x, z, C, hist, bytes;
+};
+
+template <int kT>
+__host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int R) {
+  VerifyStageLayout l{};
+  l.info = kTileBytes;                                          // slot, cursor word, D, tile word
+  l.coef = l.info + 16;                                         // VerifyCoef's first (1 + kT)(R + 1) floats
+  l.x = l.coef + round16(VerifyCoef::used(R, kT) * 4);          // x of the tile rows, token by token: [kT][PT]
+  l.z = l.x + round16(kT * PT * int(sizeof(act_t)));            // z, the same
+  l.C = l.z + round16(kT * PT * int(sizeof(act_t)));            // C of the head's group: [kT][N]
+  l.hist = l.C + round16(kT * N * int(sizeof(act_t)));          // x of the history records: [R][PT]
+  l.bytes = (l.hist + round16(R * PT * int(sizeof(act_t))) + 127) / 128 * 128;
+  return l;
+}
+
+// Producer warp of the verify (rssm::produce_tiles_claiming_tail): besides slot and cursor word, each tile's D, the
+// head's weights, the window's x, z and C, and the x rows of the row's history into its stage; a folding row's
+// history B records, in history order, into the fold buffer (every verify plan has one).
+template <int kT>
+__device__ __forceinline__ void produce_verify(const Mamba2Params& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
+                                               int num_tiles, const TileMap& coord) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const int T = p.window, R = p.L;
+  const VerifyStageLayout lay = verify_stage_layout<kT>(R);
+  constexpr int kRowBytes = PT * int(sizeof(act_t)), kBBytes = N * int(sizeof(act_t));
+  auto state_src = [&](int slot, const TileCoord& c) {
+    if (slot == p.pad_slot_id) return static_cast<const void*>(nullptr);
+    return static_cast<const void*>(static_cast<const state_t*>(p.state) + slot * p.s_state_slot +
+                                    c.head * p.s_state_head + (long long)c.row0 * N);
+  };
+  int folds = 0;
+  act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
+  // `bytes` from src to dst: one bulk copy on `bar` where aligned, else 4-byte async copies.
+  auto copy = [&](unsigned char* dst, const void* src, int bytes, unsigned long long* bar) {
+    if (!rssm::bulk_copy_input(dst, src, bytes, bar)) rssm::cp_async_words(dst, src, bytes / 4);
+  };
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int word, unsigned long long* full) {
+    const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+    if (p.D && lane == 0) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
+    rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * VerifyCoef::floats(R),
+                         VerifyCoef::used(R, T));
+    for (int tok = 0; tok < T; ++tok) {
+      copy(stage + lay.C + tok * kBBytes, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, c.group) + tok * p.s_C_t, kBBytes,
+           full);
+      const long long row = c.b * p.s_x_b + tok * p.s_x_t + c.head * p.s_x_h + c.row0;
+      rssm::cp_async_words(stage + lay.x + tok * kRowBytes, static_cast<const act_t*>(p.x) + row, kRowBytes / 4);
+      if (p.z)
+        rssm::cp_async_words(stage + lay.z + tok * kRowBytes,
+                             static_cast<const act_t*>(p.z) + c.b * p.s_z_b + tok * p.s_z_t + c.head * p.s_z_h +
+                                 c.row0,
+                             kRowBytes / 4);
+    }
+    const act_t* x_ring = x_ring_at(p, slot, c.head) + c.row0;
+    for (int j = 0; j < cur.count; ++j)
+      copy(stage + lay.hist + j * kRowBytes, x_ring + (long long)cur.position(j, R) * P, kRowBytes, full);
+    if (cur.folds_before(T, R)) {
+      rssm::fold_buffer_acquire(pipe, folds++);
+      const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + c.group * p.s_Br_group;
+      for (int j = 0; j < cur.count; ++j)
+        copy(reinterpret_cast<unsigned char*>(fold_buf + j * N), B_ring + (long long)cur.position(j, R) * N, kBBytes,
+             &pipe.fold_full);
+      rssm::cp_async_arrive(&pipe.fold_full);
+    }
+  };
+  rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
+                                    p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
+                                    copy_inputs);
+}
+
+// One consumer warp's rows of a verify tile (stage complete): every window token's S·C_t of each row, S the
+// checkpoint or, for a folding row, S = decay S0 + Σ_{j<count} s_j x_j B_jᵀ (stored, then read as stored); then
+// y_t = gate_t (decay_t S·C_t + Σ_l w[t][l] x_{base + l} + D x_t) and the window's x records. The dots go into the
+// warp's own rows of the stage's checkpoint tile once those are read. Releases the stage.
+// State rows a verify's fold updates at once (registers beside every window token's C columns).
+constexpr int kVerifyFoldRows = kRowsPerWarp < 4 ? kRowsPerWarp : 4;
+
+// The dots S·C_t of the rows r0 ... (those below kRowsPerWarp) held in `v`, every window token's: a transposed
+// reduction per row (rssm::warp_sum_scatter), independent of each other so that they interleave, then lane t < kT
+// stores row r's into dots[r * kT + t]. The caller has read every row up to the last of `v` (the dots of row r end
+// within the bytes of rows <= r: kT floats <= a state row).
+template <int kT, int kRows>
+__device__ __forceinline__ void store_row_dots(const float (&v)[kRows][kEpl], const float (&cv)[kT][kEpl], int r0,
+                                               float* dots) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  float total[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r0 + r >= kRowsPerWarp) break;
+    float part[kT];
+#pragma unroll
+    for (int tok = 0; tok < kT; ++tok) {
+      part[tok] = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(v[r][e], cv[tok][e], part[tok]);
+    }
+    total[r] = rssm::warp_sum_scatter<kT>(part);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (r0 + r < kRowsPerWarp && lane < kT) dots[(r0 + r) * kT + lane] = total[r];
+}
+
+template <int kT>
+__device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoord& c, unsigned char* stage,
+                                            rssm::TilePipe& pipe, int s, const act_t* fold_buf, int& folds) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int T = p.window, R = p.L, wrow0 = warp * kRowsPerWarp;
+  const VerifyStageLayout lay = verify_stage_layout<kT>(R);
+  const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
+  const int slot = info_words[0], word = info_words[1];  // word: stale for a pad row (not read then)
+  act_t* out = static_cast<act_t*>(p.out) + c.b * p.s_out_b + c.head * p.s_out_h + c.row0 + wrow0;
+  if (rssm::skipped_stage_row(slot, word, p.pad_slot_id, p.slots)) {
+    rssm::release_stage(pipe, s);
+    for (int i = lane; i < T * kRowsPerWarp; i += rssm::kWarpSize)
+      out[(i / kRowsPerWarp) * p.s_out_t + i % kRowsPerWarp] = rssm::from_float<act_t>(0.f);
+    return;
+  }
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const int count = cur.count;
+  const bool fold = cur.folds_before(T, R);
+  const float* coef = reinterpret_cast<const float*>(stage + lay.coef);
+  const act_t* x_s = reinterpret_cast<const act_t*>(stage + lay.x);
+  const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
+  const act_t* hist = reinterpret_cast<const act_t*>(stage + lay.hist);
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + wrow0 * N + lane * kEpl;
+  float* dots = reinterpret_cast<float*>(stage + wrow0 * N * int(sizeof(state_t)));  // [kRowsPerWarp][kT]
+  float cv[kT][kEpl];  // this lane's columns of every window token's C (tokens >= T: zeros)
+#pragma unroll
+  for (int tok = 0; tok < kT; ++tok) {
+    if (tok < T) {
+      rssm::load_vec<act_t, kEpl>(reinterpret_cast<const act_t*>(stage + lay.C) + tok * N + lane * kEpl, cv[tok]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) cv[tok][e] = 0.f;
+    }
+  }
+  if (!fold) {
+    constexpr int kDotRows = kRowsPerWarp < 32 / kT ? kRowsPerWarp : 32 / kT;  // rows whose dots interleave
+#pragma unroll
+    for (int r0 = 0; r0 < kRowsPerWarp; r0 += kDotRows) {
+      float v[kDotRows][kEpl];
+#pragma unroll
+      for (int r = 0; r < kDotRows; ++r) {
+        if (r0 + r >= kRowsPerWarp) break;
+        rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, v[r]);
+      }
+      store_row_dots<kT, kDotRows>(v, cv, r0, dots);
+    }
+  } else {
+    rssm::fold_buffer_wait(pipe, folds);
+    const float* fold_w = VerifyCoef::fold(coef, R);
+    const float decay = fold_w[R], sj = lane < count ? fold_w[lane] : 0.f;
+    state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.head * p.s_state_head +
+                   (long long)(c.row0 + wrow0) * N + lane * kEpl;
+#pragma unroll
+    for (int r0 = 0; r0 < kRowsPerWarp; r0 += kVerifyFoldRows) {
+      float acc[kVerifyFoldRows][kEpl], xs[kVerifyFoldRows];  // xs: s_j x_j[row] on lane j
+#pragma unroll
+      for (int r = 0; r < kVerifyFoldRows; ++r) {
+        if (r0 + r >= kRowsPerWarp) break;
+        xs[r] = lane < count ? sj * rssm::to_float(hist[lane * PT + wrow0 + r0 + r]) : 0.f;
+        rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
+      }
+      for (int j = 0; j < count; ++j) {
+        float bv[kEpl];
+        rssm::load_vec<act_t, kEpl>(fold_buf + j * N + lane * kEpl, bv);
+#pragma unroll
+        for (int r = 0; r < kVerifyFoldRows; ++r) {
+          if (r0 + r >= kRowsPerWarp) break;
+          const float xsr = __shfl_sync(0xffffffffu, xs[r], j);
+#pragma unroll
+          for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(xsr, bv[e], acc[r][e]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kVerifyFoldRows; ++r) {
+        if (r0 + r >= kRowsPerWarp) break;
+        rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) acc[r][e] = rssm::round_through<state_t>(acc[r][e]);
+      }
+      store_row_dots<kT, kVerifyFoldRows>(acc, cv, r0, dots);
+    }
+    rssm::fold_buffer_release(pipe);
+    ++folds;
+  }
+  __syncwarp();
+  // Outputs and the window's x records, a lane per (token, row).
+  const int base = fold ? count : 0;
+  const rssm::SpecCursor after{fold ? cur.position(count, R) : cur.origin, fold ? 0 : count};
+  const float d_h = p.D ? reinterpret_cast<const float*>(stage + lay.info)[2] : 0.f;
+  act_t* x_dst = static_cast<act_t*>(p.x_ring) + slot * p.s_xr_slot + c.head * p.s_xr_head + c.row0 + wrow0;
+  for (int i = lane; i < T * kRowsPerWarp; i += rssm::kWarpSize) {
+    const int tok = i / kRowsPerWarp, r = i % kRowsPerWarp, row = wrow0 + r;
+    const float* w = VerifyCoef::w(coef, R, tok);
+    float y = w[R] * dots[r * kT + tok];
+    for (int l = 0, j = base; j <= count + tok; ++l, ++j)
+      y = fmaf(w[l], rssm::to_float(j < count ? hist[j * PT + row] : x_s[(j - count) * PT + row]), y);
+    const act_t xt = x_s[tok * PT + row];
+    y = fmaf(d_h, rssm::to_float(xt), y);
+    if (p.z) y *= rssm::siluf(rssm::to_float(z_s[tok * PT + row]));
+    out[tok * p.s_out_t + r] = rssm::from_float<act_t>(y);
+    x_dst[(long long)after.position(after.count + tok, R) * P + r] = xt;
+  }
+  rssm::release_stage(pipe, s);
+}
+
+template <int kT>
+__device__ __forceinline__ void verify_main(const Mamba2Params& p, unsigned char* stage_mem, rssm::TilePipe& pipe) {
+  const int num_tiles = p.batch * p.nheads * (P / PT);
+  const TileMap coord(p);
+  if (p.fold_bytes < fold_buffer_bytes(p.L)) __trap();  // every verify plan has a fold buffer
+  rssm::persistent_main<true>(pipe, stage_mem, p.stages, p.stage_bytes, verify_stage_layout<kT>(p.L).bytes,
+                              num_tiles, p.tail_start, kTileBytes,
+                              [&] { produce_verify<kT>(p, pipe, stage_mem, num_tiles, coord); },
+                              [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf, int& folds) {
+                                verify_tile<kT>(p, coord(t), stage, pipe, s,
+                                                reinterpret_cast<const act_t*>(fold_buf), folds);
+                              });
+}
+
+}  // namespace
+
+// Verify step 2, persistent, for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds T): the
+// replay main kernel's schedule (a producer warp streaming checkpoint tiles and their inputs into shared-memory
+// stages, a programmatic dependent of the verify prep kernel) over verify tiles. Requires sm_90+.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t2_kernel(
+    const Mamba2Params p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  verify_main<2>(p, stage_mem, pipe);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t4_kernel(
+    const Mamba2Params p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  verify_main<4>(p, stage_mem, pipe);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t8_kernel(
+    const Mamba2Params p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  verify_main<8>(p, stage_mem, pipe);
+#endif
+}
+
+#endif

@@ -638,7 +638,7 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
 __device__ __forceinline__ void prep_begin(int* claims) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
-  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *claims = 0;
+  if (threadIdx.x + blockIdx.x + blockIdx.y + blockIdx.z == 0) *claims = 0;
 }
 
 // consume_tiles for produce_tiles_claiming_tail: the CTA's round-robin tiles below min(tail_start, num_tiles), then,

@@ -3,6 +3,8 @@ verify (folds inside the verify, rotating ring origin) with the device commit, a
 kernels on a GPU, the CPU reference ops without one); CUDA-graph replay needs a GPU."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from mamba2_helpers import Float64Sequential, make_params
 from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.ops import mamba2_spec, spec
+from trtllm_replayssm.core.plans import Tuning
 
 pytestmark = pytest.mark.kernels
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,10 +59,31 @@ WINDOWS = 48 if DEV == "cuda" else 16
 @pytest.mark.parametrize("H,P,N,G", CASE_SHAPES)
 @pytest.mark.parametrize("T,L", [(1, 16), (2, 16), (4, 16), (8, 16), (4, 5)])
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(H, P, N, G, T, L, state_dtype):
+@pytest.mark.parametrize("kernel", ["grid", "persistent"] if DEV == "cuda" else ["reference"])
+def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(H, P, N, G, T, L, state_dtype, kernel):
     """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row, folds at different windows per row, a pad row with poisoned outputs, slot reuse, and
-    slots of no row left untouched."""
+    slots of no row left untouched; on a GPU with the grid kernel (the test's small batch) and the persistent one."""
+    tuning = replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0 if kernel == "persistent" else None)
+    _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="row tiles are a CUDA launch choice")
+@pytest.mark.parametrize("H,P,N,G", SHAPES[:2])
+@pytest.mark.parametrize("T", [2, 4, 8])
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_verify_with_whole_head_tiles(H, P, N, G, T, state_dtype):
+    """The persistent kernel with the row tile the planner takes at serving batch (a whole head per tile), forced at
+    the test's batch."""
+    tuning = Tuning(rows_per_cta=P, ctas_per_sm=2, stages=2, adaptive_threshold=0)
+    plan = mamba2_spec.verify_plan(_setup(H, P, N, G, 16 + T - 1, state_dtype, torch.bfloat16, 0)[2], len(SLOT_IDS),
+                                   T, tuning)
+    assert (plan.mode, plan.rows_per_cta) == ("replay", P)
+    _check_verify_and_commit(H, P, N, G, T, 16, state_dtype, tuning)
+
+
+def _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning: Tuning) -> None:
     act = torch.bfloat16
     ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))
     gen, cache, layer, params = _setup(H, P, N, G, ring_len, state_dtype, act, seed=T * 31 + L)
@@ -78,7 +102,7 @@ def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(H, P, 
         before = truth.states.clone()
         out = torch.full_like(win["x"], float("nan"))
         mamba2_spec.verify_decode(layer, win["x"], win["dt"], params.A, win["B"], win["C"], params.D, win["z"],
-                                  params.dt_bias, state_batch_indices=idx, out=out)
+                                  params.dt_bias, state_batch_indices=idx, out=out, tuning=tuning)
         assert (out[1] == 0).all(), "pad row output is not zeros"
         assert not torch.isnan(out[rows]).any(), "a real row's output is not fully written"
         for b in rows:  # a verify that folded: the checkpoint is the state before the window

@@ -1,7 +1,8 @@
 """Kernel times of one speculative verify case (development only): the replay verify's prep / main / commit kernels
 and the per-draft baseline's, from torch.profiler over eager steps on cold-L2 pools. Run on the GPU host:
-  PYTHONPATH=. python3 benchmarks/dev/spec_profile.py MODEL BATCH T [STEPS [ROWS_PER_CTA]]
-or under Nsight Compute with the NVTX range "profile"."""
+  PYTHONPATH=. python3 benchmarks/dev/spec_profile.py MODEL BATCH T [STEPS [TUNING]]
+(TUNING: Tuning fields as key=value pairs, e.g. rows_per_cta=64,ctas_per_sm=2,stages=2), or under Nsight Compute
+with the NVTX range "profile"."""
 import sys
 from collections import defaultdict
 
@@ -15,7 +16,8 @@ from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 dev = torch.device("cuda", 0)
 model, batch, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 16
-tuning = Tuning(rows_per_cta=int(sys.argv[5])) if len(sys.argv) > 5 else Tuning()
+tuning = Tuning(**{k: int(v) for k, v in (kv.split("=") for kv in sys.argv[5].split(","))}) if len(sys.argv) > 5 \
+    else None
 shape = shape_from_preset(model)
 gen = torch.Generator().manual_seed(0)
 ring = spec.ring_len(16, window)

@@ -236,6 +236,23 @@ def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, ac
                  + _r16(d_state * act_elem) + heads * _r16(L * head_rows * act_elem))
 
 
+VERIFY_WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_{grid,main}_t<k>)
+
+
+def verify_coef_floats(ring_len: int, window: int = MAX_WINDOW) -> int:
+    """Mamba-2 verify scratch floats per (row, head) (plugins/mamba2_decode.cu VerifyCoef): a fold's weights and
+    decay, then those of every token of a window of ``window`` tokens, [R + 1] each."""
+    return (1 + window) * (ring_len + 1)
+
+
+def mamba2_verify_stage_bytes(R: int, rows: int, d_state: int, state_elem: int, act_elem: int, bucket: int) -> int:
+    """Bytes of one shared-memory stage of the Mamba-2 persistent verify for windows of up to ``bucket`` tokens and
+    rings of ``R`` records: the checkpoint rows, slot/word/D, the weights, x and z of the window's rows, the window's
+    C and the history's x rows (plugins/mamba2_decode.cu verify_stage_layout)."""
+    return _r128(rows * d_state * state_elem + 16 + _r16(verify_coef_floats(R, bucket) * 4)
+                 + 2 * _r16(bucket * rows * act_elem) + _r16(bucket * d_state * act_elem) + _r16(R * rows * act_elem))
+
+
 def mamba2_fold_bytes(L: int, d_state: int, act_elem: int) -> int:
     """Bytes of the Mamba-2 fold buffer: a flush tile's B rows, [L][d_state] (plugins/mamba2_decode.cu fold_bytes)."""
     return _r16(L * d_state * act_elem)
@@ -265,6 +282,16 @@ def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: 
                      f', "stage bytes at L={L} differ from core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {mamba2_fold_bytes(L, d_state, act_elem)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')
+    if rows <= head_dim and state_row_bytes % d_state == 0:  # the verify kernels' modules: plain checkpoints
+        lines.append("#if PT <= P && MASTER_FMT == 0 && READ_FMT == 0 && !SR")
+        for L in range(1, MAX_BUFFER_LEN + 1):
+            lines.append(f"static_assert(VerifyCoef::floats({L}) == {verify_coef_floats(L)}"
+                         f', "verify scratch at R={L} differs from core/layouts.py");')
+            for k in VERIFY_WINDOW_BUCKETS:
+                stage = mamba2_verify_stage_bytes(L, rows, d_state, state_row_bytes // d_state, act_elem, k)
+                lines.append(f"static_assert(verify_stage_layout<{k}>({L}).bytes == {stage}"
+                             f', "verify stage bytes at R={L}, T<={k} differ from core/layouts.py");')
+        lines.append("#endif")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from trtllm_replayssm.core.jit.configs import rows_per_cta_choices, tile_choices
 from trtllm_replayssm.core.limits import MAX_STAGES
 
 MODES = ("auto", "replay", "flush")  # what a caller asks for
-PLAN_MODES = ("replay", "flush", "baseline")  # what a plan runs
+PLAN_MODES = ("replay", "flush", "baseline", "grid")  # what a plan runs
 SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
 STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
 TARGET_CTAS_PER_SM = 24           # state kernels: enough CTAs to fill the GPU at small batch
@@ -77,8 +77,8 @@ class Tuning:
     persistent kernels' tiles claimed at run time (None: all round-robin; DEFAULT: the family's);
     ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``programmatic_prep``: launch the
     prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``adaptive_threshold``:
-    work items (batch x heads) below which ``mode='auto'`` flushes every step (None: $TRTLLM_REPLAYSSM_ADAPTIVE_
-    THRESHOLD, else the family's work per SM x SMs)."""
+    work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2 speculative verify runs
+    its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x SMs)."""
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3
@@ -101,7 +101,8 @@ class Tuning:
 @dataclass(frozen=True)
 class LaunchPlan:
     """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``flush`` (the flush kernel:
-    every row folds its ring and writes its state) or ``baseline`` (the state-update kernel). ``key`` names the
+    every row folds its ring and writes its state), ``baseline`` (the state-update kernel) or ``grid`` (a speculative
+    verify at small batch: prep + a CTA per row tile). ``key`` names the
     shapes and dtypes the plan was made for; an op refuses a plan made for others.
 
     State kernels (flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs

@@ -20,8 +20,8 @@ from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint
 from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
-from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, mamba2_fold_bytes, mamba2_size_checks, mamba2_stage_bytes,
-                                           stored_state_params)
+from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS, mamba2_fold_bytes,
+                                           mamba2_size_checks, mamba2_stage_bytes, stored_state_params)
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
@@ -32,8 +32,9 @@ from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
            "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel"}
-SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel", **{f"verify_t{t}": f"mamba2_verify_t{t}_kernel"
-                                                                 for t in (2, 4, 8)},
+SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
+                **{f"verify_main_t{t}": f"mamba2_verify_main_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
+                **{f"verify_grid_t{t}": f"mamba2_verify_grid_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 "per_draft": "mamba2_per_draft_verify_kernel", "per_draft_commit": "mamba2_per_draft_commit_kernel"}
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).

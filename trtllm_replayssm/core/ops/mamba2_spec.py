@@ -18,43 +18,99 @@ from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import Mamba2LayerCache
 from trtllm_replayssm.core.jit.configs import tile_choices
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
-from trtllm_replayssm.core.layouts import MAMBA2_PARAMS
-from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
-from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr
-from trtllm_replayssm.core.ops.mamba2 import DEFAULT_TUNING, SPEC_KERNELS, _params, kernel_config, validate_rows
+from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS, mamba2_fold_bytes,
+                                           mamba2_verify_stage_bytes, verify_coef_floats)
+from trtllm_replayssm.core.limits import MAX_STAGES, NUM_WARPS
+from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan
+from trtllm_replayssm.core.ops.mamba2 import (DEFAULT_TUNING, SPEC_KERNELS, TAIL_FRACTION, _params, kernel_config,
+                                              validate_rows)
 from trtllm_replayssm.core.ops.spec import check_window
-from trtllm_replayssm.core.plans import Tuning, device_of, state_tile
+from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan,
+                                         device_of, fitting_tiles, programmatic_prep, resolved_tail_fraction,
+                                         stages_for, state_tile, tail_start)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 
-# A verify thread's checkpoint rows load ahead when they and its C columns of a window of up to 4 tokens fit this
-# many bytes (plugins/mamba2_decode.cu kVerifyRawBytes): the tiles the planner takes.
-VERIFY_RAW_BYTES = 192
-
-
 def rows_per_cta(state: torch.Tensor, batch: int, tuning: Tuning = DEFAULT_TUNING) -> int:
-    """The row tile of the speculative kernels for ``batch`` rows of the pool ``state`` [slots, H, P, N] (CPU: 0):
-    the state kernels' heuristic, capped where a verify thread's rows would not load ahead (VERIFY_RAW_BYTES)."""
+    """The row tile of the per-draft kernels for ``batch`` rows of the pool ``state`` [slots, H, P, N] (CPU: 0): the
+    state kernels' heuristic."""
     _, H, P, N = state.shape
     dev = device_of(state.device)
-    if not dev.is_cuda:
-        return 0
+    return state_tile(P, N, batch * H, dev, tuning) if dev.is_cuda else 0
+
+
+# A grid verify thread's checkpoint rows load ahead when they and its C columns of a window of up to 4 tokens fit this
+# many bytes (plugins/mamba2_decode.cu kVerifyRawBytes).
+VERIFY_RAW_BYTES = 192
+# Below this many (batch row, head) work items per SM the verify runs a CTA per row tile (grid), from it on the
+# persistent kernel: H200, Super, T = 4, grid / persistent µs per step: batch 1 15.1 / 21.8, batch 8 35.8 / 54.9,
+# batch 64 179.8 / 133.9 (docs/decisions.md, Mamba-2 verify).
+VERIFY_PERSISTENT_MIN_WORK_PER_SM = 16
+
+
+def _grid_tile(P: int, N: int, state_elem: int, batch: int, H: int, dev: Device, tuning: Tuning) -> int:
+    """The grid verify's row tile: the state kernels' heuristic, capped where a thread's rows and C columns would not
+    load ahead (VERIFY_RAW_BYTES)."""
     tile = state_tile(P, N, batch * H, dev, tuning)
     if tuning.rows_per_cta is not None:
         return tile
     c_bytes = 4 * (N // 32) * 4
-    ahead = [t for t in tile_choices(P, N) if t <= tile and t // NUM_WARPS * N * state.element_size() // 32
-             + c_bytes <= VERIFY_RAW_BYTES]
+    ahead = [t for t in tile_choices(P, N) if t <= tile and t // NUM_WARPS * N * state_elem // 32 + c_bytes
+             <= VERIFY_RAW_BYTES]
     return max(ahead) if ahead else min(tile_choices(P, N))
 
 
-WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_t<k>_kernel)
+# The persistent verify's default tuning: two CTAs per SM of two stages each (H200, Super, batch 256, T = 4: 64-row
+# tiles at 2 CTAs x 2 stages beat 32-row tiles at 3 x 2 and 3 x 3; docs/decisions.md, Mamba-2 verify).
+VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
 
 
-def verify_coef_floats(ring_len: int) -> int:
-    """Scratch floats per (row, head) of a verify (plugins/mamba2_decode.cu VerifyCoef): every window token's
-    weights and decay, and a fold's."""
-    return MAX_WINDOW * (ring_len + 1) + ring_len + 1
+def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning = VERIFY_TUNING,
+                device: Device | None = None) -> LaunchPlan:
+    """The launch plan of :func:`verify_decode` for ``batch`` rows of ``layer`` and windows of ``window`` tokens: the
+    verify prep kernel, then, from the tuning's ``adaptive_threshold`` work items (batch x heads; default
+    VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM), the persistent verify kernel of the smallest window bucket that holds
+    ``window``, with the largest row tile up to the state kernels' heuristic whose stage fits twice per CTA beside the
+    fold buffer; below it, the grid verify kernel of that bucket (mode ``grid``)."""
+    _, H, P, N = layer.require_state().shape
+    G, R = layer.B_ring.shape[1], layer.buffer_len
+    dev = device or device_of(layer.state.device)
+    key = verify_plan_key(layer, batch, window)
+    if not dev.is_cuda:
+        return LaunchPlan("replay", key, 0, (0, 0, 0))
+    bucket = window_bucket(window)
+    state_elem, act_elem = layer.state.element_size(), layer.x_ring.element_size()
+    prep = dict(prep_grid=(batch, G, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
+    if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
+        tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
+        return LaunchPlan("grid", key, tile, (P // tile, H, batch), **prep)
+    fold = mamba2_fold_bytes(R, N, act_elem)
+    stage = {t: mamba2_verify_stage_bytes(R, t, N, state_elem, act_elem, bucket) for t in tile_choices(P, N)}
+    tile = state_tile(P, N, batch * H, dev, tuning)
+    if tuning.rows_per_cta is None:
+        fits = [t for t in fitting_tiles(stage, tile, act_elem, tuning.ctas_per_sm)
+                if stages_for(stage[t], tuning.ctas_per_sm, fold) >= 2]
+        tile = max(fits) if fits else min(stage)
+    stages = tuning.stages or stages_for(stage[tile], tuning.ctas_per_sm, fold)
+    if not 2 <= stages <= MAX_STAGES or stages_for(stage[tile], tuning.ctas_per_sm, fold) < stages:
+        raise ValueError(f"rows_per_cta: a verify tile of {tile} rows ({stage[tile]}-byte stages) does not fit "
+                         f"{max(stages, 2)} stages and the fold buffer at {tuning.ctas_per_sm} CTAs per SM")
+    num_tiles = batch * H * P // tile
+    grid = min(num_tiles, tuning.ctas_per_sm * dev.sm_count)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
+    return LaunchPlan("replay", key, tile, (grid, 1, 1), stages, stage[tile], fold, tail_start(num_tiles, grid, fraction),
+                      tail_fraction=fraction, num_tiles=num_tiles, **prep)
+
+
+def verify_plan_key(layer: Mamba2LayerCache, batch: int, window: int) -> tuple:
+    """What a verify plan depends on: batch, window, shapes, ring length and dtypes."""
+    return ("mamba2 verify", batch, window, *layer.require_state().shape[1:], layer.B_ring.shape[1], layer.buffer_len,
+            layer.state.dtype, layer.x_ring.dtype)
+
+
+def window_bucket(window: int) -> int:
+    """The verify kernel's compile-time window bound for windows of ``window`` tokens."""
+    return next(k for k in VERIFY_WINDOW_BUCKETS if window <= k)
 
 
 def _run(kernel: str, state: torch.Tensor, act_dtype: torch.dtype, grid: tuple[int, int, int], tile: int,
@@ -69,22 +125,28 @@ def _verify_cpu(state: torch.Tensor, x_ring: torch.Tensor, dt_ring: torch.Tensor
                 cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, x: torch.Tensor,
                 dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
                 z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
-                state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int, out: torch.Tensor) -> None:
+                state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
     # The float32 reference (coef/step are GPU-only scratch).
     ref.verify_step_(state, x_ring, dt_ring, B_ring, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                      state_batch_indices, pad_slot_id, out)
 
 
 def _verify_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
-                 dt_softplus, state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
-    batch, T, H, P = x.shape
-    if batch == 0:
+                 dt_softplus, state_batch_indices, pad_slot_id, plan, out) -> None:
+    if x.shape[0] == 0:
         return
     params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
                      dt_softplus, state_batch_indices, pad_slot_id, out)
-    _run("verify_prep", state, x.dtype, (batch, B.shape[2], 1), rows_per_cta, params)
-    bucket = next(k for k in WINDOW_BUCKETS if T <= k)
-    _run(f"verify_t{bucket}", state, x.dtype, (P // rows_per_cta, H, batch), rows_per_cta, params)
+    launch_plan = Launch.from_words(plan)
+    config = kernel_config(x.shape[-1], B.shape[-1], state.dtype, x.dtype, launch_plan.rows_per_cta)
+    bucket = window_bucket(x.shape[1])
+    if launch_plan.mode == "replay":
+        names = {"prep": SPEC_KERNELS["verify_prep"], "main": SPEC_KERNELS[f"verify_main_t{bucket}"]}
+        run_plan(config, names, launch_plan, params, x.device, prep_carveout=False)
+        return
+    launch(get_kernel(config, SPEC_KERNELS["verify_prep"], x.device), launch_plan.prep_grid,
+           (launch_plan.prep_threads, 1, 1), params, programmatic=launch_plan.programmatic_prep)
+    launch(get_kernel(config, SPEC_KERNELS[f"verify_grid_t{bucket}"], x.device), launch_plan.grid, STATE_BLOCK, params)
 
 
 _verify_op = define_op("mamba2_verify_decode",
@@ -150,11 +212,13 @@ def verify_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
                   C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                   dt_bias: torch.Tensor | None = None, dt_softplus: bool = True,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None, tuning: Tuning = DEFAULT_TUNING) -> torch.Tensor:
+                  out: torch.Tensor | None = None, tuning: Tuning = VERIFY_TUNING,
+                  plan: LaunchPlan | None = None) -> torch.Tensor:
     """Verify a window of T tokens per row from checkpoint + ring; returns ``out`` [b, T, H, P] (token t's output
     sees the window's tokens before it). ``x`` [b,T,H,P], ``dt`` [b,T,H], ``B``/``C`` [b,T,G,N], ``z`` [b,T,H,P],
     ``A``/``D``/``dt_bias`` [H] fp32. Follow it with ``spec.commit(layer, accepted, ..., window=T)``. The layer's
-    rings hold at least 2T records; plain checkpoints only."""
+    rings hold at least 2T records; plain checkpoints only. ``plan``: what to launch (default
+    ``verify_plan(layer, batch, T, tuning)``)."""
     if not isinstance(layer, Mamba2LayerCache):
         raise TypeError(f"layer: expected a Mamba2LayerCache, got {type(layer).__name__}")
     if layer.storage is not None:
@@ -170,9 +234,18 @@ def verify_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.B_ring", layer.B_ring, (slots, B.shape[2], R, N), (x.dtype,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     chk.check_scratch_rows(x.shape[0], slots)
+    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+        chk.check_aligned("state", state, 16 // state.element_size())
+        for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
+            if t is not None:
+                chk.check_aligned(name, t, 4 // t.element_size())
+    if plan is None:
+        plan = verify_plan(layer, x.shape[0], x.shape[1], tuning)
+    else:
+        checked_plan(plan, verify_plan_key(layer, x.shape[0], x.shape[1]))
     coef = torch.empty(x.shape[0], H, verify_coef_floats(R), dtype=torch.float32, device=dev)
     _verify_op(state, layer.x_ring, layer.dt_ring, layer.B_ring, layer.cursor, layer.arrive, coef, layer.step, x, dt,
-               A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, rows_per_cta(state, x.shape[0], tuning), out)
+               A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
     return out
 
 

@@ -57,20 +57,31 @@ STEPS_PER_GRAPH = 8
 @dataclass(frozen=True)
 class SpecOps:
     """A family's speculative ops, taking a window's ``op_args()``: ``verify(layer, *args, **kwargs, ...)``,
-    ``per_draft_verify(state, inter, *args, **kwargs, ...)``, ``per_draft_commit(state, inter, accepted, idx)`` and
-    ``rows_per_cta(state, batch)``, the row tile they launch."""
+    ``per_draft_verify(state, inter, *args, **kwargs, ...)``, ``per_draft_commit(state, inter, accepted, idx)``;
+    the row tiles they launch: ``verify_tile(layer, batch, window, ...)`` and ``per_draft_tile(state, batch)``."""
 
     verify: Callable
     per_draft_verify: Callable
     per_draft_commit: Callable
-    rows_per_cta: Callable
+    verify_tile: Callable
+    per_draft_tile: Callable
+
+
+def _delta_verify_tile(layer, batch: int, window: int) -> int:
+    return delta.window_tile(layer.state, batch)
+
+
+def _mamba2_verify_tile(layer, batch: int, window: int, tuning: Tuning = mamba2_spec.VERIFY_TUNING) -> int:
+    return mamba2_spec.verify_plan(layer, batch, window, tuning).rows_per_cta
 
 
 SPEC_OPS: dict[str, SpecOps] = {
     "mamba2": SpecOps(mamba2_spec.verify_decode, mamba2_spec.per_draft_verify, mamba2_spec.per_draft_commit,
-                      mamba2_spec.rows_per_cta),
-    "gdn": SpecOps(gdn.verify_decode, gdn.per_draft_verify_decode, delta.per_draft_commit, delta.window_tile),
-    "kda": SpecOps(kda.verify_decode, kda.per_draft_verify_decode, delta.per_draft_commit, delta.window_tile),
+                      _mamba2_verify_tile, mamba2_spec.rows_per_cta),
+    "gdn": SpecOps(gdn.verify_decode, gdn.per_draft_verify_decode, delta.per_draft_commit, _delta_verify_tile,
+                   delta.window_tile),
+    "kda": SpecOps(kda.verify_decode, kda.per_draft_verify_decode, delta.per_draft_commit, _delta_verify_tile,
+                   delta.window_tile),
 }
 
 
@@ -137,13 +148,14 @@ def rotate_gate_rings_(layer: GDNLayerCache, idx: torch.Tensor, words: list[int]
     layer.g_ring[slots] = g.gather(2, src.view(len(words), 1, ring, *(1,) * (g.dim() - 3)).expand_as(g))
 
 
-def _tuned(family: str, tuning: Tuning) -> dict:
-    """``tuning`` as the family's speculative ops take it: Mamba-2's a row tile; GDN/KDA's plan their own."""
+def _tuned(family: str, tuning: Tuning | None) -> dict:
+    """``tuning`` as the family's speculative ops take it (None: the op's default): Mamba-2's verify plan; GDN/KDA's
+    plan their own."""
+    if tuning is None:
+        return {}
     if family == "mamba2":
         return {"tuning": tuning}
-    if tuning != Tuning():
-        raise ValueError(f"tuning: the {family} speculative kernels take no tuning, got {tuning}")
-    return {}
+    raise ValueError(f"tuning: the {family} speculative kernels take no tuning, got {tuning}")
 
 
 def _window_out(shape: BenchShape, batch: int, window: int, device: torch.device) -> torch.Tensor:
@@ -152,7 +164,7 @@ def _window_out(shape: BenchShape, batch: int, window: int, device: torch.device
 
 def _replay_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | DeltaStep, accepted: torch.Tensor,
                   window: int, ring: int, n_pools: int, gen: torch.Generator, device: torch.device,
-                  tuning: Tuning = Tuning()):
+                  tuning: Tuning | None = None):
     fam, ops, tuned = family_of(shape.dims), SPEC_OPS[shape.family], _tuned(shape.family, tuning)
     args, kwargs = step.op_args()
     out = _window_out(shape, batch, window, device)
@@ -167,7 +179,7 @@ def _replay_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | Del
             rotate_gate_rings_(layer, idx, words)
         layer.cursor.zero_()
         layer.cursor[idx.long()] = torch.tensor(words, dtype=torch.int32, device=device)
-        tile = ops.rows_per_cta(layer.state, batch, **tuned)
+        tile = ops.verify_tile(layer, batch, window, **tuned)
 
         def call(layer=layer, idx=idx):
             ops.verify(layer, *args, **kwargs, state_batch_indices=idx, out=out, **tuned)
@@ -186,7 +198,7 @@ def _per_draft_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | 
         state = random_state(batch + 1, dims, parse_state_label(sd).format, gen, device)
         inter = torch.empty(batch, window, dims.heads, dims.rows, dims.cols, dtype=state.dtype, device=device)
         idx = slot_indices(batch, gen, device)
-        tile = ops.rows_per_cta(state, batch)
+        tile = ops.per_draft_tile(state, batch)
 
         def call(state=state, inter=inter, idx=idx):
             ops.per_draft_verify(state, inter, *args, **kwargs, state_batch_indices=idx, out=out)
