@@ -418,6 +418,11 @@ struct VerifyCoef {
 };
 
 constexpr int kVerifyRawBytes = 192;  // per thread; core/ops/mamba2_spec.py VERIFY_RAW_BYTES
+// The grid kernel's row tiles the planner takes: the rows and the C columns of 4 tokens load ahead. Other tiles (a
+// forced rows_per_cta) get a minimum of one CTA per SM for windows of 2 too, else ptxas spills on sm_100a / sm_103a.
+constexpr bool kGridPlannedTile =
+    kRowsPerWarp * kEpl * int(sizeof(state_t)) + 4 * kEpl * int(sizeof(float)) <= kVerifyRawBytes;
+constexpr int kGridT2MinBlocks = kGridPlannedTile ? 0 : 1;
 
 }  // namespace
 
@@ -636,7 +641,8 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
 // Verify step 2 at small batch (verify_rows: a CTA per row tile, core/ops/mamba2_spec.py verify_plan chooses it
 // below a batch x heads crossover) for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds
 // T). Windows of 8: a minimum of one CTA per SM, else ptxas trades registers for occupancy and spills.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_grid_t2_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kGridT2MinBlocks) mamba2_verify_grid_t2_kernel(
+    const Mamba2Params p) {
   verify_rows<2>(p);
 }
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_grid_t4_kernel(const Mamba2Params p) {

@@ -13,16 +13,18 @@ FIX = Path(__file__).parent / "fixtures" / "hf_configs"
 
 def test_preset_names_and_unknown():
     assert list_presets() == ["nemotron-3-nano-4b", "nemotron-3-super-120b", "qwen3.5-4b", "qwen3.5-122b",
-                              "kimi-linear-48b", "glm-5.3-flash", "tiny-nemotron", "tiny-qwen"]
+                              "kimi-linear-48b", "glm-5.3-flash", "tiny-nemotron", "tiny-qwen", "byte-nemotron",
+                              "byte-qwen"]
     with pytest.raises(ValueError, match="unknown preset 'nope'.*nemotron-3-nano-4b"):
         get_preset("nope")
 
 
-def test_tiny_presets_need_no_kernel_modules_of_their_own():
+def test_tiny_and_byte_presets_need_no_kernel_modules_of_their_own():
     from trtllm_replayssm.serving.catalog import catalog_configs
 
-    production = [n for n in list_presets() if not n.startswith("tiny-")]
-    assert set(catalog_configs(["tiny-nemotron", "tiny-qwen"])) <= set(catalog_configs(production))
+    lab = ["tiny-nemotron", "tiny-qwen", "byte-nemotron", "byte-qwen"]
+    production = [n for n in list_presets() if n not in lab]
+    assert set(catalog_configs(lab)) <= set(catalog_configs(production))
 
 
 @pytest.mark.parametrize("name,family,n_ssm,n_attn,state_mib", [

@@ -161,11 +161,55 @@ def test_per_draft_verify_and_commit_equal_sequential_decode(H, P, N, G, T, stat
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="the persistent kernel's tile claims are a CUDA launch choice")
+@pytest.mark.parametrize("T", [2, 4, 8])
+def test_persistent_verify_with_claimed_tiles_equals_the_grid_kernel(T):
+    """At a batch whose tiles outnumber the persistent kernel's CTAs, half of them claimed at run time, windows with
+    random accepted counts (folds included): the persistent kernel's outputs, checkpoints and cursors equal the grid
+    kernel's up to float summation order, its rings bit for bit."""
+    H, P, N, G, batch, slots = 16, 64, 128, 8, 48, 50
+    ring_len = 16 + T - 1
+    gen = torch.Generator().manual_seed(3)
+    init = torch.randn(slots, H, P, N, generator=gen).to(DEV) * 0.5
+    layers = []
+    for _ in range(2):
+        layer = ReplayStateCache.mamba2(1, slots, H, P, N, G, buffer_len=ring_len, state_dtype="fp32",
+                                        act_dtype=torch.bfloat16, device=DEV).layer(0)
+        layer.state.copy_(init)
+        layers.append(layer)
+    params = make_params(H, DEV, gen)
+    idx = torch.randperm(slots, generator=gen)[:batch].to(torch.int32).to(DEV)
+    grid = replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=1 << 30)
+    persistent = Tuning(ctas_per_sm=1, stages=2, tail_fraction=0.5, adaptive_threshold=0)
+    plan = mamba2_spec.verify_plan(layers[1], batch, T, persistent)
+    assert plan.mode == "replay" and plan.grid[0] < plan.tail_start < plan.num_tiles, plan
+    assert mamba2_spec.verify_plan(layers[0], batch, T, grid).mode == "grid"
+    for k in range(3 * ring_len):
+        win = _window(batch, T, H, P, N, G, torch.bfloat16, gen)
+        acc = _accepted(batch, T, k, gen).to(DEV)
+        outs = []
+        for layer, tuning in zip(layers, (grid, persistent)):
+            out = torch.full_like(win["x"], float("nan"))
+            mamba2_spec.verify_decode(layer, win["x"], win["dt"], params.A, win["B"], win["C"], params.D, win["z"],
+                                      params.dt_bias, state_batch_indices=idx, out=out, tuning=tuning)
+            spec.commit(layer, acc, idx, window=T)
+            outs.append(out)
+        assert not torch.isnan(outs[1]).any(), k
+        assert rel_err(outs[1], outs[0]) < 5e-3, k
+        assert torch.equal(layers[1].cursor, layers[0].cursor), k
+    assert rel_err(layers[1].state, layers[0].state) < 1e-5
+    for name in ("x_ring", "dt_ring", "B_ring"):
+        assert torch.equal(getattr(layers[1], name), getattr(layers[0], name)), name
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("T", [2, 4])
-def test_graph_replay_equals_eager(T):
+@pytest.mark.parametrize("kernel", ["grid", "persistent"])
+def test_graph_replay_equals_eager(T, kernel):
     """Verify + commit captured once and replayed over many windows (inputs and accepted counts copied into the
-    graph's buffers) give the same outputs and state as eager launches, bit for bit."""
+    graph's buffers) give the same outputs and state as eager launches, bit for bit, with either verify kernel."""
+    tuning = replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0 if kernel == "persistent" else None)
     H, P, N, G = 16, 64, 128, 8
     ring_len = 16 + T - 1
     _, _, eager_layer, params = _setup(H, P, N, G, ring_len, "fp32", torch.bfloat16, seed=7)
@@ -178,7 +222,7 @@ def test_graph_replay_equals_eager(T):
 
     def step(layer, win, acc, o):
         mamba2_spec.verify_decode(layer, win["x"], win["dt"], params.A, win["B"], win["C"], params.D, win["z"],
-                                  params.dt_bias, state_batch_indices=idx, out=o)
+                                  params.dt_bias, state_batch_indices=idx, out=o, tuning=tuning)
         spec.commit(layer, acc, idx, window=T)
 
     warm = {k: v.clone() for k, v in graph_layer.tensors().items() if v is not None}

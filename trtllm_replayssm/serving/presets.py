@@ -204,6 +204,22 @@ def _build_presets() -> dict[str, ModelSpec]:
             gdn=GDNDims(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128, conv_kernel=4),
             source="tiny demo model (Qwen3.5 head geometry)",
         ),
+        # Byte-level models trained on the offline corpus (trtllm_replayssm/lab/train.py, build_scripts/
+        # train_models.py) for the accuracy study: production per-head state geometry, about 25M parameters.
+        ModelSpec(
+            name="byte-nemotron", architecture="NemotronHForCausalLM", family="mamba2",
+            hidden_size=512, vocab_size=256, layers=nemotron_layers("M-M-M*M-M-M-"),
+            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64), intermediate_size=1536,
+            mamba2=Mamba2Dims(nheads=16, head_dim=64, d_state=128, n_groups=8, conv_kernel=4, chunk_size=128),
+            source="byte-level accuracy model (Nemotron-3 head geometry)",
+        ),
+        ModelSpec(
+            name="byte-qwen", architecture="Qwen3_5ForCausalLM", family="gdn",
+            hidden_size=512, vocab_size=256, layers=interleaved_layers(8, "gdn", every4(8)),
+            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64), intermediate_size=1536,
+            gdn=GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128, conv_kernel=4),
+            source="byte-level accuracy model (Qwen3.5 head geometry)",
+        ),
     ]
     return {p.name: p for p in presets}
 

@@ -300,12 +300,23 @@ define_op("attention_decode", ("k_cache", "v_cache", "out"), _attention_decode_c
 
 
 # ---------------------------------------------------------------------------------------------------- public API
+# The ops are inference-only: under autograd (grad mode on and an input that requires grad) the norms, activations and
+# RoPE run their PyTorch reference (differentiable), which training uses (trtllm_replayssm/lab/train.py).
+def _autograd(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x [..., D]`` (last dim dense) scaled by ``weight [D]`` (``1 + weight`` with ``unit_offset``).
     With ``residual`` (``x``'s shape, contiguous): ``residual += x`` in place first and the sum is normalised."""
     chk.check_tensor("x", x, (None,) * max(x.dim(), 1), chk.FLOAT_DTYPES)
     chk.check_tensor("weight", weight, (x.shape[-1],), (x.dtype,), x.device)
+    if _autograd(x, weight, residual):
+        if residual is not None:
+            raise ValueError("residual: the in-place residual add is inference-only; add it out of place under "
+                             "autograd")
+        return ref.rms_norm(x, weight, eps, unit_offset)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if residual is None:
         torch.ops.replayssm.rms_norm(x, weight, float(eps), bool(unit_offset), out)
@@ -330,6 +341,8 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
     if weight.shape[0] % group_size or D % weight.shape[0]:
         raise ValueError(f"weight: expected a length that is a multiple of group_size={group_size} and divides {D}, "
                          f"got {weight.shape[0]}")
+    if _autograd(x, z, weight):
+        return ref.gated_rms_norm(x, z, weight, group_size, eps, norm_before_gate)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.ops.replayssm.gated_rms_norm(x, z, weight, int(group_size), float(eps), bool(norm_before_gate), out)
     return out
@@ -363,6 +376,8 @@ def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     if (kind == "swiglu") != (b is not None):
         raise ValueError(f"b: expected {'a tensor' if kind == 'swiglu' else 'None'} for kind={kind!r}")
     chk.check_optional("b", b, tuple(a.shape), (a.dtype,), a.device)
+    if _autograd(a, b):
+        return ref.mlp_act(a, b, kind)
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     torch.ops.replayssm.mlp_act(a, b, kind, out)
     return out
@@ -383,6 +398,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
         torch.broadcast_shapes(pos.shape, x.shape[:-2])
     except RuntimeError:
         raise ValueError(f"pos: shape {list(pos.shape)} does not broadcast to {list(x.shape[:-2])}") from None
+    if _autograd(x):
+        return ref.rope(x, pos, rotary_dim, theta)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.ops.replayssm.rope(x, pos, int(rotary_dim), float(theta), out)
     return out

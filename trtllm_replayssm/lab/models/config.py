@@ -210,6 +210,32 @@ def from_hf_config(cfg: dict[str, Any], name: str = "model") -> HybridConfig:
     return from_spec(spec, **extra)
 
 
+_NEMOTRON_CHARS = {"mamba2": "M", "attention": "*", "mlp": "-"}
+
+
+def to_hf_config(cfg: HybridConfig) -> dict[str, Any]:
+    """The ``config.json`` dict of a dense decoder config (NemotronH or Qwen3.5 text), which :func:`from_hf_config`
+    parses back to ``cfg`` (a trained model's directory holds it beside its safetensors)."""
+    if cfg.has_moe or cfg.layer_offset or (cfg.total_layers and cfg.total_layers != len(cfg.layer_kinds)):
+        raise ValueError(f"cfg: {cfg.name!r} is a MoE model or a layer slice; only whole dense models are written")
+    common = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_hidden_layers": len(cfg.layer_kinds),
+              "num_attention_heads": cfg.attn_heads, "num_key_value_heads": cfg.kv_heads,
+              "head_dim": cfg.attn_head_dim, "intermediate_size": cfg.intermediate_size,
+              "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32"}
+    if cfg.arch == "nemotron_h":
+        return {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", **common,
+                "hybrid_override_pattern": "".join(_NEMOTRON_CHARS[k] for k in cfg.layer_kinds),
+                "mamba_num_heads": cfg.mamba_heads, "mamba_head_dim": cfg.mamba_head_dim,
+                "ssm_state_size": cfg.d_state, "n_groups": cfg.n_groups, "conv_kernel": cfg.conv_kernel,
+                "layer_norm_epsilon": cfg.rms_eps}
+    return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **common,
+            "layer_types": ["full_attention" if k == "attention" else "linear_attention" for k in cfg.layer_kinds],
+            "linear_num_key_heads": cfg.gdn_k_heads, "linear_num_value_heads": cfg.gdn_v_heads,
+            "linear_key_head_dim": cfg.gdn_k_dim, "linear_value_head_dim": cfg.gdn_v_dim,
+            "linear_conv_kernel_dim": cfg.conv_kernel, "rms_norm_eps": cfg.rms_eps,
+            "partial_rotary_factor": cfg.rotary_dim / cfg.attn_head_dim, "rope_theta": cfg.rope_theta}
+
+
 def load_hf_config(path: str | Path) -> HybridConfig:
     """Read ``config.json`` (a file or a model directory) and parse it."""
     p = Path(path)

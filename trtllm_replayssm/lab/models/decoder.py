@@ -243,6 +243,25 @@ class HybridLM(nn.Module):
                 delta = block.mlp(block.post_attention_layernorm.add_forward(delta, h))
         return h, delta
 
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits of every position of ``tokens [b, T]`` ``[b, T, vocab]``, differentiable (training):
+        the prefill path without caches, residual adds out of place, the fused ops' PyTorch references."""
+        h = self._embed(tokens)
+        for block in self.trunk.layers:
+            if block.kind in ("mamba2", "gdn"):
+                mix = lambda x, m=block.mixer: m.prefill(x)[0]  # noqa: E731
+            elif block.kind == "attention":
+                mix = lambda x, m=block.mixer: m.prefill(x, None)  # noqa: E731
+            else:
+                mix = block.mixer
+            if self.cfg.arch == "nemotron_h":
+                h = h + mix(block.norm(h))
+            else:
+                h = h + mix(block.input_layernorm(h))
+                h = h + block.mlp(block.post_attention_layernorm(h))
+        norm = self.backbone.norm_f if self.cfg.arch == "nemotron_h" else self.model.norm
+        return self.lm_head(norm(h))
+
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Run prompts ``tokens [b, T]`` from an empty state; hands the SSM states to ``state``. Returns the logits of

@@ -35,6 +35,8 @@ class PackedLinears(nn.Module):
         self.packed = packed
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if torch.is_grad_enabled() and self._linears[0].weight.requires_grad:  # training: through the parameters
+            return [lin(x) for lin in self._linears]
         if self.packed is None or self._linears[0].weight.data_ptr() != self.packed.data_ptr():
             self.pack_()  # first call, or a weight's storage was replaced (e.g. a cast)
         return list(F.linear(x, self.packed).split(self.sizes, dim=-1))
@@ -199,14 +201,16 @@ class Attention(nn.Module):
             o = o * torch.sigmoid(gate.flatten(-2))
         return self.o_proj(o)
 
-    def prefill(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """``h [b, T, D]`` from position 0: causal attention, fills ``kv[:, :T]`` and sets ``pos = T``."""
+    def prefill(self, h: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
+        """``h [b, T, D]`` from position 0: causal attention; given ``kv``, fills ``kv[:, :T]`` and sets ``pos = T``
+        (None: training, no cache)."""
         b, t, _ = h.shape
         pos = torch.arange(t, device=h.device).expand(b, t)
         q, k, v, gate = self._qkv(h, pos)
-        kv.k[:, :, :t].copy_(k.transpose(1, 2))
-        kv.v[:, :, :t].copy_(v.transpose(1, 2))
-        kv.pos.fill_(t)
+        if kv is not None:
+            kv.k[:, :, :t].copy_(k.transpose(1, 2))
+            kv.v[:, :, :t].copy_(v.transpose(1, 2))
+            kv.pos.fill_(t)
         rep = self.heads // self.kv_heads
         o = F.scaled_dot_product_attention(q.transpose(1, 2).float(),
                                            k.transpose(1, 2).repeat_interleave(rep, 1).float(),

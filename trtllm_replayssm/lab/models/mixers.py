@@ -80,7 +80,10 @@ class Mamba2Mixer(nn.Module):
         self._A: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def A(self) -> torch.Tensor:
-        """``A = -exp(A_log)`` (float32), computed again only when ``A_log`` changed (not in every decode step)."""
+        """``A = -exp(A_log)`` (float32), computed again only when ``A_log`` changed (not in every decode step);
+        differentiable under autograd (training)."""
+        if torch.is_grad_enabled() and self.A_log.requires_grad:
+            return -torch.exp(self.A_log.float())
         key = (self.A_log.data_ptr(), self.A_log._version)
         if self._A is None or self._A[0] != key:
             self._A = (key, -torch.exp(self.A_log.detach().float()))

@@ -1,0 +1,141 @@
+"""Training of the byte-level accuracy models: next-byte cross-entropy on the corpus's training text through
+:meth:`HybridLM.logits` (the decoder's own prefill path, differentiable), seeded windows, AdamW with a linear warmup
+and cosine decay, float32 parameters and activations (TF32 matmuls on CUDA). :func:`save_trained` writes a directory the decoders load
+(``config.json``, ``model.safetensors``) with ``train.json`` (settings, loss curve, held-out loss and perplexity).
+
+The SSM layers train through the decoders' sequential float32 scans (one step per token), not a chunked parallel
+form: simple and exactly the recurrence the decode path runs, at the cost of speed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_replayssm.lab.corpus.tokens import VOCAB_SIZE
+from trtllm_replayssm.lab.models.config import HybridConfig, to_hf_config
+from trtllm_replayssm.lab.models.decoder import HybridLM
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a training run does: ``steps`` optimizer steps of ``batch`` windows of ``seq_len + 1`` tokens drawn
+    uniformly from the training text with ``seed``; peak learning rate ``lr`` after ``warmup`` steps, cosine decay to
+    a tenth; held-out loss over the first ``eval_tokens`` tokens of each held-out document."""
+
+    steps: int = 1500
+    batch: int = 32
+    seq_len: int = 256
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_tokens: int = 65536
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch", "seq_len", "eval_tokens", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if not 0 <= self.warmup <= self.steps:
+            raise ValueError(f"warmup: expected 0..steps={self.steps}, got {self.warmup}")
+
+
+def byte_tokens(path: str | Path) -> torch.Tensor:
+    """The byte tokens of a UTF-8 text file (int64)."""
+    return torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8).long()
+
+
+def learning_rate(step: int, s: TrainSettings) -> float:
+    """Linear warmup to ``s.lr``, then cosine decay to ``s.lr / 10`` at the last step."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    frac = (step - s.warmup) / max(1, s.steps - 1 - s.warmup)
+    return s.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * frac)))
+
+
+def _loss(model: HybridLM, windows: torch.Tensor) -> torch.Tensor:
+    logits = model.logits(windows[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def heldout_loss(model: HybridLM, tokens: torch.Tensor, s: TrainSettings) -> float:
+    """Mean next-byte cross-entropy (nats) over consecutive windows of the first ``s.eval_tokens`` tokens (each
+    window from an empty state: a short-context loss, comparable across checkpoints)."""
+    n = min(s.eval_tokens, tokens.numel() - 1) // s.seq_len * s.seq_len
+    if n == 0:
+        raise ValueError(f"tokens: a held-out document needs more than seq_len={s.seq_len} tokens")
+    windows = tokens[:n + 1].unfold(0, s.seq_len + 1, s.seq_len).to(model.device)
+    total = sum(_loss(model, windows[i:i + s.batch]).item() * windows[i:i + s.batch].shape[0]
+                for i in range(0, windows.shape[0], s.batch))
+    return total / windows.shape[0]
+
+
+def train_model(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, torch.Tensor], s: TrainSettings,
+                device: str | torch.device, log: Callable[[str], None] = print) -> tuple[HybridLM, dict]:
+    """Train a decoder of ``cfg`` (byte vocabulary) from its seeded random initialisation; returns the model and a
+    record (settings, loss every ``log_every`` steps, held-out loss and perplexity per document, seconds)."""
+    if cfg.vocab_size < VOCAB_SIZE:
+        raise ValueError(f"cfg: byte tokens need a vocabulary of at least {VOCAB_SIZE}, got {cfg.vocab_size}")
+    if train_tokens.numel() <= s.seq_len + 1:
+        raise ValueError(f"train_tokens: expected more than seq_len + 1 = {s.seq_len + 1} tokens")
+    dev = torch.device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = HybridLM.build(cfg, torch.float32, dev, seed=s.seed)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(s.seed)
+    curve, start = [], time.time()
+    for step in range(s.steps):
+        starts = torch.randint(0, train_tokens.numel() - s.seq_len - 1, (s.batch,), generator=gen)
+        windows = torch.stack([train_tokens[i:i + s.seq_len + 1] for i in starts.tolist()]).to(dev)
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, s)
+        loss = _loss(model, windows)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        if step % s.log_every == 0 or step == s.steps - 1:
+            curve.append({"step": step, "loss": loss.item(), "seconds": time.time() - start})
+            log(f"{cfg.name} step {step}/{s.steps}: loss {curve[-1]['loss']:.4f} ({curve[-1]['seconds']:.0f} s)")
+    model.eval()
+    held = {name: heldout_loss(model, toks, s) for name, toks in heldout.items()}
+    record = {"model": cfg.name, "settings": asdict(s), "parameters": sum(p.numel() for p in model.parameters()),
+              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "curve": curve,
+              "heldout_loss": held, "heldout_ppl": {k: math.exp(v) for k, v in held.items()},
+              "seconds": time.time() - start}
+    return model, record
+
+
+def save_trained(model: HybridLM, record: dict, out_dir: str | Path) -> Path:
+    """``config.json`` (:func:`to_hf_config`), ``model.safetensors`` (the decoder's parameter names, float32) and
+    ``train.json`` under ``out_dir`` (which must not exist), written to a temporary directory first and renamed into
+    place."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if out.exists():
+        raise FileExistsError(f"out_dir: {str(out)!r} already exists")
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():  # left by an interrupted save
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    (tmp / "config.json").write_text(json.dumps(to_hf_config(model.cfg), indent=2) + "\n")
+    save_file({n: p.detach().float().contiguous().clone().cpu() for n, p in model.named_parameters()},
+              str(tmp / "model.safetensors"))
+    (tmp / "train.json").write_text(json.dumps(record, indent=2) + "\n")
+    tmp.rename(out)
+    return out
