@@ -8,6 +8,7 @@ form: simple and exactly the recurrence the decode path runs, at the cost of spe
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -89,7 +90,23 @@ def train_model(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str
     if train_tokens.numel() <= s.seq_len + 1:
         raise ValueError(f"train_tokens: expected more than seq_len + 1 = {s.seq_len + 1} tokens")
     dev = torch.device(device)
+    with _tf32_matmuls():
+        return _train(cfg, train_tokens, heldout, s, dev, log)
+
+
+@contextlib.contextmanager
+def _tf32_matmuls():
+    """TF32 for float32 matmuls on CUDA while training (torch's setting restored after)."""
+    before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _train(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, torch.Tensor], s: TrainSettings,
+           dev: torch.device, log: Callable[[str], None]) -> tuple[HybridLM, dict]:
     model = HybridLM.build(cfg, torch.float32, dev, seed=s.seed)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
