@@ -3,8 +3,8 @@
 and cosine decay, float32 parameters and activations (TF32 matmuls on CUDA). :func:`save_trained` writes a directory the decoders load
 (``config.json``, ``model.safetensors``) with ``train.json`` (settings, loss curve, held-out loss and perplexity).
 
-The SSM layers train through the decoders' sequential float32 scans (one step per token), not a chunked parallel
-form: simple and exactly the recurrence the decode path runs, at the cost of speed.
+The SSM layers train through the chunked forms of the decoders' float32 scans (``mamba2_chunk_scan``,
+``gdn_chunk_scan``: the same recurrence, a few launches per chunk of tokens instead of per token).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from trtllm_replayssm.lab.models.decoder import HybridLM
 class TrainSettings:
     """What a training run does: ``steps`` optimizer steps of ``batch`` windows of ``seq_len + 1`` tokens drawn
     uniformly from the training text with ``seed``; peak learning rate ``lr`` after ``warmup`` steps, cosine decay to
-    a tenth; held-out loss over the first ``eval_tokens`` tokens of each held-out document."""
+    a tenth; held-out loss over the first ``eval_tokens`` tokens of each held-out document; the SSM layers' scans in
+    chunks of ``chunk`` tokens."""
 
     steps: int = 1500
     batch: int = 32
@@ -41,9 +42,10 @@ class TrainSettings:
     seed: int = 0
     eval_tokens: int = 65536
     log_every: int = 50
+    chunk: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch", "seq_len", "eval_tokens", "log_every"):
+        for name in ("steps", "batch", "seq_len", "eval_tokens", "log_every", "chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if not 0 <= self.warmup <= self.steps:
@@ -63,8 +65,8 @@ def learning_rate(step: int, s: TrainSettings) -> float:
     return s.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * frac)))
 
 
-def _loss(model: HybridLM, windows: torch.Tensor) -> torch.Tensor:
-    logits = model.logits(windows[:, :-1])
+def _loss(model: HybridLM, windows: torch.Tensor, chunk: int) -> torch.Tensor:
+    logits = model.logits(windows[:, :-1], chunk)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
 
 
@@ -76,7 +78,7 @@ def heldout_loss(model: HybridLM, tokens: torch.Tensor, s: TrainSettings) -> flo
     if n == 0:
         raise ValueError(f"tokens: a held-out document needs more than seq_len={s.seq_len} tokens")
     windows = tokens[:n + 1].unfold(0, s.seq_len + 1, s.seq_len).to(model.device)
-    total = sum(_loss(model, windows[i:i + s.batch]).item() * windows[i:i + s.batch].shape[0]
+    total = sum(_loss(model, windows[i:i + s.batch], s.chunk).item() * windows[i:i + s.batch].shape[0]
                 for i in range(0, windows.shape[0], s.batch))
     return total / windows.shape[0]
 
@@ -120,7 +122,7 @@ def _train(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, tor
         windows = torch.stack([train_tokens[i:i + s.seq_len + 1] for i in starts.tolist()]).to(dev)
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, s)
-        loss = _loss(model, windows)
+        loss = _loss(model, windows, s.chunk)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)

@@ -243,13 +243,14 @@ class HybridLM(nn.Module):
                 delta = block.mlp(block.post_attention_layernorm.add_forward(delta, h))
         return h, delta
 
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
         """Teacher-forced logits of every position of ``tokens [b, T]`` ``[b, T, vocab]``, differentiable (training):
-        the prefill path without caches, residual adds out of place, the fused ops' PyTorch references."""
+        the prefill path without caches, residual adds out of place, the fused ops' PyTorch references; ``chunk``:
+        the SSM layers' chunked scans."""
         h = self._embed(tokens)
         for block in self.trunk.layers:
             if block.kind in ("mamba2", "gdn"):
-                mix = lambda x, m=block.mixer: m.prefill(x)[0]  # noqa: E731
+                mix = lambda x, m=block.mixer: m.prefill(x, chunk)[0]  # noqa: E731
             elif block.kind == "attention":
                 mix = lambda x, m=block.mixer: m.prefill(x, None)  # noqa: E731
             else:

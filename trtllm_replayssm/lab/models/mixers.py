@@ -1,7 +1,7 @@
 """SSM mixers of the reference decoders: Nemotron-H Mamba-2 and Qwen3.5 Gated DeltaNet.
 
-Parameter names follow the Hugging Face checkpoints. Prefill runs a plain sequential float32 scan and returns the
-final recurrent state (handed to the decode cache); decode runs one token through the shared projections/conv/norm
+Parameter names follow the Hugging Face checkpoints. Prefill runs a plain sequential float32 scan (or, for
+training, its chunked form) and returns the final recurrent state (handed to the decode cache); decode runs one token through the shared projections/conv/norm
 and calls the SSM op selected by the decoder's :class:`SSMStates` (baseline or replay); verify runs a speculative
 window of tokens through the same layers (the conv and the SSM see the window without committing it).
 """
@@ -45,6 +45,40 @@ def mamba2_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.
     return torch.stack(ys, 1), state
 
 
+def mamba2_chunk_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mamba2_scan` in chunks of ``chunk`` tokens (the state-space dual form, float32): within a chunk the
+    outputs are one masked (C Bᵀ ∘ decay) product, across chunks the state is carried once per chunk. Same inputs and
+    results up to float summation order; for training (few launches per chunk instead of per token)."""
+    b, t, h, p = x.shape
+    rep = h // B.shape[2]
+    pad = -t % chunk
+    nc = (t + pad) // chunk
+
+    def chunks(v: torch.Tensor) -> torch.Tensor:  # [b, T, ...] -> [b, nc, chunk, ...], zero-padded
+        v = F.pad(v.float(), (0, 0) * (v.dim() - 2) + (0, pad))
+        return v.view(b, nc, chunk, *v.shape[2:])
+
+    xdt = chunks(x * delta[..., None])                                     # [b, c, l, h, p]
+    Bh, Ch = chunks(B.repeat_interleave(rep, 2)), chunks(C.repeat_interleave(rep, 2))  # [b, c, l, h, n]
+    a = chunks(A.float() * delta.float()).permute(0, 3, 1, 2)             # [b, h, c, l]; padding: no decay
+    cum = a.cumsum(-1)
+    diff = cum[..., :, None] - cum[..., None, :]                           # [b, h, c, l, s]: decay s -> l
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp(diff.masked_fill(~causal, float("-inf")))
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Ch, Bh, decay, xdt)
+    to_end = torch.exp(cum[..., -1:] - cum)                                # [b, h, c, l]
+    contrib = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bh, to_end, xdt)     # each chunk's input to its end state
+    state = x.new_zeros((b, h, p, B.shape[-1]), dtype=torch.float32)
+    starts = []
+    for c in range(nc):
+        starts.append(state)
+        state = state * torch.exp(cum[:, :, c, -1])[:, :, None, None] + contrib[:, c]
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Ch, torch.stack(starts, 1), torch.exp(cum))
+    y = y.reshape(b, nc * chunk, h, p)[:, :t] + D.float()[:, None] * x.float()
+    return y, state
+
+
 def gdn_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequential gated delta rule from a zero state in float32. ``q, k [b,T,H,K]`` (already l2-normalised),
@@ -61,6 +95,46 @@ def gdn_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         state = state + u.unsqueeze(-1) * kh[:, i, :, None, :]
         outs.append((state * (qh[:, i] * scale)[:, :, None, :]).sum(-1))
     return torch.stack(outs, 1), state
+
+
+def gdn_chunk_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdn_scan` in chunks of ``chunk`` tokens (float32). With ``γ_i`` the chunk's cumulative decay to token
+    i and S0 the state at its start, the delta-rule updates solve the unit lower-triangular system
+    ``(I + A) U = diag(β) (V - diag(γ) K S0ᵀ)``, ``A[i, j] = β_i γ_i / γ_j (k_i · k_j)`` (j < i); then
+    ``O = diag(γ) Q S0ᵀ + (QKᵀ ∘ γ_i / γ_j)_{j <= i} U`` and ``S = γ_last S0 + Uᵀ diag(γ_last / γ) K``. Same inputs
+    and results as :func:`gdn_scan` up to float rounding; for training."""
+    b, t, hv, vd = v.shape
+    rep = hv // q.shape[2]
+    pad = -t % chunk
+    nc = (t + pad) // chunk
+
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [b, T, hv, ...] -> [b, hv, c, l, ...], zero-padded
+        x = F.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, pad))
+        x = x.view(b, nc, chunk, *x.shape[2:])
+        return x.permute(0, 3, 1, 2, *range(4, x.dim()))
+
+    qc = chunks(q.repeat_interleave(rep, 2)) * scale  # [b, h, c, l, K]
+    kc, vc = chunks(k.repeat_interleave(rep, 2)), chunks(v)
+    bc, cum = chunks(beta), chunks(g).cumsum(-1)      # [b, h, c, l]; padding: β = 0, no decay
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()
+    ratio = torch.exp((cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")))  # γ_i / γ_j
+    strict = (bc[..., None] * ratio * (kc @ kc.transpose(-1, -2))).tril(-1)
+    eye = torch.eye(chunk, device=v.device)
+    w = torch.linalg.solve_triangular(eye + strict, (bc * torch.exp(cum))[..., None] * kc, upper=False,
+                                      unitriangular=True)
+    u0 = torch.linalg.solve_triangular(eye + strict, bc[..., None] * vc, upper=False, unitriangular=True)
+    qk = (qc @ kc.transpose(-1, -2)) * ratio
+    to_end = torch.exp(cum[..., -1:] - cum)
+    state = v.new_zeros((b, hv, vd, q.shape[-1]), dtype=torch.float32)
+    outs = []
+    for c in range(nc):
+        u = u0[:, :, c] - w[:, :, c] @ state.transpose(-1, -2)                       # [b, h, l, V]
+        outs.append(torch.exp(cum[:, :, c])[..., None] * (qc[:, :, c] @ state.transpose(-1, -2)) + qk[:, :, c] @ u)
+        state = torch.exp(cum[:, :, c, -1])[..., None, None] * state + \
+            u.transpose(-1, -2) @ (to_end[:, :, c, :, None] * kc[:, :, c])
+    o = torch.stack(outs, 2).reshape(b, hv, nc * chunk, vd).transpose(1, 2)[:, :t]
+    return o, state
 
 
 class Mamba2Mixer(nn.Module):
@@ -98,13 +172,17 @@ class Mamba2Mixer(nn.Module):
         lead = x.shape[:-1]
         return x.reshape(*lead, self.h, self.p), B.reshape(*lead, self.g, self.n), C.reshape(*lead, self.g, self.n)
 
-    def prefill(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], SSM state [b,H,P,N] float32)."""
+    def prefill(self, hs: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], SSM state [b,H,P,N] float32); ``chunk``: the
+        chunked scan (training) instead of the sequential one."""
         z, xbc, dt = self._split(self.in_proj(hs))
         xbc, conv_state = conv_prefill(xbc, self.conv1d.weight, self.conv1d.bias)
         x, B, C = self._split_xbc(F.silu(xbc))
         delta = F.softplus(dt.float() + self.dt_bias.float())
-        y, state = mamba2_scan(x, delta, self.A(), B, C, self.D)
+        if chunk:
+            y, state = mamba2_chunk_scan(x, delta, self.A(), B, C, self.D, chunk)
+        else:
+            y, state = mamba2_scan(x, delta, self.A(), B, C, self.D)
         y = self.norm(y.flatten(-2).to(hs.dtype), z)
         return self.out_proj(y), conv_state, state
 
@@ -180,12 +258,14 @@ class GatedDeltaNetMixer(nn.Module):
         """``o [..., HV, V]``, ``z [..., HV * V]`` -> out_proj(norm(o) * silu(z)) (the norm per value head)."""
         return self.out_proj(self.norm(o.flatten(-2), z))
 
-    def prefill(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], state [b,HV,V,K] float32)."""
+    def prefill(self, hs: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], state [b,HV,V,K] float32); ``chunk``: the
+        chunked scan (training) instead of the sequential one."""
         qkv, conv_state = conv_prefill(self.in_proj_qkv(hs), self.conv1d.weight, None)
         q, k, v = self._split_qkv(F.silu(qkv))
         g, beta = self.gates(self.in_proj_a(hs), self.in_proj_b(hs))
-        o, state = gdn_scan(l2norm(q.float()), l2norm(k.float()), v, g, beta, self.dk ** -0.5)
+        scan = (lambda *a: gdn_chunk_scan(*a, chunk)) if chunk else gdn_scan
+        o, state = scan(l2norm(q.float()), l2norm(k.float()), v, g, beta, self.dk ** -0.5)
         return self._finish(o.to(hs.dtype), self.in_proj_z(hs)), conv_state, state
 
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
