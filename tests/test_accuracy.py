@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trtllm_replayssm.core.formats import state_spec
-from trtllm_replayssm.lab.accuracy import AccuracyConfig, kl_curve, read_tokens, segment_records, token_metrics
+from trtllm_replayssm.lab.accuracy import (AccuracyConfig, kl_curve, read_tokens, run_accuracy, segment_records,
+                                           token_metrics)
 
 
 def test_identical_logits_have_zero_kl_and_full_agreement() -> None:
@@ -85,8 +86,36 @@ def test_accuracy_command_end_to_end(tmp_path: Path, state: list[str], same: boo
     assert "greedy agreement" in r.stdout
 
 
+@pytest.mark.parametrize("model", ["tiny-nemotron", "tiny-qwen"])
+def test_speculative_windows_equal_standard_decode(tmp_path: Path, model: str) -> None:
+    """fp32 state, windows of 4 tokens committing a seeded 1..4 of them (mean 2.5): every token's distribution
+    equals the fp32 baseline's up to float error; a bf16 state under the same windows differs."""
+    ids = read_tokens(120, seed=2)
+    for state, same in (("fp32", True), ("bf16", False)):
+        cfg = AccuracyConfig(model, state_spec(state), tokens=120, prompt_len=8, positions=(60,), device="cpu",
+                             spec_tokens=4, mean_accept=2.5)
+        for rec in run_accuracy(cfg, ids)["records"]:
+            assert rec["spec_tokens"] == 4 and rec["mean_accept"] == 2.5 and rec["label"].endswith("T=4 A=2.5")
+            if same:
+                assert rec["mean_kl"] < 1e-9 and rec["greedy_agreement"] == 1.0
+            else:
+                assert rec["mean_kl"] > 1e-9
+
+
+def test_speculative_config_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"^mean_accept: expected 1 <= A <= spec_tokens = 4, got None"):
+        AccuracyConfig("tiny-nemotron", state_spec("fp32"), tokens=64, spec_tokens=4)
+    with pytest.raises(ValueError, match=r"^spec_tokens: the speculative verify reads plain checkpoints"):
+        AccuracyConfig("tiny-nemotron", state_spec("nvfp4", "dual", "fp32"), tokens=64, spec_tokens=4,
+                       mean_accept=2.0)
+    with pytest.raises(ValueError, match=r"^mean_accept: only with spec_tokens > 1"):
+        AccuracyConfig("tiny-nemotron", state_spec("fp32"), tokens=64, mean_accept=2.0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "0"], "error: --tokens: expected more than prompt_len"),
+    (["--tokens", "64", "--spec", "4"], "error: --mean-accept: expected 1 <= A <= spec_tokens = 4"),
+    (["--tokens", "64", "--spec", "9", "--mean-accept", "2"], "error: --spec: expected 1..8 tokens per window"),
     (["--tokens", "64", "--text", "short.txt"], "error: --tokens: 'short.txt' holds only 5 byte tokens"),
     (["--tokens", "64", "--state-format", "nvfp4", "--state-mode", "plain"], "error: --state-mode: plain keeps"),
     (["--tokens", "64", "--positions", "0,5"], "error: --positions: expected comma-separated positive ints"),

@@ -43,17 +43,24 @@ def _table(doc: dict) -> "object":
 @click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None, show_default=False,
               help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
 @click.option("--device", default=None, show_default=False, help="torch device [default: cuda if available, else cpu].")
-@click.option("--seed", default=0, type=int, help="Seed of random weights (presets) and of random tokens.")
+@click.option("--spec", "spec_tokens", type=int, default=1, show_default=True,
+              help="Speculative windows of T tokens for the test state (the last token and the text's next T - 1 "
+                   "as drafts; 1: standard decode).")
+@click.option("--mean-accept", type=float, default=None,
+              help="With --spec: mean accepted tokens per window (1 <= A <= T, the bonus token counted) of the "
+                   "seeded acceptance pattern.")
+@click.option("--seed", default=0, type=int, help="Seed of random weights (presets), random tokens and acceptance.")
 @click.option("-o", "--output", default="accuracy.json", type=click.Path(dir_okay=False),
               help="JSON report; the KL plot goes beside it (.png).")
 def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, master_format: str | None,
                  stochastic_rounding: bool, tokens: int, text: str | None, positions: tuple[int, ...],
                  prompt_len: int, buffer_len: int, replay_mode: str, act_dtype: str | None, device: str | None,
-                 seed: int, output: str) -> None:
+                 spec_tokens: int, mean_accept: float | None, seed: int, output: str) -> None:
     """Teacher-forced decode of --tokens byte tokens through MODEL (preset name, config.json or a directory with
     safetensors) twice: with the test state (--state-format/--state-mode/...) through the replay op, and with an
     fp32 state through the baseline op. Reports per-segment mean and p99 KL(fp32 ‖ test), perplexity of both and
-    greedy-token agreement: a table, OUTPUT (records of kind "accuracy") and a PNG of KL against position."""
+    greedy-token agreement: a table, OUTPUT (records of kind "accuracy") and a PNG of KL against position. With
+    --spec T the test state decodes in speculative windows (verify, then commit of a seeded accepted count)."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -66,7 +73,7 @@ def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, m
         spec = state_from_options("fp32", state_format, state_mode, master_format, stochastic_rounding)
         config = AccuracyConfig(model=model, spec=spec, tokens=tokens, prompt_len=prompt_len, buffer_len=buffer_len,
                                 replay_mode=replay_mode, positions=positions, device=device, act_dtype=act_dtype,
-                                seed=seed)
+                                seed=seed, spec_tokens=spec_tokens, mean_accept=mean_accept)
         ids = read_tokens(tokens, text, seed)
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"decoding {tokens} tokens", total=tokens - prompt_len - 1)

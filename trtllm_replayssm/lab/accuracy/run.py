@@ -1,6 +1,7 @@
 """Teacher-forced decode of one token sequence through a reference decoder twice, in lockstep: the reference with
 an fp32 state and the baseline op, the test with ``spec`` through the replay op (prefill of ``prompt_len`` tokens,
-then one decode step per token); every next-token distribution is compared (:mod:`.metrics`)."""
+then one decode step per token, or speculative windows of ``spec_tokens`` tokens whose drafts are the text's next
+tokens, each committing a seeded number of them); every next-token distribution is compared (:mod:`.metrics`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +12,9 @@ import torch
 
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.lab.compare import CompareSettings, load_model
+from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.lab.corpus import VOCAB_SIZE
+from trtllm_replayssm.lab.models.runner import acceptance_pattern
 
 from .metrics import kl_curve, segment_records, token_metrics
 
@@ -21,7 +24,11 @@ DEFAULT_POSITIONS: tuple[int, ...] = (4096, 32768, 131072)
 @dataclass(frozen=True)
 class AccuracyConfig:
     """One run: ``model`` (a preset, config.json or safetensors directory), the test ``spec``, ``tokens`` tokens of
-    which the first ``prompt_len`` are prefilled, summaries at ``positions`` (those <= tokens, then ``tokens``)."""
+    which the first ``prompt_len`` are prefilled, summaries at ``positions`` (those <= tokens, then ``tokens``).
+    ``spec_tokens`` > 1: the test decodes in speculative windows of that many tokens (the last token and the text's
+    next ones as drafts), committing a synthetic accepted count of mean ``mean_accept`` per window (rows of
+    :func:`~trtllm_replayssm.lab.models.runner.acceptance_pattern`, seeded by ``seed``); a token's test distribution
+    is the one of the window that committed it."""
 
     model: str
     spec: StateSpec
@@ -33,9 +40,22 @@ class AccuracyConfig:
     device: str | None = None
     act_dtype: str | None = None
     seed: int = 0
+    spec_tokens: int = 1
+    mean_accept: float | None = None
     report_positions: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        if not 1 <= self.spec_tokens <= MAX_WINDOW:
+            raise ValueError(f"spec_tokens: expected 1..{MAX_WINDOW} tokens per window, got {self.spec_tokens}")
+        if self.spec_tokens > 1:
+            if self.mean_accept is None or not 1.0 <= self.mean_accept <= self.spec_tokens:
+                raise ValueError(f"mean_accept: expected 1 <= A <= spec_tokens = {self.spec_tokens}, got "
+                                 f"{self.mean_accept}")
+            if self.spec.stored:
+                raise ValueError(f"spec_tokens: the speculative verify reads plain checkpoints (fp32, fp16, bf16), "
+                                 f"not {self.spec.label}")
+        elif self.mean_accept is not None:
+            raise ValueError("mean_accept: only with spec_tokens > 1")
         if self.prompt_len < 1:
             raise ValueError(f"prompt_len: expected >= 1, got {self.prompt_len}")
         if self.tokens <= self.prompt_len:
@@ -75,29 +95,53 @@ def run_accuracy(config: AccuracyConfig, tokens: torch.Tensor,
     if dev.type == "cuda" and family != "mamba2" and config.spec.stored:
         raise ValueError(f"state_format: {config.spec.label} on {family} has no CUDA kernels yet; run on the CPU")
     ids = tokens.to(dev)
-    ref = model.allocate(1, config.tokens + 1, "baseline", torch.float32)
-    test = model.allocate(1, config.tokens + 1, "replay", config.spec, buffer_len=config.buffer_len,
-                          replay_mode=config.replay_mode)
+    T = config.spec_tokens
+    ref = model.allocate(1, config.tokens + T, "baseline", torch.float32)
+    test = model.allocate(1, config.tokens + T, "replay", config.spec, buffer_len=config.buffer_len,
+                          replay_mode=config.replay_mode, spec_tokens=T)
     p = config.prompt_len
     prompt = ids[None, :p]
     ref_logits, test_logits = [model.prefill(prompt, ref)], [model.prefill(prompt, test)]
     steps = config.tokens - p - 1
     for s in range(steps):
-        tok = ids[p + s:p + s + 1]
-        ref_logits.append(model.decode_step(tok, ref))
-        test_logits.append(model.decode_step(tok, test))
+        ref_logits.append(model.decode_step(ids[p + s:p + s + 1], ref))
+        if T == 1:
+            test_logits.append(model.decode_step(ids[p + s:p + s + 1], test))
         if progress is not None:
             progress(s + 1, steps)
+    if T > 1:
+        test_logits += _speculative_logits(model, test, ids, p, steps, config)
     kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(torch.cat(ref_logits), torch.cat(test_logits),
                                                                      ids[p:]))
-    fields = {"kind": "accuracy", "model": config.model, **config.spec.to_dict(), "label": config.spec.label,
-              "spec_tokens": 1, "L": config.buffer_len, "replay_mode": config.replay_mode,
-              "act_dtype": str(model.dtype).removeprefix("torch.")}
+    label = config.spec.label + (f" spec T={T} A={config.mean_accept:g}" if T > 1 else "")
+    fields = {"kind": "accuracy", "model": config.model, **config.spec.to_dict(), "label": label,
+              "spec_tokens": T, "mean_accept": config.mean_accept, "L": config.buffer_len,
+              "replay_mode": config.replay_mode, "act_dtype": str(model.dtype).removeprefix("torch.")}
     records = [{**fields, **r} for r in segment_records(kl, nll_ref, nll_test, agree, p, list(config.report_positions))]
     return {"description": __doc__.split("\n\n")[0].replace("\n", " "),
             "config": {"model": config.model, "tokens": config.tokens, "prompt_len": p, "seed": config.seed},
             "notes": notes, "environment": {"device": str(dev), "torch": torch.__version__},
-            "records": records, "kl_curve": {config.spec.label: kl_curve(kl, p)}}
+            "records": records, "kl_curve": {label: kl_curve(kl, p)}}
+
+
+def _speculative_logits(model, state, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig) -> list:
+    """The test's logits predicting ``ids[p + 1 .. p + steps]``: windows of T tokens from the next uncommitted one
+    (the last window padded with its last token), each committing its row of the acceptance pattern, clipped to the
+    tokens left; a window's logits after each committed token."""
+    T = config.spec_tokens
+    counts = acceptance_pattern(T, config.mean_accept, steps, 1, config.seed).flatten().tolist()
+    out, q = [], p
+    for a in counts:
+        if q >= p + steps:
+            break
+        window = ids[q:q + T]
+        window = torch.cat([window, window[-1:].expand(T - window.numel())])[None]
+        a = min(a, p + steps - q)
+        logits = model.verify_step(window, state)
+        model.commit(torch.tensor([a], dtype=torch.int32), state)
+        out.append(logits[0, :a])
+        q += a
+    return out
 
 
 def plot_kl(docs: list[dict], path: str | Path) -> Path:
