@@ -2,7 +2,7 @@
 
     python3 build_scripts/train_models.py --corpus corpus -o models [--models byte-nemotron,byte-qwen] [--steps N]
 
-Writes models/<model>/{config.json,model.safetensors,train.json} (trtllm_replayssm/lab/train.py; seeded windows and
+Writes models/<model>/{config.json,model-*.safetensors,train.json} (trtllm_replayssm/lab/train.py; seeded windows and
 initialisation) and prints each model's held-out loss and perplexity last. The directories load with
 ``trtllm-replayssm accuracy models/<model> ...`` and ``compare``.
 """

@@ -103,11 +103,15 @@ def test_training_lowers_the_loss_and_is_seeded(preset, tmp_path):
     assert record["heldout_loss"]["held"] < losses[0]
     _, again = train.train_model(cfg, TEXT, {"held": TEXT[:400]}, SETTINGS, "cpu", log=lambda _: None)
     assert [c["loss"] for c in again["curve"]] == losses
-    out = train.save_trained(model, record, tmp_path / preset)
+    out = train.save_trained(model, record, tmp_path / preset, dtype=torch.float32, shard_bytes=1 << 20)
     assert json.loads((out / "train.json").read_text())["heldout_loss"] == record["heldout_loss"]
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1
     loaded = from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
         assert torch.equal(loaded.logits(TEXT[None, :40]), model.logits(TEXT[None, :40]))
+    bf16 = from_pretrained(train.save_trained(model, record, tmp_path / "bf16"), dtype=torch.bfloat16)
+    assert torch.equal(dict(bf16.named_parameters())["lm_head.weight"],
+                       model.lm_head.weight.detach().to(torch.bfloat16))
     with pytest.raises(FileExistsError):
         train.save_trained(model, record, tmp_path / preset)
 

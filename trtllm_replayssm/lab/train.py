@@ -1,7 +1,8 @@
 """Training of the byte-level accuracy models: next-byte cross-entropy on the corpus's training text through
 :meth:`HybridLM.logits` (the decoder's own prefill path, differentiable), seeded windows, AdamW with a linear warmup
-and cosine decay, float32 parameters and activations (TF32 matmuls on CUDA). :func:`save_trained` writes a directory the decoders load
-(``config.json``, ``model.safetensors``) with ``train.json`` (settings, loss curve, held-out loss and perplexity).
+and cosine decay, float32 parameters and activations (TF32 matmuls on CUDA). :func:`save_trained` writes a directory
+the decoders load (``config.json``, bf16 safetensors shards small enough to come back from the GPU machine) with
+``train.json`` (settings, loss curve, held-out loss and perplexity).
 
 The SSM layers train through the chunked forms of the decoders' float32 scans (``mamba2_chunk_scan``,
 ``gdn_chunk_scan``: the same recurrence, a few launches per chunk of tokens instead of per token).
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from trtllm_replayssm.lab.corpus.tokens import VOCAB_SIZE
 from trtllm_replayssm.lab.models.config import HybridConfig, to_hf_config
 from trtllm_replayssm.lab.models.decoder import HybridLM
+from trtllm_replayssm.lab.models.mixers import FP32_PARAMS
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,15 @@ def _train(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, tor
     return model, record
 
 
-def save_trained(model: HybridLM, record: dict, out_dir: str | Path) -> Path:
-    """``config.json`` (:func:`to_hf_config`), ``model.safetensors`` (the decoder's parameter names, float32) and
-    ``train.json`` under ``out_dir`` (which must not exist), written to a temporary directory first and renamed into
-    place."""
+SHARD_BYTES = 15 << 20  # safetensors shards small enough to travel back from the GPU machine one by one
+
+
+def save_trained(model: HybridLM, record: dict, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
+                 shard_bytes: int = SHARD_BYTES) -> Path:
+    """``config.json`` (:func:`to_hf_config`), the parameters in ``dtype`` (``A_log``, ``D``, ``dt_bias`` in float32,
+    as the decoders keep them) as ``model-0000k-of-0000n.safetensors`` shards of at most ``shard_bytes`` (a single
+    parameter larger than that gets its own shard) and ``train.json`` under ``out_dir`` (which must not exist),
+    written to a temporary directory first and renamed into place."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -153,8 +160,18 @@ def save_trained(model: HybridLM, record: dict, out_dir: str | Path) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     (tmp / "config.json").write_text(json.dumps(to_hf_config(model.cfg), indent=2) + "\n")
-    save_file({n: p.detach().float().contiguous().clone().cpu() for n, p in model.named_parameters()},
-              str(tmp / "model.safetensors"))
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, p in model.named_parameters():
+        keep = torch.float32 if name.rsplit(".", 1)[-1] in FP32_PARAMS else dtype
+        t = p.detach().to(keep).contiguous().clone().cpu()
+        if shards[-1] and size + t.nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    for k, shard in enumerate(shards):
+        save_file(shard, str(tmp / f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"))
     (tmp / "train.json").write_text(json.dumps(record, indent=2) + "\n")
     tmp.rename(out)
     return out
