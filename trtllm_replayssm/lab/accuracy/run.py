@@ -14,7 +14,7 @@ from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.lab.compare import CompareSettings, load_model
 from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.lab.corpus import VOCAB_SIZE
-from trtllm_replayssm.lab.models.runner import acceptance_pattern
+from trtllm_replayssm.lab.models.runner import acceptance_pattern, capture_graph
 
 from .metrics import kl_curve, segment_records, token_metrics
 
@@ -28,7 +28,8 @@ class AccuracyConfig:
     ``spec_tokens`` > 1: the test decodes in speculative windows of that many tokens (the last token and the text's
     next ones as drafts), committing a synthetic accepted count of mean ``mean_accept`` per window (rows of
     :func:`~trtllm_replayssm.lab.models.runner.acceptance_pattern`, seeded by ``seed``); a token's test distribution
-    is the one of the window that committed it."""
+    is the one of the window that committed it. ``use_graph``: each decode step (or window) a replayed CUDA graph
+    (default: on CUDA)."""
 
     model: str
     spec: StateSpec
@@ -42,6 +43,7 @@ class AccuracyConfig:
     seed: int = 0
     spec_tokens: int = 1
     mean_accept: float | None = None
+    use_graph: bool | None = None
     report_positions: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,18 +101,23 @@ def run_accuracy(config: AccuracyConfig, tokens: torch.Tensor,
     ref = model.allocate(1, config.tokens + T, "baseline", torch.float32)
     test = model.allocate(1, config.tokens + T, "replay", config.spec, buffer_len=config.buffer_len,
                           replay_mode=config.replay_mode, spec_tokens=T)
+    use_graph = dev.type == "cuda" if config.use_graph is None else config.use_graph
+    if use_graph and dev.type != "cuda":
+        raise ValueError(f"use_graph: CUDA graphs need a CUDA model, got device {dev}")
+    ref_step = _Step(model, ref, 1, use_graph)  # captured before the prefill, which resets the state
+    test_step = _Step(model, test, T, use_graph)
     p = config.prompt_len
     prompt = ids[None, :p]
     ref_logits, test_logits = [model.prefill(prompt, ref)], [model.prefill(prompt, test)]
     steps = config.tokens - p - 1
     for s in range(steps):
-        ref_logits.append(model.decode_step(ids[p + s:p + s + 1], ref))
+        ref_logits.append(ref_step(ids[p + s:p + s + 1]))
         if T == 1:
-            test_logits.append(model.decode_step(ids[p + s:p + s + 1], test))
+            test_logits.append(test_step(ids[p + s:p + s + 1]))
         if progress is not None:
             progress(s + 1, steps)
     if T > 1:
-        test_logits += _speculative_logits(model, test, ids, p, steps, config)
+        test_logits += _speculative_logits(test_step, ids, p, steps, config)
     kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(torch.cat(ref_logits), torch.cat(test_logits),
                                                                      ids[p:]))
     label = config.spec.label + (f" spec T={T} A={config.mean_accept:g}" if T > 1 else "")
@@ -124,7 +131,36 @@ def run_accuracy(config: AccuracyConfig, tokens: torch.Tensor,
             "records": records, "kl_curve": {label: kl_curve(kl, p)}}
 
 
-def _speculative_logits(model, state, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig) -> list:
+class _Step:
+    """One teacher-forced decode step (``window`` 1: ``tokens [1]`` -> logits ``[1, vocab]``) or speculative window
+    with its commit (``tokens [T]``, ``accepted`` -> logits ``[1, T, vocab]``) of ``state``, eager or a CUDA graph
+    over static input buffers captured at construction (its warm-up calls change ``state``: prefill after it)."""
+
+    def __init__(self, model, state, window: int, use_graph: bool) -> None:
+        dev = model.device
+        self.tokens = torch.zeros(window, dtype=torch.long, device=dev)
+        self.accepted = torch.ones(1, dtype=torch.int32, device=dev)
+        if window == 1:
+            def run() -> torch.Tensor:
+                return model.decode_step(self.tokens, state)
+        else:
+            def run() -> torch.Tensor:
+                logits = model.verify_step(self.tokens[None], state)
+                model.commit(self.accepted, state)
+                return logits
+        if use_graph:
+            graph, out = capture_graph(run)
+            self.run = lambda: (graph.replay(), out)[1]
+        else:
+            self.run = run
+
+    def __call__(self, tokens: torch.Tensor, accepted: int = 1) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.accepted.fill_(accepted)
+        return self.run().clone()
+
+
+def _speculative_logits(step: _Step, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig) -> list:
     """The test's logits predicting ``ids[p + 1 .. p + steps]``: windows of T tokens from the next uncommitted one
     (the last window padded with its last token), each committing its row of the acceptance pattern, clipped to the
     tokens left; a window's logits after each committed token."""
@@ -135,10 +171,8 @@ def _speculative_logits(model, state, ids: torch.Tensor, p: int, steps: int, con
         if q >= p + steps:
             break
         window = ids[q:q + T]
-        window = torch.cat([window, window[-1:].expand(T - window.numel())])[None]
         a = min(a, p + steps - q)
-        logits = model.verify_step(window, state)
-        model.commit(torch.tensor([a], dtype=torch.int32), state)
+        logits = step(torch.cat([window, window[-1:].expand(T - window.numel())]), a)
         out.append(logits[0, :a])
         q += a
     return out
