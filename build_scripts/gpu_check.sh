@@ -2,8 +2,9 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare]
-#   (default: tests contract sanitize bench spec compare)
+#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [train]
+#   (default: tests contract sanitize bench spec compare; train: one accuracy model, TRAIN_MODELS, from a carried
+#   corpus/ into $OUT/models: its bf16 shards come back)
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
 # peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
@@ -99,6 +100,11 @@ if has compare; then  # whole 4B models, then layer slices of the 120B/122B mode
       > "$OUT/compare_slices.log" 2>&1
     rc=$?; record "compare 12-layer slices" $rc "$OUT/compare-slices/compare.json"
   fi
+fi
+if has train; then  # one model per call: a trained model's shards (about 50 MB) fill what comes back
+  timeout "${TRAIN_TIMEOUT:-540}" python3 build_scripts/train_models.py --corpus corpus -o "$OUT/models" \
+    --models "${TRAIN_MODELS:-byte-nemotron}" --steps "${TRAIN_STEPS:-1500}" > "$OUT/train.log" 2>&1
+  rc=$?; record "train ${TRAIN_MODELS:-byte-nemotron}" $rc "$(tail -n 1 "$OUT/train.log")"
 fi
 for f in "$OUT"/kernels-h200-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.lab.bench.report import load_results, \

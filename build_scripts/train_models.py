@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=train.TrainSettings.steps)
     parser.add_argument("--batch", type=int, default=train.TrainSettings.batch)
     parser.add_argument("--seq-len", type=int, default=train.TrainSettings.seq_len)
+    parser.add_argument("--warmup", type=int, default=train.TrainSettings.warmup, help="(capped at --steps)")
     parser.add_argument("--seed", type=int, default=train.TrainSettings.seed)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -41,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     if existing:
         print(f"error: --out-dir: {', '.join(str(out / n) for n in existing)} already exist", file=sys.stderr)
         return 2
-    settings = train.TrainSettings(steps=args.steps, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
+    try:
+        settings = train.TrainSettings(steps=args.steps, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
+                                       warmup=min(args.warmup, args.steps))
+    except ValueError as err:
+        print(f"error: --{str(err).split(':')[0].replace('_', '-')}: {str(err).split(': ', 1)[1]}", file=sys.stderr)
+        return 2
     train_tokens = train.byte_tokens(corpus / "train.txt")
     heldout = {f.stem: train.byte_tokens(f) for f in held_files}
     rows = []
