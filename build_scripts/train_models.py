@@ -9,13 +9,16 @@ initialisation) and prints each model's held-out loss and perplexity last. The d
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-import torch
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (before CUDA starts)
 
-from trtllm_replayssm.lab import train
-from trtllm_replayssm.lab.models.config import from_preset
+import torch  # noqa: E402
+
+from trtllm_replayssm.lab import train  # noqa: E402
+from trtllm_replayssm.lab.models.config import from_preset  # noqa: E402
 
 MODELS = ("byte-nemotron", "byte-qwen")
 

@@ -94,19 +94,24 @@ def train_model(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str
     if train_tokens.numel() <= s.seq_len + 1:
         raise ValueError(f"train_tokens: expected more than seq_len + 1 = {s.seq_len + 1} tokens")
     dev = torch.device(device)
-    with _tf32_matmuls():
+    with _training_numerics():
         return _train(cfg, train_tokens, heldout, s, dev, log)
 
 
 @contextlib.contextmanager
-def _tf32_matmuls():
-    """TF32 for float32 matmuls on CUDA while training (torch's setting restored after)."""
-    before = torch.backends.cuda.matmul.allow_tf32
+def _training_numerics():
+    """While training: TF32 for float32 matmuls on CUDA and torch's deterministic algorithms where they exist (a
+    warning where an op has none; cuBLAS needs CUBLAS_WORKSPACE_CONFIG set before CUDA starts, as
+    build_scripts/train_models.py does); torch's settings restored after."""
+    tf32, det = torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled()
+    warn = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.backends.cuda.matmul.allow_tf32 = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.use_deterministic_algorithms(det, warn_only=warn)
 
 
 def _train(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, torch.Tensor], s: TrainSettings,
