@@ -1358,7 +1358,10 @@ __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoo
 }
 
 template <int kT>
-__device__ __forceinline__ void verify_main(const Mamba2Params& p, unsigned char* stage_mem, rssm::TilePipe& pipe) {
+__device__ __forceinline__ void verify_main(const Mamba2Params& p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * p.nheads * (P / PT);
   const TileMap coord(p);
   if (p.fold_bytes < fold_buffer_bytes(p.L)) __trap();  // every verify plan has a fold buffer
@@ -1369,6 +1372,7 @@ __device__ __forceinline__ void verify_main(const Mamba2Params& p, unsigned char
                                 verify_tile<kT>(p, coord(t), stage, pipe, s,
                                                 reinterpret_cast<const act_t*>(fold_buf), folds);
                               });
+#endif
 }
 
 }  // namespace
@@ -1376,29 +1380,11 @@ __device__ __forceinline__ void verify_main(const Mamba2Params& p, unsigned char
 // Verify step 2, persistent, for windows of up to 2, 4 and 8 tokens (the host takes the smallest that holds T): the
 // replay main kernel's schedule (a producer warp streaming checkpoint tiles and their inputs into shared-memory
 // stages, a programmatic dependent of the verify prep kernel) over verify tiles. Requires sm_90+.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t2_kernel(
-    const Mamba2Params p) {
-#if __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char stage_mem[];
-  __shared__ rssm::TilePipe pipe;
-  verify_main<2>(p, stage_mem, pipe);
-#endif
-}
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t4_kernel(
-    const Mamba2Params p) {
-#if __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char stage_mem[];
-  __shared__ rssm::TilePipe pipe;
-  verify_main<4>(p, stage_mem, pipe);
-#endif
-}
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_verify_main_t8_kernel(
-    const Mamba2Params p) {
-#if __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char stage_mem[];
-  __shared__ rssm::TilePipe pipe;
-  verify_main<8>(p, stage_mem, pipe);
-#endif
-}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3)
+    mamba2_verify_main_t2_kernel(const Mamba2Params p) { verify_main<2>(p); }
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3)
+    mamba2_verify_main_t4_kernel(const Mamba2Params p) { verify_main<4>(p); }
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3)
+    mamba2_verify_main_t8_kernel(const Mamba2Params p) { verify_main<8>(p); }
 
 #endif
