@@ -53,11 +53,12 @@ def step_rows(step: torch.Tensor | None) -> int:
 
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
              device: torch.device, prep_carveout: bool) -> None:
-    """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``prep`` and
-    ``main`` to kernel names. Replay: prep (programmatic dependent of the kernel before it if the plan says so; with
-    ``prep_carveout`` asking for the main kernel's shared-memory carveout), then the persistent main kernel (always a
-    programmatic dependent of prep), with the plan's stages, fold buffer and tail start written into ``params``."""
-    if plan.mode != "replay":
+    """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``prep``,
+    ``main`` and ``grid`` to kernel names (those the plan's modes use). Replay: prep (programmatic dependent of the
+    kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory carveout),
+    then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold buffer and
+    tail start written into ``params``. Grid: prep, then the ``grid`` kernel over the plan's state-kernel grid."""
+    if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params)
         return
@@ -65,6 +66,9 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     if prep_carveout:
         prefer_max_shared(prep)  # the main kernel's carveout: an SM need not drain between the two
     launch(prep, plan.prep_grid, (plan.prep_threads, 1, 1), params, programmatic=plan.programmatic_prep)
+    if plan.mode == "grid":
+        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)
+        return
     main = get_kernel(config, names["main"], device)
     params.stages, params.stage_bytes, params.fold_bytes = plan.stages, plan.stage_bytes, plan.fold_bytes
     params.tail_start = plan.tail_start

@@ -140,13 +140,9 @@ def _verify_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
     launch_plan = Launch.from_words(plan)
     config = kernel_config(x.shape[-1], B.shape[-1], state.dtype, x.dtype, launch_plan.rows_per_cta)
     bucket = window_bucket(x.shape[1])
-    if launch_plan.mode == "replay":
-        names = {"prep": SPEC_KERNELS["verify_prep"], "main": SPEC_KERNELS[f"verify_main_t{bucket}"]}
-        run_plan(config, names, launch_plan, params, x.device, prep_carveout=False)
-        return
-    launch(get_kernel(config, SPEC_KERNELS["verify_prep"], x.device), launch_plan.prep_grid,
-           (launch_plan.prep_threads, 1, 1), params, programmatic=launch_plan.programmatic_prep)
-    launch(get_kernel(config, SPEC_KERNELS[f"verify_grid_t{bucket}"], x.device), launch_plan.grid, STATE_BLOCK, params)
+    names = {"prep": SPEC_KERNELS["verify_prep"], "main": SPEC_KERNELS[f"verify_main_t{bucket}"],
+             "grid": SPEC_KERNELS[f"verify_grid_t{bucket}"]}
+    run_plan(config, names, launch_plan, params, x.device, prep_carveout=False)
 
 
 _verify_op = define_op("mamba2_verify_decode",
