@@ -2,9 +2,11 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [train]
-#   (default: tests contract sanitize bench spec compare; train: one accuracy model, TRAIN_MODELS, from a carried
-#   corpus/ into $OUT/models: its bf16 shards come back)
+#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [train] [accuracy]
+#   (default: tests contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
+#   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
+#   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
+#   fp32 baseline pass each, then the fp32 speculative windows)
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
 # peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
@@ -101,10 +103,33 @@ if has compare; then  # whole 4B models, then layer slices of the 120B/122B mode
     rc=$?; record "compare 12-layer slices" $rc "$OUT/compare-slices/compare.json"
   fi
 fi
-if has train; then  # one model per call: a trained model's shards (about 50 MB) fill what comes back
-  timeout "${TRAIN_TIMEOUT:-540}" python3 build_scripts/train_models.py --corpus corpus -o "$OUT/models" \
+MODELS_DIR=${MODELS_DIR:-$OUT/models}
+if has train; then
+  timeout "${TRAIN_TIMEOUT:-540}" python3 build_scripts/train_models.py --corpus corpus -o "$MODELS_DIR" \
     --models "${TRAIN_MODELS:-byte-nemotron}" --steps "${TRAIN_STEPS:-1500}" > "$OUT/train.log" 2>&1
   rc=$?; record "train ${TRAIN_MODELS:-byte-nemotron}" $rc "$(tail -n 1 "$OUT/train.log")"
+  for m in "$MODELS_DIR"/*/; do [ -f "$m/train.json" ] && cp "$m/train.json" "$OUT/train-$(basename "$m").json"; done
+fi
+if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group)
+  mamba2_states=${ACC_STATES_MAMBA2:-"fp32,bf16,fp16,fp16+sr;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8;fp8,fp8+sr,fp8/dual/fp32,fp8/dual/fp32+sr"}
+  gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16,fp16+sr"}
+  for m in ${ACC_MODELS:-byte-nemotron}; do
+    dir="$MODELS_DIR/$m"; [ -d "$dir" ] || dir="models/$m"; [ -d "$dir" ] || dir=$m  # else a preset
+    states=$gdn_states; case "$m" in *nemotron*) states=$mamba2_states;; esac
+    k=0
+    IFS=';' read -ra groups <<< "$states"
+    for g in "${groups[@]}"; do
+      k=$((k + 1))
+      timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states "$g" \
+        --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-$k.json" \
+        >> "$OUT/accuracy.log" 2>&1
+      rc=$?; record "accuracy $m $g" $rc "$OUT/acc/$m-$k.json"
+    done
+    timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --spec 4 \
+      --mean-accept 3 --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt \
+      -o "$OUT/acc/$m-spec4.json" >> "$OUT/accuracy.log" 2>&1
+    rc=$?; record "accuracy $m fp32 spec T=4" $rc "$OUT/acc/$m-spec4.json"
+  done
 fi
 for f in "$OUT"/kernels-h200-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.lab.bench.report import load_results, \

@@ -86,6 +86,28 @@ def test_accuracy_command_end_to_end(tmp_path: Path, state: list[str], same: boo
     assert "greedy agreement" in r.stdout
 
 
+def test_states_share_one_reference_pass(tmp_path: Path) -> None:
+    """--states decodes each listed state against one fp32 baseline pass: each state's records equal its own run."""
+    text = tmp_path / "text.txt"
+    text.write_text("Persuasion, a novel; the sea and the navy and Anne Elliot. " * 6)
+    common = ["tiny-nemotron", "--tokens", "180", "--text", str(text), "--positions", "90", "--device", "cpu"]
+    r = _cli(tmp_path, *common, "--states", "fp32, bf16", "-o", "suite.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    suite = json.loads((tmp_path / "suite.json").read_text())
+    assert [rec["label"] for rec in suite["records"]] == ["fp32", "fp32", "bf16", "bf16"]
+    assert set(suite["kl_curve"]) == {"fp32", "bf16"}
+    r = _cli(tmp_path, *common, "--state-format", "bf16", "-o", "single.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    single = json.loads((tmp_path / "single.json").read_text())
+    assert suite["records"][2:] == single["records"]
+    assert max(rec["mean_kl"] for rec in suite["records"][:2]) < 1e-9 < min(rec["mean_kl"] for rec in single["records"])
+    ids = read_tokens(40, seed=1)
+    configs = [AccuracyConfig("tiny-nemotron", state_spec(s), tokens=40, device="cpu", prompt_len=p)
+               for s, p in (("fp32", 8), ("bf16", 9))]
+    with pytest.raises(ValueError, match="configs: every config shares the reference pass"):
+        run_accuracy(configs, ids)
+
+
 @pytest.mark.parametrize("model", ["tiny-nemotron", "tiny-qwen"])
 def test_speculative_windows_equal_standard_decode(tmp_path: Path, model: str) -> None:
     """fp32 state, windows of 4 tokens committing a seeded 1..4 of them (mean 2.5): every token's distribution
@@ -119,6 +141,8 @@ def test_speculative_config_is_checked() -> None:
     (["--tokens", "64", "--text", "short.txt"], "error: --tokens: 'short.txt' holds only 5 byte tokens"),
     (["--tokens", "64", "--state-format", "nvfp4", "--state-mode", "plain"], "error: --state-mode: plain keeps"),
     (["--tokens", "64", "--positions", "0,5"], "error: --positions: expected comma-separated positive ints"),
+    (["--tokens", "64", "--states", "fp32", "--state-format", "bf16"], "error: --states: give either --states"),
+    (["--tokens", "64", "--states", "fp32,nvfp4/shared"], "error: --states: expected FORMAT or FORMAT/dual/MASTER"),
 ])
 def test_accuracy_command_rejects_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "short.txt").write_text("short")

@@ -103,6 +103,11 @@ def test_training_lowers_the_loss_and_is_seeded(preset, tmp_path):
     assert record["heldout_loss"]["held"] < losses[0]
     _, again = train.train_model(cfg, TEXT, {"held": TEXT[:400]}, SETTINGS, "cpu", log=lambda _: None)
     assert [c["loss"] for c in again["curve"]] == losses
+    assert again["weights_sha256"] == record["weights_sha256"] == train.weights_digest(model)
+    kept = model.lm_head.weight.data[0, 0].item()
+    model.lm_head.weight.data[0, 0] = kept + 1e-3
+    assert train.weights_digest(model) != record["weights_sha256"]
+    model.lm_head.weight.data[0, 0] = kept
     assert not torch.are_deterministic_algorithms_enabled()  # torch's settings restored
     out = train.save_trained(model, record, tmp_path / preset, dtype=torch.float32, shard_bytes=1 << 20)
     assert json.loads((out / "train.json").read_text())["heldout_loss"] == record["heldout_loss"]

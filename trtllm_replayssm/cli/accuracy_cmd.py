@@ -15,12 +15,12 @@ def _table(doc: dict) -> "object":
     from rich.table import Table
 
     rec = doc["records"][0]
-    table = Table(title=f"{rec['model']}: {rec['label']} (L = {rec['L']}, {rec['replay_mode']}) vs fp32 baseline "
-                        f"state, {doc['environment']['device']}")
-    for col in ("tokens", "mean KL", "p99 KL", "PPL", "PPL fp32", "ΔPPL", "greedy agreement"):
+    table = Table(title=f"{rec['model']} (L = {rec['L']}, {rec['replay_mode']}) vs fp32 baseline state, "
+                        f"{doc['environment']['device']}")
+    for col in ("state", "tokens", "mean KL", "p99 KL", "PPL", "PPL fp32", "ΔPPL", "greedy agreement"):
         table.add_column(col, justify="right")
     for r in doc["records"]:
-        table.add_row(f"{r['from_position']}-{r['position']}", f"{r['mean_kl']:.3e}", f"{r['p99_kl']:.3e}",
+        table.add_row(r["label"], f"{r['from_position']}-{r['position']}", f"{r['mean_kl']:.3e}", f"{r['p99_kl']:.3e}",
                       f"{r['ppl']:.4f}", f"{r['ppl_ref']:.4f}", f"{r['delta_ppl_pct']:+.3f}%",
                       f"{r['greedy_agreement']:.2%}")
     return table
@@ -29,6 +29,9 @@ def _table(doc: dict) -> "object":
 @click.command("accuracy")
 @click.argument("model", metavar="MODEL")
 @state_options
+@click.option("--states", default=None,
+              help="Comma-separated state labels decoded one after another against one fp32 baseline pass, e.g. "
+                   "'fp32,bf16,fp16+sr,nvfp4,nvfp4/dual/fp16' (instead of the four state options).")
 @click.option("--tokens", "tokens", required=True, type=int, help="Tokens to decode (bytes of --text).")
 @click.option("--text", type=click.Path(exists=True, dir_okay=False), default=None,
               help="UTF-8 text whose bytes are the tokens (e.g. corpus/heldout/persuasion.txt) [default: seeded "
@@ -53,31 +56,42 @@ def _table(doc: dict) -> "object":
 @click.option("-o", "--output", default="accuracy.json", type=click.Path(dir_okay=False),
               help="JSON report; the KL plot goes beside it (.png).")
 def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, master_format: str | None,
-                 stochastic_rounding: bool, tokens: int, text: str | None, positions: tuple[int, ...],
+                 stochastic_rounding: bool, states: str | None, tokens: int, text: str | None, positions: tuple[int, ...],
                  prompt_len: int, buffer_len: int, replay_mode: str, act_dtype: str | None, device: str | None,
                  spec_tokens: int, mean_accept: float | None, seed: int, output: str) -> None:
     """Teacher-forced decode of --tokens byte tokens through MODEL (preset name, config.json or a directory with
-    safetensors) twice: with the test state (--state-format/--state-mode/...) through the replay op, and with an
-    fp32 state through the baseline op. Reports per-segment mean and p99 KL(fp32 ‖ test), perplexity of both and
+    safetensors) with an fp32 state through the baseline op, then with each test state (--state-format/... or the
+    list --states) through the replay op. Reports per-segment mean and p99 KL(fp32 ‖ test), perplexity of both and
     greedy-token agreement: a table, OUTPUT (records of kind "accuracy") and a PNG of KL against position. With
-    --spec T the test state decodes in speculative windows (verify, then commit of a seeded accepted count)."""
+    --spec T the test states decode in speculative windows (verify, then commit of a seeded accepted count)."""
     from rich.console import Console
     from rich.progress import Progress
 
+    from trtllm_replayssm.core.formats import parse_state_label
     from trtllm_replayssm.lab.accuracy import AccuracyConfig, plot_kl, read_tokens, run_accuracy
     from trtllm_replayssm.lab.compare import check_models
     from trtllm_replayssm.lab.plotting import PlotUnavailable
 
     try:
         check_models([model])
-        spec = state_from_options("fp32", state_format, state_mode, master_format, stochastic_rounding)
-        config = AccuracyConfig(model=model, spec=spec, tokens=tokens, prompt_len=prompt_len, buffer_len=buffer_len,
-                                replay_mode=replay_mode, positions=positions, device=device, act_dtype=act_dtype,
-                                seed=seed, spec_tokens=spec_tokens, mean_accept=mean_accept)
+        if states is None:
+            specs = [state_from_options("fp32", state_format, state_mode, master_format, stochastic_rounding)]
+        elif state_format or state_mode or master_format or stochastic_rounding:
+            raise ValueError("states: give either --states or the state options (--state-format, --state-mode, "
+                             "--master-format, --stochastic-rounding), not both")
+        else:
+            specs = [parse_state_label(label.strip(), "states") for label in states.split(",") if label.strip()]
+            if not specs:
+                raise ValueError(f"states: expected comma-separated state labels, got {states!r}")
+        configs = [AccuracyConfig(model=model, spec=spec, tokens=tokens, prompt_len=prompt_len,
+                                  buffer_len=buffer_len, replay_mode=replay_mode, positions=positions, device=device,
+                                  act_dtype=act_dtype, seed=seed, spec_tokens=spec_tokens, mean_accept=mean_accept)
+                   for spec in specs]
         ids = read_tokens(tokens, text, seed)
         with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"decoding {tokens} tokens", total=tokens - prompt_len - 1)
-            doc = run_accuracy(config, ids, lambda done, _total: bar.update(task, completed=done))
+            task = bar.add_task(f"decoding {tokens} tokens, {len(specs) + 1} passes",
+                                total=(tokens - prompt_len - 1) * (len(specs) + 1))
+            doc = run_accuracy(configs, ids, lambda done, _total: bar.update(task, completed=done))
     except (ValueError, RuntimeError) as err:
         bad_value(err)
     doc["config"]["text"] = text or f"random bytes (seed {seed})"

@@ -10,6 +10,7 @@ The SSM layers train through the chunked forms of the decoders' float32 scans (`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import shutil
@@ -142,8 +143,17 @@ def _train(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str, tor
     record = {"model": cfg.name, "settings": asdict(s), "parameters": sum(p.numel() for p in model.parameters()),
               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "curve": curve,
               "heldout_loss": held, "heldout_ppl": {k: math.exp(v) for k, v in held.items()},
-              "seconds": time.time() - start}
+              "seconds": time.time() - start, "weights_sha256": weights_digest(model)}
     return model, record
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the parameters' names and float32 bytes in order: equal digests, bit-identical training."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(p.detach().float().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 SHARD_BYTES = 15 << 20  # safetensors shards small enough to travel back from the GPU machine one by one

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -82,53 +82,97 @@ def read_tokens(n: int, text: str | Path | None = None, seed: int = 0) -> torch.
 
 
 @torch.no_grad()
-def run_accuracy(config: AccuracyConfig, tokens: torch.Tensor,
+def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: torch.Tensor,
                  progress: Callable[[int, int], None] | None = None) -> dict:
-    """Decode ``tokens [n]`` with both states; returns the document (``records`` of ``kind: "accuracy"``, one per
-    report position, and the binned ``kl_curve``)."""
-    if tokens.numel() != config.tokens:
-        raise ValueError(f"tokens: expected {config.tokens} tokens, got {tokens.numel()}")
-    settings = config.settings
-    model, notes = load_model(config.model, settings)
+    """Decode ``tokens [n]`` with the fp32 baseline state once and with each config's test state; returns the
+    document (``records`` of ``kind: "accuracy"``, one per config and report position, and a binned ``kl_curve`` per
+    config's label). The configs share what the reference pass depends on (:func:`_reference_key`); ``progress``
+    gets (decode steps done, steps in all passes)."""
+    configs = [configs] if isinstance(configs, AccuracyConfig) else list(configs)
+    if not configs:
+        raise ValueError("configs: expected at least one AccuracyConfig")
+    first = configs[0]
+    for c in configs[1:]:
+        if _reference_key(c) != _reference_key(first):
+            raise ValueError(f"configs: every config shares the reference pass (model, tokens, prompt_len, positions, "
+                             f"device, act_dtype, seed); {c.spec.label} differs from {first.spec.label}")
+    if tokens.numel() != first.tokens:
+        raise ValueError(f"tokens: expected {first.tokens} tokens, got {tokens.numel()}")
+    model, notes = load_model(first.model, first.settings)
     if model.cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model: byte tokens need a vocabulary of >= {VOCAB_SIZE}, got {model.cfg.vocab_size}")
     dev = model.device
     family = "mamba2" if model.cfg.arch == "nemotron_h" else "gdn"
-    if dev.type == "cuda" and family != "mamba2" and config.spec.stored:
-        raise ValueError(f"state_format: {config.spec.label} on {family} has no CUDA kernels yet; run on the CPU")
+    for c in configs:
+        if dev.type == "cuda" and family != "mamba2" and c.spec.stored:
+            raise ValueError(f"state_format: {c.spec.label} on {family} has no CUDA kernels yet; run on the CPU")
+        if c.use_graph and dev.type != "cuda":
+            raise ValueError(f"use_graph: CUDA graphs need a CUDA model, got device {dev}")
     ids = tokens.to(dev)
-    T = config.spec_tokens
-    ref = model.allocate(1, config.tokens + T, "baseline", torch.float32)
-    test = model.allocate(1, config.tokens + T, "replay", config.spec, buffer_len=config.buffer_len,
-                          replay_mode=config.replay_mode, spec_tokens=T)
-    use_graph = dev.type == "cuda" if config.use_graph is None else config.use_graph
-    if use_graph and dev.type != "cuda":
-        raise ValueError(f"use_graph: CUDA graphs need a CUDA model, got device {dev}")
-    ref_step = _Step(model, ref, 1, use_graph)  # captured before the prefill, which resets the state
-    test_step = _Step(model, test, T, use_graph)
-    p = config.prompt_len
-    prompt = ids[None, :p]
-    ref_logits, test_logits = [model.prefill(prompt, ref)], [model.prefill(prompt, test)]
-    steps = config.tokens - p - 1
-    for s in range(steps):
-        ref_logits.append(ref_step(ids[p + s:p + s + 1]))
-        if T == 1:
-            test_logits.append(test_step(ids[p + s:p + s + 1]))
+    p = first.prompt_len
+    steps = first.tokens - p - 1
+    total = steps * (1 + len(configs))
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
         if progress is not None:
-            progress(s + 1, steps)
-    if T > 1:
-        test_logits += _speculative_logits(test_step, ids, p, steps, config)
-    kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(torch.cat(ref_logits), torch.cat(test_logits),
-                                                                     ids[p:]))
-    label = config.spec.label + (f" spec T={T} A={config.mean_accept:g}" if T > 1 else "")
-    fields = {"kind": "accuracy", "model": config.model, **config.spec.to_dict(), "label": label,
-              "spec_tokens": T, "mean_accept": config.mean_accept, "L": config.buffer_len,
-              "replay_mode": config.replay_mode, "act_dtype": str(model.dtype).removeprefix("torch.")}
-    records = [{**fields, **r} for r in segment_records(kl, nll_ref, nll_test, agree, p, list(config.report_positions))]
+            progress(done[0], total)
+
+    ref_logits = torch.cat(_standard_logits(model, ids, p, steps, 1, "baseline", torch.float32,
+                                            _graphed(first, dev), tick))
+    records, curves = [], {}
+    for c in configs:
+        logits = torch.cat(_test_logits(model, ids, c, _graphed(c, dev), tick))
+        kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(ref_logits, logits, ids[p:]))
+        T = c.spec_tokens
+        label = c.spec.label + (f" spec T={T} A={c.mean_accept:g}" if T > 1 else "")
+        fields = {"kind": "accuracy", "model": c.model, **c.spec.to_dict(), "label": label, "spec_tokens": T,
+                  "mean_accept": c.mean_accept, "L": c.buffer_len, "replay_mode": c.replay_mode,
+                  "act_dtype": str(model.dtype).removeprefix("torch.")}
+        records += [{**fields, **r} for r in segment_records(kl, nll_ref, nll_test, agree, p,
+                                                            list(c.report_positions))]
+        curves[label] = kl_curve(kl, p)
+        del logits
     return {"description": __doc__.split("\n\n")[0].replace("\n", " "),
-            "config": {"model": config.model, "tokens": config.tokens, "prompt_len": p, "seed": config.seed},
+            "config": {"model": first.model, "tokens": first.tokens, "prompt_len": p, "seed": first.seed},
             "notes": notes, "environment": {"device": str(dev), "torch": torch.__version__},
-            "records": records, "kl_curve": {label: kl_curve(kl, p)}}
+            "records": records, "kl_curve": curves}
+
+
+def _reference_key(config: AccuracyConfig) -> tuple:
+    """What the fp32 baseline pass of ``config`` depends on."""
+    return (config.model, config.tokens, config.prompt_len, config.positions, config.device, config.act_dtype,
+            config.seed)
+
+
+def _graphed(config: AccuracyConfig, dev: torch.device) -> bool:
+    return dev.type == "cuda" if config.use_graph is None else config.use_graph
+
+
+def _standard_logits(model, ids: torch.Tensor, p: int, steps: int, window: int, kind: str, spec, use_graph: bool,
+                     tick: Callable[[], None], **allocate) -> list:
+    """Prefill ``ids[:p]`` into a fresh ``kind`` state, then one decode step per token: the logits predicting
+    ``ids[p .. p + steps]``."""
+    state = model.allocate(1, ids.numel() + window, kind, spec, **allocate)
+    step = _Step(model, state, 1, use_graph)  # captured before the prefill, which resets the state
+    out = [model.prefill(ids[None, :p], state)]
+    for s in range(steps):
+        out.append(step(ids[p + s:p + s + 1]))
+        tick()
+    return out
+
+
+def _test_logits(model, ids: torch.Tensor, config: AccuracyConfig, use_graph: bool, tick: Callable[[], None]) -> list:
+    """The test state's logits predicting ``ids[p .. p + steps]``: standard decode steps, or speculative windows."""
+    p, T = config.prompt_len, config.spec_tokens
+    steps = config.tokens - p - 1
+    allocate = {"buffer_len": config.buffer_len, "replay_mode": config.replay_mode, "spec_tokens": T}
+    if T == 1:
+        return _standard_logits(model, ids, p, steps, 1, "replay", config.spec, use_graph, tick, **allocate)
+    state = model.allocate(1, config.tokens + T, "replay", config.spec, **allocate)
+    step = _Step(model, state, T, use_graph)
+    return [model.prefill(ids[None, :p], state)] + _speculative_logits(step, ids, p, steps, config, tick)
 
 
 class _Step:
@@ -160,7 +204,8 @@ class _Step:
         return self.run().clone()
 
 
-def _speculative_logits(step: _Step, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig) -> list:
+def _speculative_logits(step: _Step, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig,
+                        tick: Callable[[], None]) -> list:
     """The test's logits predicting ``ids[p + 1 .. p + steps]``: windows of T tokens from the next uncommitted one
     (the last window padded with its last token), each committing its row of the acceptance pattern, clipped to the
     tokens left; a window's logits after each committed token."""
@@ -175,6 +220,8 @@ def _speculative_logits(step: _Step, ids: torch.Tensor, p: int, steps: int, conf
         logits = step(torch.cat([window, window[-1:].expand(T - window.numel())]), a)
         out.append(logits[0, :a])
         q += a
+        for _ in range(a):
+            tick()
     return out
 
 
