@@ -111,8 +111,8 @@ if has train; then
   for m in "$MODELS_DIR"/*/; do [ -f "$m/train.json" ] && cp "$m/train.json" "$OUT/train-$(basename "$m").json"; done
 fi
 if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group)
-  mamba2_states=${ACC_STATES_MAMBA2:-"fp32,bf16,fp16,fp16+sr;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8;fp8,fp8+sr,fp8/dual/fp32,fp8/dual/fp32+sr"}
-  gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16,fp16+sr"}
+  mamba2_states=${ACC_STATES_MAMBA2:-"fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8,fp8+sr,fp8/dual/fp32+sr"}
+  gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16"}  # stored GDN formats have no CUDA kernels yet
   for m in ${ACC_MODELS:-byte-nemotron}; do
     dir="$MODELS_DIR/$m"; [ -d "$dir" ] || dir="models/$m"; [ -d "$dir" ] || dir=$m  # else a preset
     states=$gdn_states; case "$m" in *nemotron*) states=$mamba2_states;; esac

@@ -100,6 +100,7 @@ def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, m
     out.write_text(json.dumps(doc, indent=2) + "\n")
     console = Console() if Console().is_terminal else Console(width=200)
     console.print(_table(doc))
+    console.print(f"decoded {tokens} tokens in {len(doc['kl_curve']) + 1} passes in {doc['decode_seconds']:.1f} s")
     try:
         console.print(f"wrote {out}, {plot_kl([doc], out.with_suffix('.png'))}")
     except PlotUnavailable as err:

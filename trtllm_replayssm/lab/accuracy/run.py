@@ -4,6 +4,8 @@ then one decode step per token, or speculative windows of ``spec_tokens`` tokens
 tokens, each committing a seeded number of them); every next-token distribution is compared (:mod:`.metrics`)."""
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -111,20 +113,30 @@ def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: tor
     ids = tokens.to(dev)
     p = first.prompt_len
     steps = first.tokens - p - 1
-    total = steps * (1 + len(configs))
-    done = [0]
+    done, total = [0], steps * (1 + len(configs))
 
     def tick() -> None:
         done[0] += 1
         if progress is not None:
             progress(done[0], total)
 
-    ref_logits = torch.cat(_standard_logits(model, ids, p, steps, 1, "baseline", torch.float32,
-                                            _graphed(first, dev), tick))
+    ref = _Pass(model, ids, first, "baseline", torch.float32, 1, None, _graphed(first, dev))
+    tests = [_Pass(model, ids, c, "replay", c.spec, c.spec_tokens, c.mean_accept, _graphed(c, dev)) for c in configs]
+    passes = [ref, *tests]
+    start = time.perf_counter()
+    while any(not q.finished for q in passes):  # in lockstep: each pass on its own CUDA stream
+        for q in passes:
+            if not q.finished:
+                for _ in range(q.advance()):
+                    tick()
+    if dev.type == "cuda":
+        for q in passes:
+            torch.cuda.current_stream().wait_stream(q.stream)
+        torch.cuda.synchronize(dev)
+    seconds = time.perf_counter() - start
     records, curves = [], {}
-    for c in configs:
-        logits = torch.cat(_test_logits(model, ids, c, _graphed(c, dev), tick))
-        kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(ref_logits, logits, ids[p:]))
+    for c, q in zip(configs, tests):
+        kl, nll_ref, nll_test, agree = (t.cpu() for t in token_metrics(ref.logits, q.logits, ids[p:]))
         T = c.spec_tokens
         label = c.spec.label + (f" spec T={T} A={c.mean_accept:g}" if T > 1 else "")
         fields = {"kind": "accuracy", "model": c.model, **c.spec.to_dict(), "label": label, "spec_tokens": T,
@@ -133,11 +145,10 @@ def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: tor
         records += [{**fields, **r} for r in segment_records(kl, nll_ref, nll_test, agree, p,
                                                             list(c.report_positions))]
         curves[label] = kl_curve(kl, p)
-        del logits
     return {"description": __doc__.split("\n\n")[0].replace("\n", " "),
             "config": {"model": first.model, "tokens": first.tokens, "prompt_len": p, "seed": first.seed},
             "notes": notes, "environment": {"device": str(dev), "torch": torch.__version__},
-            "records": records, "kl_curve": curves}
+            "decode_seconds": seconds, "records": records, "kl_curve": curves}
 
 
 def _reference_key(config: AccuracyConfig) -> tuple:
@@ -150,35 +161,63 @@ def _graphed(config: AccuracyConfig, dev: torch.device) -> bool:
     return dev.type == "cuda" if config.use_graph is None else config.use_graph
 
 
-def _standard_logits(model, ids: torch.Tensor, p: int, steps: int, window: int, kind: str, spec, use_graph: bool,
-                     tick: Callable[[], None], **allocate) -> list:
-    """Prefill ``ids[:p]`` into a fresh ``kind`` state, then one decode step per token: the logits predicting
-    ``ids[p .. p + steps]``."""
-    state = model.allocate(1, ids.numel() + window, kind, spec, **allocate)
-    step = _Step(model, state, 1, use_graph)  # captured before the prefill, which resets the state
-    out = [model.prefill(ids[None, :p], state)]
-    for s in range(steps):
-        out.append(step(ids[p + s:p + s + 1]))
-        tick()
-    return out
+class _Pass:
+    """One state's teacher-forced decode of ``ids``: prefill of the prompt, then :meth:`advance` runs one decode
+    step (``window`` 1) or speculative window committing its row of the seeded acceptance pattern, on the pass's own
+    CUDA stream, so that the passes of a run overlap on the GPU. ``logits [tokens - prompt_len, vocab]``: row i
+    predicts ``ids[prompt_len + i]`` (for a speculative window: the distribution of the window that committed it)."""
 
+    def __init__(self, model, ids: torch.Tensor, config: AccuracyConfig, kind: str, spec, window: int,
+                 mean_accept: float | None, use_graph: bool) -> None:
+        dev = model.device
+        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+        self.ids, self.p, self.T = ids, config.prompt_len, window
+        self.end = config.tokens - 1  # the last position whose next token is predicted
+        self.counts = (acceptance_pattern(window, mean_accept, self.end - self.p, 1, config.seed).flatten().tolist()
+                       if window > 1 else [])
+        self.windows = 0
+        with self._on_stream():
+            allocate = ({"buffer_len": config.buffer_len, "replay_mode": config.replay_mode, "spec_tokens": window}
+                        if kind == "replay" else {})
+            state = model.allocate(1, config.tokens + window, kind, spec, **allocate)
+            self.step = _Step(model, state, window, use_graph)  # captured before the prefill, which resets the state
+            first = model.prefill(ids[None, :self.p], state)
+            self.logits = torch.empty((config.tokens - self.p, first.shape[-1]), dtype=first.dtype, device=dev)
+            self.logits[0].copy_(first[0])
+        self.q = self.p  # next position to decode
 
-def _test_logits(model, ids: torch.Tensor, config: AccuracyConfig, use_graph: bool, tick: Callable[[], None]) -> list:
-    """The test state's logits predicting ``ids[p .. p + steps]``: standard decode steps, or speculative windows."""
-    p, T = config.prompt_len, config.spec_tokens
-    steps = config.tokens - p - 1
-    allocate = {"buffer_len": config.buffer_len, "replay_mode": config.replay_mode, "spec_tokens": T}
-    if T == 1:
-        return _standard_logits(model, ids, p, steps, 1, "replay", config.spec, use_graph, tick, **allocate)
-    state = model.allocate(1, config.tokens + T, "replay", config.spec, **allocate)
-    step = _Step(model, state, T, use_graph)
-    return [model.prefill(ids[None, :p], state)] + _speculative_logits(step, ids, p, steps, config, tick)
+    @property
+    def finished(self) -> bool:
+        return self.q >= self.end
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def advance(self) -> int:
+        """One decode step or window; returns how many positions it committed."""
+        q, T = self.q, self.T
+        with self._on_stream():
+            if T == 1:
+                self.logits[q - self.p + 1].copy_(self.step(self.ids[q:q + 1])[0])
+                a = 1
+            else:
+                a = min(self.counts[self.windows], self.end - q)
+                window = self.ids[q:q + T]
+                if window.numel() < T:  # the text's end: padded with its last token
+                    window = torch.cat([window, window[-1:].expand(T - window.numel())])
+                self.logits[q - self.p + 1:q - self.p + 1 + a].copy_(self.step(window, a)[0, :a])
+                self.windows += 1
+        self.q += a
+        return a
 
 
 class _Step:
     """One teacher-forced decode step (``window`` 1: ``tokens [1]`` -> logits ``[1, vocab]``) or speculative window
     with its commit (``tokens [T]``, ``accepted`` -> logits ``[1, T, vocab]``) of ``state``, eager or a CUDA graph
-    over static input buffers captured at construction (its warm-up calls change ``state``: prefill after it)."""
+    over static input buffers captured at construction (its warm-up calls change ``state``: prefill after it). The
+    returned logits are valid until the next call."""
 
     def __init__(self, model, state, window: int, use_graph: bool) -> None:
         dev = model.device
@@ -201,28 +240,7 @@ class _Step:
     def __call__(self, tokens: torch.Tensor, accepted: int = 1) -> torch.Tensor:
         self.tokens.copy_(tokens)
         self.accepted.fill_(accepted)
-        return self.run().clone()
-
-
-def _speculative_logits(step: _Step, ids: torch.Tensor, p: int, steps: int, config: AccuracyConfig,
-                        tick: Callable[[], None]) -> list:
-    """The test's logits predicting ``ids[p + 1 .. p + steps]``: windows of T tokens from the next uncommitted one
-    (the last window padded with its last token), each committing its row of the acceptance pattern, clipped to the
-    tokens left; a window's logits after each committed token."""
-    T = config.spec_tokens
-    counts = acceptance_pattern(T, config.mean_accept, steps, 1, config.seed).flatten().tolist()
-    out, q = [], p
-    for a in counts:
-        if q >= p + steps:
-            break
-        window = ids[q:q + T]
-        a = min(a, p + steps - q)
-        logits = step(torch.cat([window, window[-1:].expand(T - window.numel())]), a)
-        out.append(logits[0, :a])
-        q += a
-        for _ in range(a):
-            tick()
-    return out
+        return self.run()
 
 
 def plot_kl(docs: list[dict], path: str | Path) -> Path:

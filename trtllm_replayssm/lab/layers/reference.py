@@ -68,14 +68,20 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
 
 def conv1d_commit_(conv_state: torch.Tensor, x: torch.Tensor, accepted: torch.Tensor) -> None:
     """After a verify of ``x [b, T, C]``: each row's conv state becomes the last W-1 inputs up to its accepted count
-    (``accepted [b]``, 1 .. T), in place; the rejected tokens leave no trace."""
+    (``accepted [b]``, 1 .. T), in place; the rejected tokens leave no trace. The counts are checked outside CUDA
+    graph capture (a check reads them on the host)."""
     keep = conv_state.shape[-1]
     inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
     a = accepted.to(torch.long)
-    if ((a < 1) | (a > x.shape[1])).any():
+    if not _capturing(a) and ((a < 1) | (a > x.shape[1])).any():
         raise ValueError(f"accepted: expected 1..{x.shape[1]} per row, got {accepted.tolist()}")
     cols = (a[:, None] + torch.arange(keep, device=a.device)[None, :])[:, None, :]              # [b, 1, W-1]
     conv_state.copy_(inputs.gather(-1, cols.expand(-1, inputs.shape[1], -1)))
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device is capturing a CUDA graph on the current stream."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:

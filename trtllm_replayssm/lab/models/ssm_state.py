@@ -139,8 +139,9 @@ class SSMStates:
             out[:, t] = out_t
 
     def _commit_per_draft(self, layer: int, accepted: torch.Tensor) -> None:
-        """Row ``b``'s state <- its draft ``accepted[b] - 1``."""
-        if ((accepted < 1) | (accepted > self.spec_tokens)).any():
+        """Row ``b``'s state <- its draft ``accepted[b] - 1`` (the counts checked outside CUDA graph capture)."""
+        capturing = accepted.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and ((accepted < 1) | (accepted > self.spec_tokens)).any():
             raise ValueError(f"accepted: expected 1..{self.spec_tokens} per row, got {accepted.tolist()}")
         rows = self.slot_ids.long()
         self.states[layer].copy_(self.drafts[layer][accepted.long().to(rows.device) - 1, rows])
