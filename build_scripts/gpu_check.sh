@@ -110,7 +110,8 @@ if has train; then
   rc=$?; record "train ${TRAIN_MODELS:-byte-nemotron}" $rc "$(tail -n 1 "$OUT/train.log")"
   for m in "$MODELS_DIR"/*/; do [ -f "$m/train.json" ] && cp "$m/train.json" "$OUT/train-$(basename "$m").json"; done
 fi
-if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group)
+if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group);
+  # ACC_ARGS: more options for every run (e.g. --no-overlap)
   mamba2_states=${ACC_STATES_MAMBA2:-"fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8,fp8+sr,fp8/dual/fp32+sr"}
   gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16"}  # stored GDN formats have no CUDA kernels yet
   for m in ${ACC_MODELS:-byte-nemotron}; do
@@ -121,13 +122,13 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
     for g in "${groups[@]}"; do
       k=$((k + 1))
       timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states "$g" \
-        --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-$k.json" \
+        --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-$k.json" ${ACC_ARGS:-} \
         >> "$OUT/accuracy.log" 2>&1
       rc=$?; record "accuracy $m $g" $rc "$OUT/acc/$m-$k.json"
     done
     timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --spec 4 \
       --mean-accept 3 --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt \
-      -o "$OUT/acc/$m-spec4.json" >> "$OUT/accuracy.log" 2>&1
+      -o "$OUT/acc/$m-spec4.json" ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
     rc=$?; record "accuracy $m fp32 spec T=4" $rc "$OUT/acc/$m-spec4.json"
   done
 fi

@@ -159,9 +159,11 @@ def test_accuracy_command_rejects_an_unknown_model(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("spec_tokens, mean_accept", [(1, None), (4, 2.5)])
 def test_graphed_steps_equal_eager_steps(spec_tokens: int, mean_accept: float | None) -> None:
-    """The decode steps (and speculative windows) replayed from CUDA graphs give the eager run's report."""
+    """The decode steps (and speculative windows) replayed from CUDA graphs give the eager run's report, and passes
+    overlapping on their own streams the serial passes' report."""
     ids = read_tokens(200, seed=3)
-    docs = [run_accuracy(AccuracyConfig("tiny-qwen", state_spec("bf16"), tokens=200, positions=(100,), device="cuda",
-                                        spec_tokens=spec_tokens, mean_accept=mean_accept, use_graph=graph), ids)
-            for graph in (False, True)]
-    assert docs[0]["records"] == docs[1]["records"]
+    docs = [run_accuracy([AccuracyConfig("tiny-qwen", state_spec(s), tokens=200, positions=(100,), device="cuda",
+                                         spec_tokens=spec_tokens, mean_accept=mean_accept, use_graph=graph)
+                          for s in ("bf16", "fp32")], ids, overlap=overlap)
+            for graph, overlap in ((False, False), (True, False), (True, True))]
+    assert docs[0]["records"] == docs[1]["records"] == docs[2]["records"]

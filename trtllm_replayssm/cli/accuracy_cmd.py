@@ -52,13 +52,15 @@ def _table(doc: dict) -> "object":
 @click.option("--mean-accept", type=float, default=None,
               help="With --spec: mean accepted tokens per window (1 <= A <= T, the bonus token counted) of the "
                    "seeded acceptance pattern.")
+@click.option("--overlap/--no-overlap", default=True, show_default=True,
+              help="On CUDA, decode the passes in lockstep, each on its own stream (else one after another).")
 @click.option("--seed", default=0, type=int, help="Seed of random weights (presets), random tokens and acceptance.")
 @click.option("-o", "--output", default="accuracy.json", type=click.Path(dir_okay=False),
               help="JSON report; the KL plot goes beside it (.png).")
 def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, master_format: str | None,
                  stochastic_rounding: bool, states: str | None, tokens: int, text: str | None, positions: tuple[int, ...],
                  prompt_len: int, buffer_len: int, replay_mode: str, act_dtype: str | None, device: str | None,
-                 spec_tokens: int, mean_accept: float | None, seed: int, output: str) -> None:
+                 spec_tokens: int, mean_accept: float | None, overlap: bool, seed: int, output: str) -> None:
     """Teacher-forced decode of --tokens byte tokens through MODEL (preset name, config.json or a directory with
     safetensors) with an fp32 state through the baseline op, then with each test state (--state-format/... or the
     list --states) through the replay op. Reports per-segment mean and p99 KL(fp32 ‖ test), perplexity of both and
@@ -91,7 +93,7 @@ def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, m
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"decoding {tokens} tokens, {len(specs) + 1} passes",
                                 total=(tokens - prompt_len - 1) * (len(specs) + 1))
-            doc = run_accuracy(configs, ids, lambda done, _total: bar.update(task, completed=done))
+            doc = run_accuracy(configs, ids, lambda done, _total: bar.update(task, completed=done), overlap)
     except (ValueError, RuntimeError) as err:
         bad_value(err)
     doc["config"]["text"] = text or f"random bytes (seed {seed})"

@@ -85,8 +85,9 @@ def read_tokens(n: int, text: str | Path | None = None, seed: int = 0) -> torch.
 
 @torch.no_grad()
 def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: torch.Tensor,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
-    """Decode ``tokens [n]`` with the fp32 baseline state once and with each config's test state; returns the
+                 progress: Callable[[int, int], None] | None = None, overlap: bool = True) -> dict:
+    """Decode ``tokens [n]`` with the fp32 baseline state once and with each config's test state (``overlap``: in
+    lockstep, each pass on its own CUDA stream; else one pass after another on the current stream); returns the
     document (``records`` of ``kind: "accuracy"``, one per config and report position, and a binned ``kl_curve`` per
     config's label). The configs share what the reference pass depends on (:func:`_reference_key`); ``progress``
     gets (decode steps done, steps in all passes)."""
@@ -120,18 +121,22 @@ def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: tor
         if progress is not None:
             progress(done[0], total)
 
-    ref = _Pass(model, ids, first, "baseline", torch.float32, 1, None, _graphed(first, dev))
-    tests = [_Pass(model, ids, c, "replay", c.spec, c.spec_tokens, c.mean_accept, _graphed(c, dev)) for c in configs]
-    passes = [ref, *tests]
     start = time.perf_counter()
-    while any(not q.finished for q in passes):  # in lockstep: each pass on its own CUDA stream
-        for q in passes:
-            if not q.finished:
-                for _ in range(q.advance()):
-                    tick()
-    if dev.type == "cuda":
-        for q in passes:
+    streams = overlap and dev.type == "cuda"
+    ref = _Pass(model, ids, first, "baseline", torch.float32, 1, None, _graphed(first, dev), streams)
+    tests = [_Pass(model, ids, c, "replay", c.spec, c.spec_tokens, c.mean_accept, _graphed(c, dev), streams)
+             for c in configs]
+    groups = [[ref, *tests]] if streams else [[q] for q in (ref, *tests)]  # lockstep, or one after another
+    for group in groups:
+        while any(not q.finished for q in group):
+            for q in group:
+                if not q.finished:
+                    for _ in range(q.advance()):
+                        tick()
+    if streams:
+        for q in (ref, *tests):
             torch.cuda.current_stream().wait_stream(q.stream)
+    if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - start
     records, curves = [], {}
@@ -168,9 +173,9 @@ class _Pass:
     predicts ``ids[prompt_len + i]`` (for a speculative window: the distribution of the window that committed it)."""
 
     def __init__(self, model, ids: torch.Tensor, config: AccuracyConfig, kind: str, spec, window: int,
-                 mean_accept: float | None, use_graph: bool) -> None:
+                 mean_accept: float | None, use_graph: bool, own_stream: bool) -> None:
         dev = model.device
-        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self.stream = torch.cuda.Stream(dev) if own_stream else None
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
         self.ids, self.p, self.T = ids, config.prompt_len, window
