@@ -101,15 +101,19 @@ def train_model(cfg: HybridConfig, train_tokens: torch.Tensor, heldout: dict[str
 
 @contextlib.contextmanager
 def _training_numerics():
-    """While training: TF32 for float32 matmuls on CUDA and torch's deterministic algorithms where they exist (a
+    """While training: TF32 for float32 matmuls on CUDA, torch's deterministic algorithms where they exist (a
     warning where an op has none; cuBLAS needs CUBLAS_WORKSPACE_CONFIG set before CUDA starts, as
-    build_scripts/train_models.py does); torch's settings restored after."""
+    build_scripts/train_models.py does) and the math attention backend (the fused ones' backward passes are not
+    deterministic); torch's settings restored after."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     tf32, det = torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled()
     warn = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        yield
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.use_deterministic_algorithms(det, warn_only=warn)
