@@ -1218,6 +1218,282 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
   }
 }
 
+namespace {
+
+// A verify's record per (batch row, value head) in the p.coef rows (VerifyRec::stride(L, T) floats per value head),
+// written by the verify prep kernel for a window of T tokens: xq [T][K] and xk [T][K] as VerifyShared holds them,
+// cq [T][L] and ck [T][L] (entries j < w + t of token t), then per token k·q~, beta and (GDN) the log-decay lg_t;
+// core/layouts.py delta_verify_rec_floats mirrors the stride.
+struct VerifyRec {
+  __host__ __device__ static constexpr int xq(int, int) { return 0; }
+  __host__ __device__ static constexpr int xk(int, int T) { return T * kK; }
+  __host__ __device__ static constexpr int cq(int, int T) { return 2 * T * kK; }
+  __host__ __device__ static constexpr int ck(int L, int T) { return 2 * T * kK + T * L; }
+  __host__ __device__ static constexpr int tok(int L, int T) { return 2 * T * kK + 2 * T * L; }  // [T][4]
+  __host__ __device__ static constexpr int stride(int L, int T) { return (tok(L, T) + 4 * T + 3) / 4 * 4; }
+};
+
+// One shared-memory stage of the persistent verify for windows of T tokens and rings of L records: the checkpoint
+// tile, slot and cursor word, the record, v of the tile's rows per token ([T][kTile]) and the u rows of the row's
+// history in history order ([L][kTile]); core/layouts.py delta_verify_stage_bytes mirrors the total.
+struct VerifyStageLayout {
+  int info, rec, v, hist, bytes;
+};
+
+__host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T) {
+  VerifyStageLayout l{};
+  l.info = kTileBytes;
+  l.rec = l.info + 16;
+  l.v = l.rec + VerifyRec::stride(L, T) * 4;
+  l.hist = l.v + round16(T * kTile * int(sizeof(act_t)));
+  l.bytes = (l.hist + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
+  return l;
+}
+
+// A row's committed history as its verify decodes it: empty after a fold (the cursor's records go into the
+// checkpoint first), else the cursor's.
+__device__ __forceinline__ rssm::SpecCursor verify_history(rssm::SpecCursor cur, bool fold, int L) {
+  return {fold ? cur.position(cur.count, L) : cur.origin, fold ? 0 : cur.count};
+}
+
+__device__ __forceinline__ bool verify_folds(rssm::SpecCursor cur, int T, int L) {
+  return cur.count > 0 && cur.folds_before(T, L);  // an empty history folds to itself
+}
+
+}  // namespace
+
+// Verify step 1 of the persistent verify, grid (HV, batch), 128 threads: per (row, value head) the verify prologue
+// (delta_verify_kernel's) into the row's record (VerifyRec), the window's gates and keys into the rings after the
+// history; the row's cursor word into p.step (rssm::kSkipStep for a row the verify skips); the last value head of a
+// folding row moves the cursor past the history. Reads history records only where no launch of the step writes. Lets
+// the persistent verify kernel launch once the previous grid has finished (rssm::prep_begin).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_prep_kernel(const DeltaParams p) {
+  rssm::prep_begin(p.step - 1);
+  __shared__ __align__(16) VerifyShared sm;
+  const int hv = blockIdx.x, b = blockIdx.y, T = p.window, L = p.L;
+  const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  if (slot == p.pad_slot_id) return;
+  const int word = p.cursor[slot];
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const bool bad = word < 0 || !cur.valid(T, L);
+  if (__syncthreads_or(bad || rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, blockDim.x,
+                                                    rssm::preload_row_id(p.slot_idx, b, threadIdx.x)))) {
+    if (threadIdx.x == 0 && hv == 0) p.step[b] = rssm::kSkipStep;
+    return;
+  }
+  const bool fold = verify_folds(cur, T, L);
+  const rssm::SpecCursor hist = verify_history(cur, fold, L);
+  verify_prologue(p, sm, b, slot, hv, h, hist);
+  const int w = hist.count;
+  float* rec = p.coef + b * p.s_coef_row + (long long)hv * VerifyRec::stride(L, T);
+  for (int i = threadIdx.x; i < T * kK; i += rssm::kThreads) {
+    rec[VerifyRec::xq(L, T) + i] = sm.xq[i / kK][i % kK];
+    rec[VerifyRec::xk(L, T) + i] = sm.xk[i / kK][i % kK];
+  }
+  for (int i = threadIdx.x; i < T * L; i += rssm::kThreads) {
+    const int t = i / L, j = i % L;
+    if (j < w + t) {
+      rec[VerifyRec::cq(L, T) + i] = sm.cq[t][j];
+      rec[VerifyRec::ck(L, T) + i] = sm.ck[t][j];
+    }
+  }
+  if (threadIdx.x < T) {
+    const int t = threadIdx.x;
+    float* tok = rec + VerifyRec::tok(L, T) + 4 * t;
+    tok[0] = sm.kq[t];
+    tok[1] = sm.beta[t];
+    tok[2] = kPerChannel ? 0.f : sm.lg[t][0];
+  }
+  // The window's gates (G_{w+t} = lg_t) and keys at the ring positions of history records w + t.
+  float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  kring_t* k_dst = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    const long long pos = hist.position(w + t, L);
+    if constexpr (kPerChannel) {
+      float key[kEpl], lg[kEpl];
+      kda_window_ring_key(p, sm, b, t, h, col0, key);
+      rssm::load_vec<float, kEpl>(&sm.lg[t][col0], lg);
+      rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);
+      rssm::store_vec<float, kEpl>(g_dst + pos * kK + col0, lg);
+    } else {
+      if (lane == 0) g_dst[pos] = sm.lg[t][0];
+      if (hv % group == 0) {
+        float key[kEpl];
+        rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
+        rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);  // kring_t = act_t for GDN
+      }
+    }
+  }
+  __syncthreads();  // every thread has read the cursor
+  if (threadIdx.x == 0) {
+    if (hv == 0) p.step[b] = word;
+    if (fold) rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, hist.word());
+  }
+}
+
+namespace {
+
+// Producer warp of the persistent verify (rssm::produce_tiles_claiming_tail): besides slot and cursor word, each
+// tile's record, the window's v rows and the u rows of the row's history (a folding row's fold reads its history from
+// global memory).
+__device__ __forceinline__ void produce_verify(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
+                                               int num_tiles) {
+  const int T = p.window, L = p.L;
+  const VerifyStageLayout lay = verify_stage_layout(L, T);
+  constexpr int kRowBytes = kTile * int(sizeof(act_t));
+  auto state_src = [&](int slot, const TileCoord& c) -> const void* {
+    if (slot == p.pad_slot_id) return nullptr;
+    return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
+           (long long)c.row0 * kK;
+  };
+  auto copy = [&](unsigned char* dst, const void* src, int bytes, unsigned long long* bar) {
+    if (!rssm::bulk_copy_input(dst, src, bytes, bar)) rssm::cp_async_words(dst, src, bytes / 4);
+  };
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int word, unsigned long long* full) {
+    const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+    const rssm::SpecCursor hist = verify_history(cur, verify_folds(cur, T, L), L);
+    copy(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * VerifyRec::stride(L, T),
+         VerifyRec::stride(L, T) * 4, full);
+    for (int t = 0; t < T; ++t)
+      copy(stage + lay.v + t * kRowBytes,
+           static_cast<const act_t*>(p.v) + (c.b * T + t) * p.s_v_b + c.hv * p.s_v_h + c.row0, kRowBytes, full);
+    const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
+    for (int j = 0; j < hist.count; ++j)
+      copy(stage + lay.hist + j * kRowBytes, u_ring + (long long)hist.position(j, L) * kV, kRowBytes, full);
+  };
+  auto coord = [&](int t) { return tile_coord(p, t); };
+  rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
+                                    p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
+                                    copy_inputs);
+}
+
+// One consumer warp's rows of a verify tile (stage complete), delta_verify_kernel's arithmetic from the stage: the
+// checkpoint rows (a folding row's history first folded into them and stored), every window token's checkpoint
+// terms, the history's ring terms and the window in exact order; outputs and the window's u records. Releases the
+// stage.
+__device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
+                                            rssm::TilePipe& pipe, int s) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int T = p.window, L = p.L, wrow = c.row0 + warp * kRows + lane;  // wrow: lane r's row (r < kRows)
+  const VerifyStageLayout lay = verify_stage_layout(L, T);
+  const int* info_words = reinterpret_cast<const int*>(stage + lay.info);
+  const int slot = info_words[0], word = info_words[1];  // word: stale for a pad row (not read then)
+  act_t* out = static_cast<act_t*>(p.out) + c.hv * p.s_out_h + wrow;
+  if (rssm::skipped_stage_row(slot, word, p.pad_slot_id, p.slots)) {
+    rssm::release_stage(pipe, s);
+    if (lane < kRows)
+      for (int t = 0; t < T; ++t) out[(c.b * T + t) * p.s_out_b] = rssm::from_float<act_t>(0.f);
+    return;
+  }
+  const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const bool fold = verify_folds(cur, T, L);
+  const rssm::SpecCursor hist = verify_history(cur, fold, L);
+  const int w = hist.count;
+  const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
+  const float* cq = rec + VerifyRec::cq(L, T);
+  const float* ck = rec + VerifyRec::ck(L, T);
+  const float* tok = rec + VerifyRec::tok(L, T);
+  const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
+  const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.hist);
+  float acc[kRows][kEpl];
+  const state_t* tile_rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl>(tile_rows + r * kK, acc[r]);
+  if (fold) {
+    state_t* rows = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
+                    (long long)(c.row0 + warp * kRows) * kK;
+    fold_history_rows(p, slot, c.hv, h, c.row0 + warp * kRows, cur, col0, rows, acc);
+  }
+  // Checkpoint terms per token (lane r: row r).
+  float sq[kMaxWindow], sk[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float xq[kEpl], xk[kEpl];
+    rssm::load_vec<float, kEpl>(rec + VerifyRec::xq(L, T) + t * kK + col0, xq);
+    rssm::load_vec<float, kEpl>(rec + VerifyRec::xk(L, T) + t * kK + col0, xk);
+    state_dots(acc, xq, xk, sq[t], sk[t]);
+    if constexpr (!kPerChannel) {
+      const float d = __expf(tok[4 * t + 2]);
+      sq[t] *= d;
+      sk[t] *= d;
+    }
+  }
+  // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
+  // l % kRows, then the groups are added into lanes r < kRows.
+  float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
+  if (w > 0) {
+    const int r = lane % kRows, grp = lane / kRows;
+    if (grp < kRowGroups)
+      for (int j = grp; j < w; j += kRowGroups) {
+        const float uj = rssm::to_float(u_s[j * kTile + warp * kRows + r]);
+#pragma unroll
+        for (int t = 0; t < kMaxWindow; ++t) {
+          if (t >= T) break;
+          rq[t] = fmaf(cq[t * L + j], uj, rq[t]);
+          rk[t] = fmaf(ck[t * L + j], uj, rk[t]);
+        }
+      }
+#pragma unroll
+    for (int t = 0; t < kMaxWindow; ++t) {
+      if (t >= T) break;
+      const float own_q = rq[t], own_k = rk[t];
+#pragma unroll
+      for (int g = 1; g < kRowGroups; ++g) {
+        rq[t] += __shfl_down_sync(0xffffffffu, own_q, g * kRows);
+        rk[t] += __shfl_down_sync(0xffffffffu, own_k, g * kRows);
+      }
+    }
+  }
+  // The window in exact order (lane r: row r).
+  act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + wrow;
+  float uw[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float aq = sq[t] + rq[t], ak = sk[t] + rk[t];
+#pragma unroll
+    for (int s2 = 0; s2 < t; ++s2) {
+      aq = fmaf(cq[t * L + w + s2], uw[s2], aq);
+      ak = fmaf(ck[t * L + w + s2], uw[s2], ak);
+    }
+    const float v_in = lane < kRows ? rssm::to_float(v_s[t * kTile + warp * kRows + lane]) : 0.f;
+    const float u = tok[4 * t + 1] * (v_in - ak);
+    uw[t] = rssm::round_through<act_t>(u);
+    if (lane < kRows) {
+      out[(c.b * T + t) * p.s_out_b] = rssm::from_float<act_t>(fmaf(u, tok[4 * t], aq));
+      u_dst[(long long)hist.position(w + t, L) * kV] = rssm::from_float<act_t>(u);
+    }
+  }
+  rssm::release_stage(pipe, s);
+}
+
+}  // namespace
+
+// CTAs per SM of the persistent verify: two up to 128 key channels; one above (a lane's 8 channels of every row of its
+// warp no longer fit the registers of two); core/ops/delta.py verify_ctas_per_sm mirrors it.
+constexpr int kVerifyCtasPerSm = kEpl <= 4 ? 2 : 1;
+
+// Verify step 2, persistent and warp-specialised like the replay main kernel (grid: CTAs per SM x SMs; 4 consumer
+// warps + 1 producer warp; `stages` stages of `stage_bytes` in dynamic shared memory, no fold buffer), a programmatic
+// dependent of the verify prep kernel, over the row tiles of every (row, value head). Requires sm_90+.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, kVerifyCtasPerSm) delta_verify_main_kernel(
+    const DeltaParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);
+  rssm::persistent_main<true>(pipe, stage_mem, p.stages, p.stage_bytes, verify_stage_layout(p.L, p.window).bytes,
+                              num_tiles, p.tail_start, kTileBytes, [&] { produce_verify(p, pipe, stage_mem, num_tiles); },
+                              [&](int t, unsigned char* stage, int s, const unsigned char*, int&) {
+                                verify_tile(p, tile_coord(p, t), stage, pipe, s);
+                              });
+#endif
+}
+
 // Per-draft-state verify (the baseline of speculative decoding): the state read once into registers, then the T
 // window tokens as baseline steps, each token's state stored to inter[b, t] (state dtype; the recurrence goes on in
 // fp32) and its output to out. The slot's state is not written.

@@ -12,7 +12,7 @@ from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import FAMILIES
 from trtllm_replayssm.core.formats import state_spec
-from trtllm_replayssm.core.layouts import verify_coef_floats
+from trtllm_replayssm.core.layouts import delta_verify_rec_floats, verify_coef_floats
 from trtllm_replayssm.core.ops import delta, mamba2_spec
 from trtllm_replayssm.core.samples import fill_rings_, random_state, slot_indices
 from trtllm_replayssm.lab.layers import ops as layer_ops  # noqa: F401  (registers the fused layer ops)
@@ -118,7 +118,9 @@ def _spec_sample(name: str, gen: torch.Generator) -> tuple:
         head = (layer.state, *layer.rings, layer.cursor, layer.arrive, coef, layer.step)
         tile = mamba2_spec.verify_plan(layer, batch, T).words
     else:
-        head = (layer.state, *layer.rings, layer.cursor, layer.arrive)
+        coef = torch.empty(batch, dims.heads, delta_verify_rec_floats(layer.buffer_len, dims.cols, T), device=DEV)
+        head = (layer.state, *layer.rings, layer.cursor, layer.arrive, coef, layer.step)
+        tile = delta.verify_plan(layer, batch, T).words
     return (*head, *args, *tail, idx, -1, tile, out)
 
 

@@ -6,6 +6,8 @@ with poisoned outputs, slots no row owns left bit for bit (CUDA kernels on a GPU
 CUDA-graph replay equal to eager needs a GPU."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kernel_checks import rel_err
@@ -39,8 +41,15 @@ def token(x: dict[str, torch.Tensor], t: int) -> dict[str, torch.Tensor]:
     return {key: val[:, t] for key, val in x.items()}
 
 
-def verify(prob: Problem, layer, x: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return prob.ops.verify_decode(layer, **prob.args(x), state_batch_indices=idx, pad_slot_id=PAD, out=out)
+# The verify kernels (CUDA): the grid kernel, and the prep + persistent kernels forced at every batch.
+KERNELS = {"grid": delta.VERIFY_TUNING, "persistent": replace(delta.VERIFY_TUNING, adaptive_threshold=0)}
+KERNEL_NAMES = list(KERNELS) if DEV == "cuda" else ["grid"]
+
+
+def verify(prob: Problem, layer, x: dict[str, torch.Tensor], idx: torch.Tensor, out: torch.Tensor,
+           kernel: str = "grid") -> torch.Tensor:
+    return prob.ops.verify_decode(layer, **prob.args(x), state_batch_indices=idx, pad_slot_id=PAD, out=out,
+                                  tuning=KERNELS[kernel])
 
 
 def commit(layer, accepted: list[int] | torch.Tensor, idx: torch.Tensor, T: int) -> None:
@@ -87,13 +96,13 @@ class Truth:
 
 
 def stagger(prob: Problem, layer, truth: Truth, idx: torch.Tensor, T: int, act: torch.dtype,
-            gen: torch.Generator) -> None:
+            gen: torch.Generator, kernel: str = "grid") -> None:
     """Row r first runs r windows alone, each committing one token: staggered cursors."""
     for r, s in enumerate(SLOT_IDS):
         for _ in range(r if s != PAD else 0):
             x = draw_window(prob, 1, T, gen, act)
             out = torch.empty(1, T, prob.HV, prob.V, dtype=act, device=DEV)
-            verify(prob, layer, x, idx[r:r + 1], out)
+            verify(prob, layer, x, idx[r:r + 1], out, kernel)
             commit(layer, [1], idx[r:r + 1], T)
             _, state = prob.sequential(truth.states[s:s + 1], token(x, 0), [0])
             truth.states[s] = state[0]
@@ -122,9 +131,10 @@ CASES = [(1, 8, "fp32", torch.float32, 1e-5), (2, 8, "fp32", torch.float32, 1e-5
          (4, 16, "fp16", torch.float16, 1e-2), (4, 5, "fp32", torch.float32, 1e-5)]
 
 
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("T,L,state_dtype,act,tol", CASES if DEV == "cuda" else [CASES[i] for i in (1, 5, 6, 8)])
-def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol):
+def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel):
     """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row (all drafts / only the bonus token in every window), folds at different windows per row,
     the origin wrapping around the ring, slot reuse."""
@@ -135,7 +145,7 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol):
     truth = Truth(prob, layer.state.float())
     idx = torch.tensor(SLOT_IDS, dtype=torch.int32, device=DEV)
     rows = [r for r, s in enumerate(SLOT_IDS) if s != PAD]
-    stagger(prob, layer, truth, idx, T, act, gen)
+    stagger(prob, layer, truth, idx, T, act, gen, kernel)
     frozen = snapshot(layer, FOREIGN)
     worst_out = worst_state = 0.0
     folds, wraps = 0, 0
@@ -148,7 +158,7 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol):
         x = draw_window(prob, len(SLOT_IDS), T, gen, act)
         out = torch.full_like(x["v"], float("nan"))
         before, states_before = layer.cursor.clone(), truth.states.clone()
-        verify(prob, layer, x, idx, out)
+        verify(prob, layer, x, idx, out, kernel)
         for r in check_verify_cursors(layer, before, T, ring_len):
             folds += 1
             s = SLOT_IDS[r]
@@ -165,7 +175,7 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol):
             origin, count = spec_cursor.unpack(int(words[SLOT_IDS[r]]))
             assert int(layer.cursor[SLOT_IDS[r]]) == spec_cursor.pack(origin, count + accepted[r])
             wraps += origin + count + accepted[r] > ring_len
-    print(f"{family} T{T} L{ring_len} {state_dtype}/{act}: out {worst_out:.2e} state {worst_state:.2e} "
+    print(f"{family} {kernel} T{T} L{ring_len} {state_dtype}/{act}: out {worst_out:.2e} state {worst_state:.2e} "
           f"({folds} folds, {wraps} wraps)")
     assert folds >= 3 and wraps >= 1
     assert worst_out <= tol and worst_state <= tol
@@ -215,8 +225,9 @@ def test_per_draft_baseline_matches_float64_and_the_replay_verify(family, state_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_cuda_graph_replay_equals_eager(family):
+def test_cuda_graph_replay_equals_eager(family, kernel):
     """Verify + commit windows captured in one CUDA graph (accepted counts a device tensor) equal eager bit for bit,
     folds included."""
     T, L, windows = 3, 8, 5
@@ -225,18 +236,18 @@ def test_cuda_graph_replay_equals_eager(family):
     act = torch.bfloat16
     _, layer = new_layer(prob, L, "fp32", act, gen)
     idx = torch.tensor(SLOT_IDS, dtype=torch.int32, device=DEV)
-    stagger(prob, layer, Truth(prob, layer.state.float()), idx, T, act, gen)
+    stagger(prob, layer, Truth(prob, layer.state.float()), idx, T, act, gen, kernel)
     twin = prob.new_cache(9, L, "fp32", act).layer(0)
     static = [draw_window(prob, len(SLOT_IDS), T, gen, act) for _ in range(windows)]
     accepted = [torch.ones(len(SLOT_IDS), dtype=torch.int32, device=DEV) for _ in range(windows)]
     outs = [torch.empty_like(s["v"]) for s in static]
-    verify(prob, twin, static[0], idx, outs[0])  # warm-up (load)
+    verify(prob, twin, static[0], idx, outs[0], kernel)  # warm-up (load)
     spec.commit(twin, accepted[0], idx, PAD, window=T)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for s, a, o in zip(static, accepted, outs):
-            verify(prob, twin, s, idx, o)
+            verify(prob, twin, s, idx, o, kernel)
             spec.commit(twin, a, idx, PAD, window=T)
     for name, t in layer.tensors().items():
         getattr(twin, name).copy_(t)
@@ -247,7 +258,7 @@ def test_cuda_graph_replay_equals_eager(family):
             a.copy_(torch.randint(1, T + 1, (len(SLOT_IDS),), generator=gen, dtype=torch.int32))
         graph.replay()
         for s, a, o in zip(static, accepted, outs):
-            y = verify(prob, layer, s, idx, torch.empty_like(o))
+            y = verify(prob, layer, s, idx, torch.empty_like(o), kernel)
             spec.commit(layer, a, idx, PAD, window=T)
             torch.testing.assert_close(o, y, rtol=0, atol=0)
         for name, t in layer.tensors().items():

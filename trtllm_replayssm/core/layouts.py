@@ -224,6 +224,13 @@ def delta_record_len(L: int, key_dim: int, per_channel_gate: bool) -> int:
     return _r4(2 * L) + _r4(key_dim if per_channel_gate else 1) + (8 if per_channel_gate else 4)
 
 
+def delta_verify_rec_floats(L: int, key_dim: int, window: int) -> int:
+    """Floats of the GDN/KDA verify record per (batch row, value head) for windows of ``window`` tokens: xq and xk
+    [T][K], cq and ck [T][L], and per token k·q~, beta and the log-decay, padded to 4 (plugins/delta_rule_decode.cu
+    VerifyRec::stride)."""
+    return _r4(2 * window * key_dim + 2 * window * L + 4 * window)
+
+
 def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, act_elem: int, head_dim: int) -> int:
     """Bytes of one shared-memory stage of the Mamba-2 persistent replay kernel for a tile of ``rows`` state rows
     (more than ``head_dim``: a multiple of it, spanning that many adjacent heads): the checkpoint rows non-flush steps
@@ -264,6 +271,14 @@ def delta_stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem
     stage_layout)."""
     return _r128(rows * key_dim * state_elem + 16 + _r16(delta_record_len(L, key_dim, per_channel_gate) * 4)
                  + _r16(rows * act_elem) + _r16(2 * key_dim * act_elem) + _r16(L * rows * act_elem))
+
+
+def delta_verify_stage_bytes(L: int, window: int, rows: int, key_dim: int, state_elem: int, act_elem: int) -> int:
+    """Bytes of one shared-memory stage of the GDN/KDA persistent verify for windows of ``window`` tokens: the (rows x
+    K) checkpoint tile, slot/cursor word, the verify record, v of the rows per token and L history u rows
+    (plugins/delta_rule_decode.cu verify_stage_layout)."""
+    return _r128(rows * key_dim * state_elem + 16 + delta_verify_rec_floats(L, key_dim, window) * 4
+                 + _r16(window * rows * act_elem) + _r16(L * rows * act_elem))
 
 
 def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool) -> int:
@@ -307,4 +322,10 @@ def delta_size_checks(rows: int, key_dim: int, state_elem: int, act_elem: int, k
                      f'core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {delta_fold_bytes(L, key_dim, key_elem, per_channel_gate)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')
+        for T in range(1, min(L, MAX_WINDOW) + 1):
+            lines.append(f"static_assert(VerifyRec::stride({L}, {T}) == {delta_verify_rec_floats(L, key_dim, T)}"
+                         f', "verify record at L={L}, T={T} differs from core/layouts.py");')
+            lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == "
+                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_elem, act_elem)}"
+                         f', "verify stage bytes at L={L}, T={T} differ from core/layouts.py");')
     return "\n".join(lines)

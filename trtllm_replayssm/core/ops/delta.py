@@ -5,6 +5,7 @@ inputs and custom ops; ``per_channel_gate`` (KDA) is the one switch between them
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 
@@ -15,20 +16,22 @@ from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
-                                           delta_stage_bytes, key_ring_dtype)
+                                           delta_stage_bytes, delta_verify_rec_floats, delta_verify_stage_bytes,
+                                           key_ring_dtype)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stride
-from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, device_of,
-                                         fitting_tiles, non_replay_plan, persistent_plan, programmatic_prep,
-                                         resolved_tail_fraction, stages_for, state_tile)
+from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
+                                         checked_plan, device_of, fitting_tiles, non_replay_plan, persistent_plan,
+                                         programmatic_prep, resolved_tail_fraction, stages_for, state_tile, tail_start)
 from trtllm_replayssm.core.reference import gdn as ref
 
 KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
            "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel",
-           "verify": "delta_verify_kernel",
+           "verify": "delta_verify_kernel", "verify_prep": "delta_verify_prep_kernel",
+           "verify_main": "delta_verify_main_kernel",
            "per_draft_verify": "delta_per_draft_verify_kernel", "per_draft_commit": "delta_per_draft_commit_kernel"}
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
@@ -318,6 +321,97 @@ def window_tile(state: torch.Tensor, batch: int) -> int:
     """Row tile of the speculative kernels: the state kernels' heuristic (plans.state_tile)."""
     _, HV, V, K = state.shape
     return _row_tile(V, K, batch * HV, device_of(state.device), DEFAULT_TUNING)
+
+
+# The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM;
+# None: the grid kernel (delta_verify_kernel) at every batch, the default until the persistent verify has been run and
+# measured on a GPU (tests and benchmarks pass Tuning(adaptive_threshold=...)).
+VERIFY_PERSISTENT_MIN_WORK_PER_SM: int | None = None
+# The persistent verify's tuning: two CTAs per SM of two stages (at most verify_ctas_per_sm).
+VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
+
+
+def verify_ctas_per_sm(key_dim: int) -> int:
+    """The persistent verify kernel's CTAs per SM (its launch bounds; plugins/delta_rule_decode.cu kVerifyCtasPerSm):
+    2 up to 128 key channels, 1 above."""
+    return 2 if key_dim <= 128 else 1
+
+
+def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = VERIFY_TUNING,
+                device: Device | None = None) -> LaunchPlan:
+    """The launch plan of a GDN/KDA verify of ``batch`` rows and windows of ``window`` tokens: the grid kernel
+    (mode ``grid``, no prep) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
+    VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM), else the verify prep kernel and the persistent verify kernel (mode
+    ``replay``) with the largest row tile up to the state kernels' heuristic whose stage fits twice per CTA."""
+    _, HV, V, K = layer.require_state().shape
+    L, dev = layer.buffer_len, device or device_of(layer.state.device)
+    key = verify_plan_key(layer, batch, window)
+    if not dev.is_cuda:
+        return LaunchPlan("replay", key, 0, (0, 0, 0))
+    work = batch * HV
+    persistent = (tuning.adaptive_threshold is not None or VERIFY_PERSISTENT_MIN_WORK_PER_SM is not None) and (
+        work >= adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM or 0, dev, tuning))
+    if not persistent:
+        tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
+        return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
+    state_elem, act_elem = layer.state.element_size(), layer.u_ring.element_size()
+    stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem) for t in tile_choices(V, K)}
+    tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
+    tile = state_tile(V, K, work, dev, tuning)
+    if tuning.rows_per_cta is None:
+        fits = [t for t in fitting_tiles(stage, tile, act_elem, tuning.ctas_per_sm)
+                if stages_for(stage[t], tuning.ctas_per_sm, 0) >= 2]
+        tile = max(fits) if fits else min(stage)
+    stages = tuning.stages or stages_for(stage[tile], tuning.ctas_per_sm, 0)
+    if not 2 <= stages or stages_for(stage[tile], tuning.ctas_per_sm, 0) < stages:
+        raise ValueError(f"rows_per_cta: a verify tile of {tile} rows ({stage[tile]}-byte stages) does not fit "
+                         f"{max(stages, 2)} stages at {tuning.ctas_per_sm} CTAs per SM")
+    num_tiles = work * V // tile
+    grid = min(num_tiles, tuning.ctas_per_sm * dev.sm_count)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
+    return LaunchPlan("replay", key, tile, (grid, 1, 1), stages, stage[tile], 0, tail_start(num_tiles, grid, fraction),
+                      prep_grid=(HV, batch, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning),
+                      tail_fraction=fraction, num_tiles=num_tiles)
+
+
+def verify_plan_key(layer: GDNLayerCache, batch: int, window: int) -> tuple:
+    """What a verify plan depends on: batch, window, shapes, ring length and dtypes."""
+    return ("delta verify", batch, window, *layer.require_state().shape[1:], layer.buffer_len, layer.state.dtype,
+            layer.u_ring.dtype)
+
+
+def resolved_verify_plan(layer: GDNLayerCache, v: torch.Tensor, tuning: Tuning, plan: LaunchPlan | None) -> LaunchPlan:
+    """``plan`` checked against the call on the window's values ``v`` [b, T, HV, V] (default: :func:`verify_plan`);
+    the persistent verify copies v rows by 4-byte words."""
+    batch, window = v.shape[:2]
+    if plan is None:
+        plan = verify_plan(layer, batch, window, tuning)
+    else:
+        checked_plan(plan, verify_plan_key(layer, batch, window))
+    if plan.mode == "replay" and v.is_cuda:
+        chk.check_aligned("v", v, 4 // v.element_size())
+    return plan
+
+
+def verify_scratch(layer: GDNLayerCache, batch: int, window: int) -> torch.Tensor:
+    """The verify records of one call, [batch, HV, VerifyRec stride] fp32 (written by the verify prep kernel)."""
+    _, HV, _, K = layer.require_state().shape
+    return torch.empty(batch, HV, delta_verify_rec_floats(layer.buffer_len, K, window), dtype=torch.float32,
+                       device=layer.state.device)
+
+
+def run_verify(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step,
+               q, k, v, gate, beta, A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, out) -> None:  # noqa: N803
+    """A verify op's CUDA body on a window's inputs [b, T, ...]: the kernels of ``plan``."""
+    if q.shape[0] == 0:
+        return
+    launch = Launch.from_words(plan)
+    struct = params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, tokens(q), tokens(k), tokens(v),
+                    tokens(gate), tokens(beta), A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, False,
+                    tokens(out), window=q.shape[1])
+    config = kernel_config(per_channel_gate, q.shape[-1], v.shape[-1], state.dtype, q.dtype, launch.rows_per_cta)
+    names = {"prep": KERNELS["verify_prep"], "main": KERNELS["verify_main"], "grid": KERNELS["verify"]}
+    run_plan(config, names, launch, struct, q.device, prep_carveout=True)
 
 
 def _per_draft_commit_cpu(state: torch.Tensor, inter: torch.Tensor, accepted: torch.Tensor,

@@ -152,23 +152,23 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 # ---------------------------------------------------------------------------------------------------- speculative
 def _verify_cpu(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-                cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,  # noqa: N803
-                state_batch_indices: torch.Tensor, pad_slot_id: int, rows_per_cta: int, out: torch.Tensor) -> None:
+                cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                dt_bias: torch.Tensor, scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+                plan: list[int], out: torch.Tensor) -> None:
+    # The float32 reference (coef/step are GPU-only scratch).
     ref.verify_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, a, b, A_log, dt_bias, scale,
                      state_batch_indices, pad_slot_id, out)
 
 
-def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, a, b, A_log, dt_bias, scale,  # noqa: N803
-                 state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
-    tok = delta.tokens
-    struct = delta.params(state, u_ring, k_ring, g_ring, cursor, arrive, None, None, tok(q), tok(k), tok(v), tok(a),
-                          tok(b), A_log, dt_bias, scale, None, state_batch_indices, pad_slot_id, False, tok(out),
-                          window=q.shape[1])
-    delta.launch_rows("verify", False, q.dtype, rows_per_cta, state, q.shape[0], struct)
+def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log,  # noqa: N803
+                 dt_bias, scale, state_batch_indices, pad_slot_id, plan, out) -> None:
+    delta.run_verify(False, plan, state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log,
+                     dt_bias, scale, None, state_batch_indices, pad_slot_id, out)
 
 
-_verify_op = define_op("gdn_verify_decode", ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"),
+_verify_op = define_op("gdn_verify_decode",
+                       ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step", "out"),
                        _verify_cpu, _verify_cuda)
 
 
@@ -191,13 +191,15 @@ _per_draft_op = define_op("gdn_per_draft_verify", ("inter", "out"), _per_draft_c
 def verify_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                   b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, tuning: Tuning = delta.VERIFY_TUNING,
+                  plan: LaunchPlan | None = None) -> torch.Tensor:
     """Speculative verify of a window of T tokens per row (docs/algorithm.md, beyond standard decode); returns
     ``out`` [b,T,HV,V]. ``q, k`` [b,T,H,K], ``v`` [b,T,HV,V], ``a, b`` [b,T,HV] (activation dtype or fp32), ``A_log,
     dt_bias`` [HV] fp32. Token t is decoded from the checkpoint, the row's committed history (``core/spec_cursor.py``)
     and the window's earlier tokens, the history first folded into the checkpoint when the ring would overrun; the
     window's records go past the history. Follow it with ``spec.commit(layer, accepted, ..., window=T)``. The layer's
-    rings hold at least 2T records; on CUDA a row whose cursor word is not valid for T is skipped (zero outputs)."""
+    rings hold at least 2T records; on CUDA a row whose cursor word is not valid for T is skipped (zero outputs).
+    ``plan``: what to launch (default ``delta.verify_plan(layer, batch, T, tuning)``)."""
     if not isinstance(layer, GDNLayerCache) or isinstance(layer, KDALayerCache):
         raise TypeError(f"layer: expected a GDNLayerCache, got {type(layer).__name__}")
     delta.check_plain_for_kernels(layer, "gdn.verify_decode")
@@ -211,8 +213,10 @@ def verify_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
         ref.verify_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, a, b, A_log, dt_bias,
                          scale, idx, pad_slot_id, out)
         return out
-    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, q, k, v, a, b,
-               A_log, dt_bias, scale, idx, pad_slot_id, delta.window_tile(layer.state, q.shape[0]), out)
+    plan = delta.resolved_verify_plan(layer, v, tuning, plan)
+    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive,
+               delta.verify_scratch(layer, q.shape[0], q.shape[1]), layer.step, q, k, v, a, b, A_log, dt_bias, scale,
+               idx, pad_slot_id, plan.words, out)
     return out
 
 

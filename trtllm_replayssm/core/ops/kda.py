@@ -168,24 +168,23 @@ def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 # ---------------------------------------------------------------------------------------------------- speculative
 def _verify_cpu(state: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor,
-                cursor: torch.Tensor, arrive: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
-                lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
-                rows_per_cta: int, out: torch.Tensor) -> None:
+                cursor: torch.Tensor, arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                dt_bias: torch.Tensor, lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor,
+                pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
+    # The float32 reference (coef/step are GPU-only scratch).
     ref.verify_step_(state, u_ring, k_ring, g_ring, cursor, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
                      state_batch_indices, pad_slot_id, out)
 
 
-def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, q, k, v, g, beta, A_log, dt_bias,  # noqa: N803
-                 lower_bound, scale, state_batch_indices, pad_slot_id, rows_per_cta, out) -> None:
-    tok = delta.tokens
-    struct = delta.params(state, u_ring, k_ring, g_ring, cursor, arrive, None, None, tok(q), tok(k), tok(v), tok(g),
-                          tok(beta), A_log, dt_bias, scale, lower_bound, state_batch_indices, pad_slot_id, False,
-                          tok(out), window=q.shape[1])
-    delta.launch_rows("verify", True, q.dtype, rows_per_cta, state, q.shape[0], struct)
+def _verify_cuda(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log,  # noqa: N803
+                 dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id, plan, out) -> None:
+    delta.run_verify(True, plan, state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log,
+                     dt_bias, scale, lower_bound, state_batch_indices, pad_slot_id, out)
 
 
-_verify_op = define_op("kda_verify_decode", ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "out"),
+_verify_op = define_op("kda_verify_decode",
+                       ("state", "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step", "out"),
                        _verify_cpu, _verify_cuda)
 
 
@@ -210,8 +209,10 @@ def verify_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
                   beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                   lower_bound: float | None = None, scale: float | None = None,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """Speculative verify of a window of T tokens per row, as ``gdn.verify_decode``; returns ``out`` [b,T,HV,V].
+                  out: torch.Tensor | None = None, tuning: Tuning = delta.VERIFY_TUNING,
+                  plan: LaunchPlan | None = None) -> torch.Tensor:
+    """Speculative verify of a window of T tokens per row, as ``gdn.verify_decode`` (``tuning``, ``plan`` too);
+    returns ``out`` [b,T,HV,V].
     ``q, k`` [b,T,H,K], ``v`` [b,T,HV,V], raw gate ``g`` [b,T,HV,K] and beta logits ``beta`` [b,T,HV] (activation
     dtype or fp32), ``A_log`` [HV], ``dt_bias`` [HV,K] (or [HV*K]) fp32, ``lower_bound`` as :func:`replay_decode`."""
     if not isinstance(layer, KDALayerCache):
@@ -229,8 +230,10 @@ def verify_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
         ref.verify_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, g, beta, A_log,
                          dt_bias, lower_bound, scale, idx, pad_slot_id, out)
         return out
-    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, q, k, v, g, beta,
-               A_log, dt_bias, lower_bound, scale, idx, pad_slot_id, delta.window_tile(layer.state, q.shape[0]), out)
+    plan = delta.resolved_verify_plan(layer, v, tuning, plan)
+    _verify_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive,
+               delta.verify_scratch(layer, q.shape[0], q.shape[1]), layer.step, q, k, v, g, beta, A_log, dt_bias,
+               lower_bound, scale, idx, pad_slot_id, plan.words, out)
     return out
 
 

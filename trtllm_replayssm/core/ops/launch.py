@@ -57,10 +57,14 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     ``main`` and ``grid`` to kernel names (those the plan's modes use). Replay: prep (programmatic dependent of the
     kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory carveout),
     then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold buffer and
-    tail start written into ``params``. Grid: prep, then the ``grid`` kernel over the plan's state-kernel grid."""
+    tail start written into ``params``. Grid: prep where the plan has one (``prep_threads``), then the ``grid`` kernel
+    over the plan's state-kernel grid."""
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params)
+        return
+    if plan.mode == "grid" and not plan.prep_threads:
+        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)
         return
     prep = get_kernel(config, names["prep"], device)
     if prep_carveout:

@@ -67,8 +67,8 @@ class SpecOps:
     per_draft_tile: Callable
 
 
-def _delta_verify_tile(layer, batch: int, window: int) -> int:
-    return delta.window_tile(layer.state, batch)
+def _delta_verify_tile(layer, batch: int, window: int, tuning: Tuning = delta.VERIFY_TUNING) -> int:
+    return delta.verify_plan(layer, batch, window, tuning).rows_per_cta
 
 
 def _mamba2_verify_tile(layer, batch: int, window: int, tuning: Tuning = mamba2_spec.VERIFY_TUNING) -> int:
@@ -148,14 +148,9 @@ def rotate_gate_rings_(layer: GDNLayerCache, idx: torch.Tensor, words: list[int]
     layer.g_ring[slots] = g.gather(2, src.view(len(words), 1, ring, *(1,) * (g.dim() - 3)).expand_as(g))
 
 
-def _tuned(family: str, tuning: Tuning | None) -> dict:
-    """``tuning`` as the family's speculative ops take it (None: the op's default): Mamba-2's verify plan; GDN/KDA's
-    plan their own."""
-    if tuning is None:
-        return {}
-    if family == "mamba2":
-        return {"tuning": tuning}
-    raise ValueError(f"tuning: the {family} speculative kernels take no tuning, got {tuning}")
+def _tuned(tuning: Tuning | None) -> dict:
+    """``tuning`` as the family's verify op and its plan take it (None: the op's default)."""
+    return {} if tuning is None else {"tuning": tuning}
 
 
 def _window_out(shape: BenchShape, batch: int, window: int, device: torch.device) -> torch.Tensor:
@@ -165,7 +160,7 @@ def _window_out(shape: BenchShape, batch: int, window: int, device: torch.device
 def _replay_calls(shape: BenchShape, batch: int, sd: str, step: Mamba2Step | DeltaStep, accepted: torch.Tensor,
                   window: int, ring: int, n_pools: int, gen: torch.Generator, device: torch.device,
                   tuning: Tuning | None = None):
-    fam, ops, tuned = family_of(shape.dims), SPEC_OPS[shape.family], _tuned(shape.family, tuning)
+    fam, ops, tuned = family_of(shape.dims), SPEC_OPS[shape.family], _tuned(tuning)
     args, kwargs = step.op_args()
     out = _window_out(shape, batch, window, device)
     words = start_words(batch, window, ring)
