@@ -323,10 +323,10 @@ def window_tile(state: torch.Tensor, batch: int) -> int:
     return _row_tile(V, K, batch * HV, device_of(state.device), DEFAULT_TUNING)
 
 
-# The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM;
-# None: the grid kernel (delta_verify_kernel) at every batch, the default until the persistent verify has been run and
-# measured on a GPU (tests and benchmarks pass Tuning(adaptive_threshold=...)).
-VERIFY_PERSISTENT_MIN_WORK_PER_SM: int | None = None
+# The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM,
+# the grid kernel (delta_verify_kernel) below: H200, T = 4, grid / persistent µs per step (kernel times): Qwen3.5-4B
+# batch 8 47.9 / 49.7, batch 64 139.5 / 120.6, batch 256 533.4 / 394.0 (docs/decisions.md, GDN/KDA verify).
+VERIFY_PERSISTENT_MIN_WORK_PER_SM = 8
 # The persistent verify's tuning: two CTAs per SM of two stages (at most verify_ctas_per_sm).
 VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
 
@@ -349,9 +349,7 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     if not dev.is_cuda:
         return LaunchPlan("replay", key, 0, (0, 0, 0))
     work = batch * HV
-    persistent = (tuning.adaptive_threshold is not None or VERIFY_PERSISTENT_MIN_WORK_PER_SM is not None) and (
-        work >= adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM or 0, dev, tuning))
-    if not persistent:
+    if work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
         return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
     state_elem, act_elem = layer.state.element_size(), layer.u_ring.element_size()
