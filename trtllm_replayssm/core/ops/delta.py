@@ -325,7 +325,7 @@ def window_tile(state: torch.Tensor, batch: int) -> int:
 
 # The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM,
 # the grid kernel (delta_verify_kernel) below: H200, T = 4, grid / persistent µs per step (kernel times): Qwen3.5-4B
-# batch 8 47.9 / 49.7, batch 64 139.5 / 120.6, batch 256 533.4 / 394.0 (docs/decisions.md, GDN/KDA verify).
+# batch 8 47.9 / 48.1, batch 64 137.3 / 118.4, batch 256 529.2 / 389.7 (docs/decisions.md, GDN/KDA verify).
 VERIFY_PERSISTENT_MIN_WORK_PER_SM = 8
 # The persistent verify's tuning: two CTAs per SM of two stages (at most verify_ctas_per_sm).
 VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
