@@ -1031,6 +1031,48 @@ __device__ __forceinline__ void verify_prologue(const DeltaParams& p, VerifyShar
   __syncthreads();
 }
 
+// The window's gates (G_{w+t} = lg_t) and keys at the ring positions of history records w + t (hist.count = w), from
+// the verify prologue's `sm`: KDA keys per value head, GDN keys by the first value head of each key head.
+__device__ __forceinline__ void write_window_gates_and_keys(const DeltaParams& p, const VerifyShared& sm, int b,
+                                                            int slot, int hv, int h, rssm::SpecCursor hist) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int T = p.window, w = hist.count, group = p.num_v_heads / p.num_k_heads;
+  float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  kring_t* k_dst = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    const long long pos = hist.position(w + t, p.L);
+    if constexpr (kPerChannel) {
+      float key[kEpl], lg[kEpl];
+      kda_window_ring_key(p, sm, b, t, h, col0, key);
+      rssm::load_vec<float, kEpl>(&sm.lg[t][col0], lg);
+      rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);
+      rssm::store_vec<float, kEpl>(g_dst + pos * kK + col0, lg);
+    } else {
+      if (lane == 0) g_dst[pos] = sm.lg[t][0];
+      if (hv % group == 0) {
+        float key[kEpl];
+        rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
+        rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);  // kring_t = act_t for GDN
+      }
+    }
+  }
+}
+
+// Ring terms of a window's tokens split over the kRowGroups lanes of each row (lane l: row l % kRows): lanes r < kRows
+// get row r's sums.
+__device__ __forceinline__ void add_row_groups(float (&rq)[kMaxWindow], float (&rk)[kMaxWindow], int T) {
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    const float own_q = rq[t], own_k = rk[t];
+#pragma unroll
+    for (int g = 1; g < kRowGroups; ++g) {
+      rq[t] += __shfl_down_sync(0xffffffffu, own_q, g * kRows);
+      rk[t] += __shfl_down_sync(0xffffffffu, own_k, g * kRows);
+    }
+  }
+}
+
 // This warp's rows (registers `acc`) dotted with a token's xq and xk: lane r gets row r's S0·xq in `aq`, S0·xk in `ak`.
 __device__ __forceinline__ void state_dots(const float (&acc)[kRows][kEpl], const float (&xq)[kEpl],
                                            const float (&xk)[kEpl], float& aq, float& ak) {
@@ -1149,12 +1191,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
   // l % kRows, then the groups are added into lanes r < kRows.
   float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
   if (w > 0) {
-    constexpr int kGroups = rssm::kWarpSize / kRows;
     const int r = lane % kRows, grp = lane / kRows;
     const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0 +
                           warp * kRows + r;
-    if (grp < kGroups)
-      for (int j = grp; j < w; j += kGroups) {
+    if (grp < kRowGroups)
+      for (int j = grp; j < w; j += kRowGroups) {
         const float uj = rssm::to_float(u_ring[(long long)hist.position(j, p.L) * kV]);
 #pragma unroll
         for (int t = 0; t < kMaxWindow; ++t) {
@@ -1163,16 +1204,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
           rk[t] = fmaf(sm.ck[t][j], uj, rk[t]);
         }
       }
-#pragma unroll
-    for (int t = 0; t < kMaxWindow; ++t) {
-      if (t >= T) break;
-      const float own_q = rq[t], own_k = rk[t];
-#pragma unroll
-      for (int g = 1; g < kGroups; ++g) {
-        rq[t] += __shfl_down_sync(0xffffffffu, own_q, g * kRows);
-        rk[t] += __shfl_down_sync(0xffffffffu, own_k, g * kRows);
-      }
-    }
+    add_row_groups(rq, rk, T);
   }
   // The window in exact order (lane r: row r).
   act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + wrow;
@@ -1195,27 +1227,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
       u_dst[(long long)hist.position(w + t, p.L) * kV] = rssm::from_float<act_t>(u);
     }
   }
-  if (blockIdx.x != 0) return;
-  // The window's gates (G_{w+t} = lg_t) and keys at the ring positions of history records w + t.
-  float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  kring_t* k_dst = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
-  for (int t = warp; t < T; t += rssm::kNumWarps) {
-    const long long pos = hist.position(w + t, p.L);
-    if constexpr (kPerChannel) {
-      float key[kEpl], lg[kEpl];
-      kda_window_ring_key(p, sm, b, t, h, col0, key);
-      rssm::load_vec<float, kEpl>(&sm.lg[t][col0], lg);
-      rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);
-      rssm::store_vec<float, kEpl>(g_dst + pos * kK + col0, lg);
-    } else {
-      if (lane == 0) g_dst[pos] = sm.lg[t][0];
-      if (hv % group == 0) {
-        float key[kEpl];
-        rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
-        rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);  // kring_t = act_t for GDN
-      }
-    }
-  }
+  if (blockIdx.x == 0) write_window_gates_and_keys(p, sm, b, slot, hv, h, hist);
 }
 
 namespace {
@@ -1271,8 +1283,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_pre
   rssm::prep_begin(p.step - 1);
   __shared__ __align__(16) VerifyShared sm;
   const int hv = blockIdx.x, b = blockIdx.y, T = p.window, L = p.L;
-  const int group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int h = hv / (p.num_v_heads / p.num_k_heads);
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   if (slot == p.pad_slot_id) return;
   const int word = p.cursor[slot];
@@ -1306,26 +1317,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_pre
     tok[1] = sm.beta[t];
     tok[2] = kPerChannel ? 0.f : sm.lg[t][0];
   }
-  // The window's gates (G_{w+t} = lg_t) and keys at the ring positions of history records w + t.
-  float* g_dst = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  kring_t* k_dst = static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
-  for (int t = warp; t < T; t += rssm::kNumWarps) {
-    const long long pos = hist.position(w + t, L);
-    if constexpr (kPerChannel) {
-      float key[kEpl], lg[kEpl];
-      kda_window_ring_key(p, sm, b, t, h, col0, key);
-      rssm::load_vec<float, kEpl>(&sm.lg[t][col0], lg);
-      rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);
-      rssm::store_vec<float, kEpl>(g_dst + pos * kK + col0, lg);
-    } else {
-      if (lane == 0) g_dst[pos] = sm.lg[t][0];
-      if (hv % group == 0) {
-        float key[kEpl];
-        rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
-        rssm::store_vec<kring_t, kEpl>(k_dst + pos * kK + col0, key);  // kring_t = act_t for GDN
-      }
-    }
-  }
+  write_window_gates_and_keys(p, sm, b, slot, hv, h, hist);
   __syncthreads();  // every thread has read the cursor
   if (threadIdx.x == 0) {
     if (hv == 0) p.step[b] = word;
@@ -1437,16 +1429,7 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
           rk[t] = fmaf(ck[t * L + j], uj, rk[t]);
         }
       }
-#pragma unroll
-    for (int t = 0; t < kMaxWindow; ++t) {
-      if (t >= T) break;
-      const float own_q = rq[t], own_k = rk[t];
-#pragma unroll
-      for (int g = 1; g < kRowGroups; ++g) {
-        rq[t] += __shfl_down_sync(0xffffffffu, own_q, g * kRows);
-        rk[t] += __shfl_down_sync(0xffffffffu, own_k, g * kRows);
-      }
-    }
+    add_row_groups(rq, rk, T);
   }
   // The window in exact order (lane r: row r).
   act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + wrow;
