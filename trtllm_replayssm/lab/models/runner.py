@@ -13,7 +13,9 @@ from .decoder import DecodeState, HybridLM
 
 
 def capture_graph(fn: Callable[[], torch.Tensor | None], warmup: int = 2) -> tuple["torch.cuda.CUDAGraph", object]:
-    """Warm ``fn`` up on a side stream, then capture one call in a CUDA graph; returns (graph, captured output)."""
+    """Warm ``fn`` up on a side stream, then capture one call in a CUDA graph on that stream; returns (graph,
+    captured output). Each graph gets its own capture stream: torch's default one is shared by every graph, and so
+    would be the cuBLAS workspace torch keys by stream, which graphs replayed concurrently would then both write."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -21,7 +23,7 @@ def capture_graph(fn: Callable[[], torch.Tensor | None], warmup: int = 2) -> tup
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         out = fn()
     return graph, out
 
