@@ -175,6 +175,33 @@ def test_attention_decode_appends_and_attends(dtype, heads, kv_heads, hd, gated)
             torch.testing.assert_close(out[row, h * hd:(h + 1) * hd].double(), want, **_tol(dtype))
 
 
+@pytest.mark.parametrize("window", [1, 5, 9])
+def test_sliding_window_attention_over_a_ring_cache(window):
+    """A window of W tokens over a ring of 9 slots (position p in slot p % 9): rows at positions before, at and past
+    the ring's first wrap attend exactly to positions max(0, pos - W + 1) .. pos; only the slot of pos is written."""
+    gen = torch.Generator().manual_seed(10 + window)
+    b, heads, kv_heads, hd, slots = 4, 4, 2, 64, 9
+    f32 = torch.float32
+    k_cache, v_cache = _rnd(gen, b, kv_heads, slots, hd, dtype=f32), _rnd(gen, b, kv_heads, slots, hd, dtype=f32)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    q, k, v = (_rnd(gen, b, n, hd, dtype=f32) for n in (heads, kv_heads, kv_heads))
+    pos = torch.tensor([2, 8, 13, 40], dtype=torch.int64, device=DEV)
+    out = ops.attention_decode(q, k, v, k_cache, v_cache, pos, hd ** -0.5, window=window)
+    rep = heads // kv_heads
+    for row in range(b):
+        p = int(pos[row])
+        k0[row, :, p % slots], v0[row, :, p % slots] = k[row], v[row]
+        torch.testing.assert_close(k_cache[row], k0[row], rtol=0, atol=0)
+        torch.testing.assert_close(v_cache[row], v0[row], rtol=0, atol=0)
+        seen = [a % slots for a in range(max(0, p - window + 1), p + 1)]
+        for h in range(heads):
+            keys, vals = k0[row, h // rep, seen].double(), v0[row, h // rep, seen].double()
+            want = torch.softmax(keys @ q[row, h].double() * hd ** -0.5, 0) @ vals
+            torch.testing.assert_close(out[row, h * hd:(h + 1) * hd].double(), want, **_tol(f32))
+    with pytest.raises(ValueError, match="window: expected 0"):
+        ops.attention_decode(q, k, v, k_cache, v_cache, pos, 1.0, window=slots + 1)
+
+
 @pytest.mark.gpu
 def test_attention_decode_full_cache_writes_nothing_outside():
     gen = torch.Generator().manual_seed(9)

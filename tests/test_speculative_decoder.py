@@ -136,6 +136,32 @@ def test_speculative_decode_equals_sequential_decode_of_the_accepted_tokens(pres
             _assert_same_committed_state(spec, seq[b], b, T)
 
 
+@pytest.mark.parametrize("preset", ["tiny-nemotron", "tiny-qwen"])
+def test_sliding_window_decode_equals_the_full_sequence_forward(preset: str) -> None:
+    """Attention over the last 6 tokens, 40 tokens (the KV ring of 6 + MAX_WINDOW - 1 slots wraps): standard decode
+    steps and speculative windows (T = 4, seeded accepted counts) give the logits of the whole-sequence forward with
+    the banded causal mask."""
+    model = HybridLM.build(replace(from_preset(preset), attn_window=6), seed=5)
+    gen = torch.Generator().manual_seed(6)
+    n, T = 40, 4
+    toks = torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen)
+    with torch.no_grad():
+        full = model.logits(toks, 16)[0]
+        state = model.allocate(1, n + T, ssm_impl="baseline")
+        steps = [model.prefill(toks[:, :3], state)[0]] + [model.decode_step(toks[0, i:i + 1], state)[0]
+                                                          for i in range(3, n - 1)]
+        torch.testing.assert_close(torch.stack(steps), full[2:n - 1], rtol=1e-4, atol=1e-4)
+        spec = model.allocate(1, n + T, ssm_impl="replay", buffer_len=4, spec_tokens=T)
+        model.prefill(toks[:, :3], spec)
+        q = 3
+        while q + T <= n:
+            logits = model.verify_step(toks[:, q:q + T], spec)[0]
+            a = int(torch.randint(1, T + 1, (1,), generator=gen))
+            torch.testing.assert_close(logits[:a], full[q:q + a], rtol=1e-4, atol=1e-4)
+            model.commit(torch.tensor([a], dtype=torch.int32), spec)
+            q += a
+
+
 def _assert_same_committed_state(spec: dict[str, DecodeState], seq: DecodeState, b: int, T: int) -> None:
     """Row ``b`` of the speculative states against its sequential state after a commit."""
     per_draft, replay = spec["baseline"], spec["replay"].ssm.cache

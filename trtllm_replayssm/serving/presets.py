@@ -21,7 +21,8 @@ LAYER_KINDS: tuple[str, ...] = (*FAMILIES, "attention", "mlp", "moe")
 
 @dataclass(frozen=True)
 class AttentionDims:
-    """Attention layers: GQA (``kind="gqa"``) or MLA (``kind="mla"``, with the latent KV sizes)."""
+    """Attention layers: GQA (``kind="gqa"``) or MLA (``kind="mla"``, with the latent KV sizes); ``sliding_window``:
+    tokens a query attends to (itself included; 0: every earlier token)."""
 
     num_heads: int
     num_kv_heads: int
@@ -29,6 +30,7 @@ class AttentionDims:
     kind: str = "gqa"
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    sliding_window: int = 0
 
     def kv_elems_per_token(self) -> int:
         """KV-cache elements per token per attention layer (per-rank split not applied)."""
@@ -205,18 +207,20 @@ def _build_presets() -> dict[str, ModelSpec]:
             source="tiny demo model (Qwen3.5 head geometry)",
         ),
         # Byte-level models trained on the offline corpus (trtllm_replayssm/lab/train.py, build_scripts/
-        # train_models.py) for the accuracy study: production per-head state geometry, about 25M parameters.
+        # train_models.py) for the accuracy study: production per-head state geometry, about 25M parameters;
+        # attention over the last 256 tokens (the training windows' length), so that 128K-token decodes stay in
+        # distribution and cost a fixed amount per token.
         ModelSpec(
             name="byte-nemotron", architecture="NemotronHForCausalLM", family="mamba2",
             hidden_size=512, vocab_size=256, layers=nemotron_layers("M-M-M*M-M-M-"),
-            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64), intermediate_size=1536,
+            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64, sliding_window=256), intermediate_size=1536,
             mamba2=Mamba2Dims(nheads=16, head_dim=64, d_state=128, n_groups=8, conv_kernel=4, chunk_size=128),
             source="byte-level accuracy model (Nemotron-3 head geometry)",
         ),
         ModelSpec(
             name="byte-qwen", architecture="Qwen3_5ForCausalLM", family="gdn",
             hidden_size=512, vocab_size=256, layers=interleaved_layers(8, "gdn", every4(8)),
-            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64), intermediate_size=1536,
+            attention=AttentionDims(num_heads=8, num_kv_heads=2, head_dim=64, sliding_window=256), intermediate_size=1536,
             gdn=GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128, conv_kernel=4),
             source="byte-level accuracy model (Qwen3.5 head geometry)",
         ),

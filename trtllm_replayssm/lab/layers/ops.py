@@ -262,9 +262,9 @@ def _rope_cuda(x, pos, rotary_dim, theta, out) -> None:
 
 
 def _attention_decode_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float, window: int,
                          out: torch.Tensor) -> None:
-    out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))
+    out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale, window))
 
 
 def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: int) -> int:
@@ -272,14 +272,14 @@ def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: in
     return 4 * (heads // kv_heads) * (head_dim + max_len)
 
 
-def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, out) -> None:
+def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
     b, heads, head_dim = q.shape
     _, kv_heads, max_len, _ = k_cache.shape
     if b == 0:
         return
     shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
-    if head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:
-        out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale))  # shapes the kernel does not take
+    if window or head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:  # what the kernel does not take
+        out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale, window))
         return
     g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
     params = ATTN_PARAMS.pack(q=ptr(q), k_new=ptr(k), v_new=ptr(v), gate=ptr(gate), k_cache=ptr(k_cache),
@@ -406,14 +406,16 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
 
 
 def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """One decode step of GQA attention over a static KV cache: appends ``k, v [b, kv_heads, hd]`` at ``pos [b]``
     (int64) of ``k_cache, v_cache [b, kv_heads, max_len, hd]`` (contiguous), attends ``q [b, heads, hd]`` over
     positions ``0..pos``, multiplies by ``sigmoid(gate)`` (``q``'s shape) if given. Last dims dense. Returns
     ``[b, heads * hd]``; ``pos`` is not advanced. A row whose ``pos`` is outside the cache: the CUDA kernel writes
     nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (head_dim a
     multiple of 32 up to 256, a group's queries and scores within 48 KiB of shared memory); other shapes and the CPU
-    run the PyTorch reference."""
+    run the PyTorch reference. ``window`` > 0: sliding-window attention over positions ``pos - window + 1 .. pos``,
+    the cache a ring (position p in slot ``p % max_len``, ``max_len >= window``; the PyTorch reference on every
+    device)."""
     chk.check_tensor("q", q, (None, None, None), chk.FLOAT_DTYPES)
     b, heads, hd = q.shape
     chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
@@ -425,6 +427,9 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     chk.check_tensor("v", v, (b, kv_heads, hd), (q.dtype,), q.device)
     chk.check_optional("gate", gate, (b, heads, hd), (q.dtype,), q.device)
     chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= k_cache.shape[2]:
+        raise ValueError(f"window: expected 0 (full attention) or a window of at most the cache's "
+                         f"{k_cache.shape[2]} slots, got {window!r}")
     out = torch.empty((b, heads * hd), dtype=q.dtype, device=q.device)
-    torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), out)
+    torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), window, out)
     return out

@@ -109,19 +109,27 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
 
 
 def attention_decode_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
+                      window: int = 0) -> torch.Tensor:
     """Single-token GQA attention over a static KV cache: writes ``k, v [b, kv, hd]`` at position ``pos [b]`` of
     ``k_cache, v_cache [b, kv, max_len, hd]``, attends ``q [b, heads, hd]`` over positions ``0..pos`` (matmuls in the
     cache dtype with fp32 accumulation, softmax in fp32), gates by ``sigmoid(gate [b, heads, hd])`` if given.
+    ``window`` > 0: over positions ``pos - window + 1 .. pos`` of a ring cache (position p in slot ``p % max_len``).
     Returns ``[b, heads * hd]``."""
     b, heads, hd = q.shape
-    kv_heads = k.shape[1]
+    kv_heads, slots = k.shape[1], k_cache.shape[2]
     rows = torch.arange(b, device=q.device)[:, None]
-    k_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], pos[:, None]), k)
-    v_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], pos[:, None]), v)
+    slot = pos % slots if window else pos
+    k_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], slot[:, None]), k)
+    v_cache.index_put_((rows, torch.arange(kv_heads, device=q.device)[None, :], slot[:, None]), v)
     qg = q.reshape(b, kv_heads, heads // kv_heads, hd)
     scores = torch.matmul(qg, k_cache.transpose(-1, -2)).float() * scale  # [b, kv, rep, max_len]
-    valid = torch.arange(k_cache.shape[2], device=q.device).unsqueeze(0) <= pos.unsqueeze(1)  # [b, max_len]
+    cols = torch.arange(slots, device=q.device).unsqueeze(0)
+    if window:  # the slot's latest position: pos - age, attended when 0 <= age < window and age <= pos
+        age = (pos.unsqueeze(1) - cols) % slots
+        valid = (age < window) & (age <= pos.unsqueeze(1))
+    else:
+        valid = cols <= pos.unsqueeze(1)  # [b, max_len]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     o = torch.matmul(scores.softmax(-1).to(v_cache.dtype), v_cache).reshape(b, heads, hd)
     if gate is not None:

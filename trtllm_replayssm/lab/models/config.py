@@ -46,6 +46,7 @@ class HybridConfig:
     attn_head_dim: int = 1
     rotary_dim: int = 0
     rope_theta: float = 10000.0
+    attn_window: int = 0  # tokens a query attends to, itself included (0: every earlier token)
     # FFN
     intermediate_size: int = 0
     moe_intermediate: int = 0
@@ -80,6 +81,8 @@ class HybridConfig:
                                  f"got {self.gdn_k_heads}")
         if "attention" in self.layer_kinds and self.attn_heads % self.kv_heads:
             raise ValueError(f"kv_heads: expected a divisor of attn_heads={self.attn_heads}, got {self.kv_heads}")
+        if self.attn_window < 0:
+            raise ValueError(f"attn_window: expected >= 0 (0: full attention), got {self.attn_window}")
         if self.rotary_dim % 2 or self.rotary_dim > self.attn_head_dim:
             raise ValueError(f"rotary_dim: expected an even number <= attn_head_dim={self.attn_head_dim}, "
                              f"got {self.rotary_dim}")
@@ -156,7 +159,7 @@ def from_spec(spec: Any, **extra: Any) -> HybridConfig:
     common: dict[str, Any] = dict(
         name=spec.name, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, layer_kinds=kinds,
         attn_heads=att.num_heads, kv_heads=att.num_kv_heads, attn_head_dim=att.head_dim,
-        intermediate_size=spec.intermediate_size or 0, moe_intermediate=spec.moe_intermediate_size or 0,
+        attn_window=att.sliding_window, intermediate_size=spec.intermediate_size or 0, moe_intermediate=spec.moe_intermediate_size or 0,
         moe_top_k=spec.experts_per_token or 0, notes=tuple(spec.notes),
     )
     if spec.family == "mamba2":
@@ -221,7 +224,8 @@ def to_hf_config(cfg: HybridConfig) -> dict[str, Any]:
     common = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_hidden_layers": len(cfg.layer_kinds),
               "num_attention_heads": cfg.attn_heads, "num_key_value_heads": cfg.kv_heads,
               "head_dim": cfg.attn_head_dim, "intermediate_size": cfg.intermediate_size,
-              "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32"}
+              "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32",
+              "sliding_window": cfg.attn_window or None}
     if cfg.arch == "nemotron_h":
         return {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", **common,
                 "hybrid_override_pattern": "".join(_NEMOTRON_CHARS[k] for k in cfg.layer_kinds),

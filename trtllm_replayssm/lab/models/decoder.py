@@ -32,7 +32,7 @@ class NemotronBlock(nn.Module):
             self.mixer: nn.Module = Mamba2Mixer(cfg)
         elif kind == "attention":
             self.mixer = Attention(cfg.hidden_size, cfg.attn_heads, cfg.kv_heads, cfg.attn_head_dim, qwen=False,
-                                   rotary_dim=0, rope_theta=cfg.rope_theta, eps=cfg.rms_eps)
+                                   rotary_dim=0, rope_theta=cfg.rope_theta, eps=cfg.rms_eps, window=cfg.attn_window)
         elif kind == "mlp":
             self.mixer = ReluSqMLP(cfg.hidden_size, cfg.intermediate_size)
         else:
@@ -52,7 +52,8 @@ class QwenBlock(nn.Module):
             self.linear_attn = GatedDeltaNetMixer(cfg)
         else:
             self.self_attn = Attention(cfg.hidden_size, cfg.attn_heads, cfg.kv_heads, cfg.attn_head_dim, qwen=True,
-                                       rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta, eps=cfg.rms_eps)
+                                       rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta, eps=cfg.rms_eps,
+                                       window=cfg.attn_window)
         if cfg.moe_top_k:
             self.mlp: nn.Module = DenseExpertMoE(cfg.hidden_size, cfg.moe_dense_width, cfg.moe_shared,
                                                  cfg.moe_latent_size, "swiglu")
@@ -198,7 +199,7 @@ class HybridLM(nn.Module):
                         spec_tokens)
         conv = [torch.zeros((batch, dims.conv_dim, cfg.conv_kernel - 1), dtype=act, device=dev)
                 for _ in cfg.ssm_layers]
-        kv = [KVCache.allocate(batch, max_len, cfg.kv_heads, cfg.attn_head_dim, act, dev)
+        kv = [KVCache.allocate(batch, max_len, cfg.kv_heads, cfg.attn_head_dim, act, dev, cfg.attn_window)
               for _ in self.attn_index]
         window = [torch.zeros((batch, spec_tokens, dims.conv_dim), dtype=act, device=dev)
                   for _ in cfg.ssm_layers] if spec_tokens > 1 else []

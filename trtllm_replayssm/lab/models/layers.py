@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.lab.layers import ops as fused
 
 
@@ -141,9 +142,11 @@ def conv_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 # ---------------------------------------------------------------------- attention
 @dataclass
 class KVCache:
-    """Static KV cache of one attention layer: ``k, v [b, kv_heads, max_len, head_dim]`` (per-head rows dense, so
+    """Static KV cache of one attention layer: ``k, v [b, kv_heads, slots, head_dim]`` (per-head rows dense, so
     the decode matmuls read them in place), ``pos [b]`` (int64, the number of cached tokens, advanced in place on
-    the device)."""
+    the device). Full attention: position p in slot p (slots = max_len); a sliding window of W tokens: a ring of
+    W + MAX_WINDOW - 1 slots (position p in slot p % slots), so that a speculative window's rejected tokens never
+    overwrite a position the next window attends to."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -151,8 +154,9 @@ class KVCache:
 
     @classmethod
     def allocate(cls, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> "KVCache":
-        shape = (batch, kv_heads, max_len, head_dim)
+                 device: torch.device, window: int = 0) -> "KVCache":
+        slots = min(max_len, window + MAX_WINDOW - 1) if window else max_len
+        shape = (batch, kv_heads, slots, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(batch, dtype=torch.long, device=device))
 
@@ -164,12 +168,13 @@ class KVCache:
 
 class Attention(nn.Module):
     """GQA attention with a static KV cache. Nemotron-H: no RoPE, no norms. Qwen3.5: per-head q/k RMSNorm
-    (1+w), partial RoPE and a sigmoid output gate packed with q in ``q_proj``."""
+    (1+w), partial RoPE and a sigmoid output gate packed with q in ``q_proj``. ``window`` > 0: each query attends to
+    the last ``window`` tokens, itself included (0: every earlier token)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, qwen: bool, rotary_dim: int,
-                 rope_theta: float, eps: float) -> None:
+                 rope_theta: float, eps: float, window: int = 0) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.heads, self.kv_heads, self.head_dim, self.window = heads, kv_heads, head_dim, window
         self.qwen, self.rotary_dim, self.rope_theta = qwen, rotary_dim, rope_theta
         self.q_proj = nn.Linear(hidden, heads * head_dim * (2 if qwen else 1), bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
@@ -202,25 +207,32 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
     def prefill(self, h: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
-        """``h [b, T, D]`` from position 0: causal attention; given ``kv``, fills ``kv[:, :T]`` and sets ``pos = T``
-        (None: training, no cache)."""
+        """``h [b, T, D]`` from position 0: causal attention (within the window); given ``kv``, caches the
+        positions it keeps (all T, or the ring's last slots) and sets ``pos = T`` (None: training, no cache)."""
         b, t, _ = h.shape
         pos = torch.arange(t, device=h.device).expand(b, t)
         q, k, v, gate = self._qkv(h, pos)
         if kv is not None:
-            kv.k[:, :, :t].copy_(k.transpose(1, 2))
-            kv.v[:, :, :t].copy_(v.transpose(1, 2))
+            slots = kv.k.shape[2]
+            kept = torch.arange(max(0, t - slots), t, device=h.device)
+            kv.k[:, :, kept % slots] = k[:, kept].transpose(1, 2)
+            kv.v[:, :, kept % slots] = v[:, kept].transpose(1, 2)
             kv.pos.fill_(t)
         rep = self.heads // self.kv_heads
+        mask = None
+        if self.window and t > self.window:  # query i sees keys i - window + 1 .. i
+            i = torch.arange(t, device=h.device)
+            mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < self.window)
         o = F.scaled_dot_product_attention(q.transpose(1, 2).float(),
                                            k.transpose(1, 2).repeat_interleave(rep, 1).float(),
-                                           v.transpose(1, 2).repeat_interleave(rep, 1).float(), is_causal=True)
+                                           v.transpose(1, 2).repeat_interleave(rep, 1).float(), attn_mask=mask,
+                                           is_causal=mask is None)
         return self._out(o.transpose(1, 2).reshape(b, t, -1).to(h.dtype), gate)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, kv: KVCache,
                 pos: torch.Tensor) -> torch.Tensor:
         """One token per row at positions ``pos [b]``: written to the cache there, attending over ``0..pos``."""
-        return fused.attention_decode(q, k, v, kv.k, kv.v, pos, self.head_dim ** -0.5, gate)
+        return fused.attention_decode(q, k, v, kv.k, kv.v, pos, self.head_dim ** -0.5, gate, self.window)
 
     def decode(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
