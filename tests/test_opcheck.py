@@ -144,7 +144,7 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
     heads, kv_heads, head_dim, max_len = 4, 2, 64, 8  # attention_decode
     return (rnd(rows, heads, head_dim), rnd(rows, kv_heads, head_dim), rnd(rows, kv_heads, head_dim), None,
             rnd(rows, kv_heads, max_len, head_dim), rnd(rows, kv_heads, max_len, head_dim),
-            torch.tensor([2, 5, 7], device=DEV), head_dim ** -0.5, rnd(rows, heads * head_dim))
+            torch.tensor([2, 5, 7], device=DEV), head_dim ** -0.5, 0, rnd(rows, heads * head_dim))
 
 
 def test_every_replayssm_op_is_covered():
