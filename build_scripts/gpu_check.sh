@@ -112,7 +112,8 @@ if has train; then
 fi
 if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group);
   # ACC_ARGS: more options for every run (e.g. --no-overlap)
-  mamba2_states=${ACC_STATES_MAMBA2:-"fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8,fp8+sr,fp8/dual/fp32+sr"}
+  mamba2_default="fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8"
+  mamba2_states=${ACC_STATES_MAMBA2:-"$mamba2_default,fp8+sr,fp8/dual/fp32+sr"}
   gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16"}  # stored GDN formats have no CUDA kernels yet
   for m in ${ACC_MODELS:-byte-nemotron}; do
     dir="$MODELS_DIR/$m"; [ -d "$dir" ] || dir="models/$m"; [ -d "$dir" ] || dir=$m  # else a preset
