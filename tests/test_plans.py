@@ -3,6 +3,7 @@ pair, batch, ring length and mode), tuning is passed in, ops refuse plans made f
 planner steps (adaptive mode, fold buffer, claimed tail, programmatic prep) follow their rules."""
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from trtllm_replayssm.core import plans
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.families import FAMILIES, family_of
-from trtllm_replayssm.core.layouts import delta_fold_bytes, delta_stage_bytes, key_ring_dtype
+from trtllm_replayssm.core.layouts import delta_fold_bytes, delta_stage_bytes, delta_verify_stage_bytes, key_ring_dtype
 from trtllm_replayssm.core.ops import delta, launch, mamba2
 from trtllm_replayssm.core.plans import Device, Tuning
 from trtllm_replayssm.serving.presets import get_preset
@@ -200,3 +201,37 @@ def test_plan_words_round_trip():
         plan.mode, plan.rows_per_cta, plan.grid, plan.stages, plan.stage_bytes, plan.fold_bytes, plan.tail_start,
         plan.prep_grid, plan.prep_threads, plan.programmatic_prep)
     assert plan.record()["mode"] == "replay" and "key" not in plan.record()
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(model, state_dtype):
+    """Below 8 (row, value head) work items per SM the grid kernel without a prep, from there the prep and the
+    persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (value head,
+    row); plans made for another call are refused."""
+    dims, T, L = get_preset(model).ssm_dims, 4, 19
+    layer = _layer(dims, state_dtype, torch.bfloat16, L, slots=64)
+    HV, V, K = layer.state.shape[1:]
+    first = -(-delta.VERIFY_PERSISTENT_MIN_WORK_PER_SM * H200.sm_count // HV)  # the first persistent batch
+    grid = delta.verify_plan(layer, first - 1, T, device=H200)
+    assert grid.mode == "grid" and grid.prep_threads == 0 and grid.grid == (V // grid.rows_per_cta, HV, first - 1)
+    plan = delta.verify_plan(layer, first, T, device=H200)
+    tile = plan.rows_per_cta
+    assert plan.mode == "replay" and plan.fold_bytes == 0 and plan.stages == 2
+    assert plan.stage_bytes == delta_verify_stage_bytes(L, T, tile, K, layer.state.element_size(), 2)
+    assert plan.num_tiles == first * HV * V // tile and plan.grid == (min(plan.num_tiles, 2 * H200.sm_count), 1, 1)
+    assert plan.prep_grid == (HV, first, 1) and plan.programmatic_prep
+    assert plans.stages_for(plan.stage_bytes, 2, 0) >= 2
+    forced = delta.verify_plan(layer, 1, T, replace(delta.VERIFY_TUNING, adaptive_threshold=0), device=H200)
+    assert forced.mode == "replay"
+    v = torch.zeros(first, T, HV, V, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="plan: made for"):
+        delta.resolved_verify_plan(layer, v[:first - 1], delta.VERIFY_TUNING, plan)
+
+
+def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():
+    dims = replace(get_preset("qwen3.5-4b").ssm_dims, head_k_dim=256)
+    layer = _layer(dims, torch.float32, torch.bfloat16, 19, slots=64)
+    plan = delta.verify_plan(layer, 64, 4, device=H200)
+    assert plan.mode == "replay" and plan.grid[0] == min(plan.num_tiles, H200.sm_count)
+    assert delta.verify_ctas_per_sm(256) == 1 and delta.verify_ctas_per_sm(128) == 2
