@@ -25,9 +25,9 @@ REUSED = 0                    # slot 0 gets a new request part way
 KEY_DIM, VALUE_DIM = (128, 128) if DEV == "cuda" else (64, 32)
 
 
-def problem(family: str, seed: int) -> Problem:
+def problem(family: str, seed: int, key_dim: int = KEY_DIM) -> Problem:
     if family == "gdn":
-        return make_problem(family, 2, 4, KEY_DIM, VALUE_DIM, seed=seed)
+        return make_problem(family, 2, 4, key_dim, VALUE_DIM, seed=seed)
     return make_problem(family, 2, 2, KEY_DIM, KEY_DIM, seed=seed)
 
 
@@ -134,12 +134,12 @@ CASES = [(1, 8, "fp32", torch.float32, 1e-5), (2, 8, "fp32", torch.float32, 1e-5
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("T,L,state_dtype,act,tol", CASES if DEV == "cuda" else [CASES[i] for i in (1, 5, 6, 8)])
-def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel):
+def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel, key_dim=KEY_DIM):
     """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row (all drafts / only the bonus token in every window), folds at different windows per row,
     the origin wrapping around the ring, slot reuse."""
     ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))
-    prob = problem(family, seed=T * 100 + L)
+    prob = problem(family, seed=T * 100 + L, key_dim=key_dim)
     gen = torch.Generator().manual_seed(T * 7 + L)
     cache, layer = new_layer(prob, ring_len, state_dtype, act, gen)
     truth = Truth(prob, layer.state.float())
@@ -181,6 +181,13 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, ke
     assert worst_out <= tol and worst_state <= tol
     assert_same_bits(frozen, snapshot(layer, FOREIGN))
     assert int(layer.arrive.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_verify_with_256_key_channels(kernel):
+    """GDN with 256 key channels (8 per lane; the persistent kernel runs one CTA per SM): the contract above."""
+    test_verify_and_commit_match_float64("gdn", 4, 16, "fp32", torch.float32, 1e-5, kernel, key_dim=256)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
