@@ -131,6 +131,11 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
       --mean-accept 3 --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt \
       -o "$OUT/acc/$m-spec4.json" ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
     rc=$?; record "accuracy $m fp32 spec T=4" $rc "$OUT/acc/$m-spec4.json"
+    # fp32 activations: the rings hold fp32 records, so this run against the bf16 one prices the rings' rounding
+    timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --act-dtype fp32 \
+      --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-fp32-rings.json" \
+      ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
+    rc=$?; record "accuracy $m fp32, fp32 activations and rings" $rc "$OUT/acc/$m-fp32-rings.json"
   done
 fi
 for f in "$OUT"/kernels-h200-*.json; do
