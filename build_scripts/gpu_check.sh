@@ -111,7 +111,8 @@ if has train; then
   for m in "$MODELS_DIR"/*/; do [ -f "$m/train.json" ] && cp "$m/train.json" "$OUT/train-$(basename "$m").json"; done
 fi
 if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group);
-  # ACC_ARGS: more options for every run (e.g. --no-overlap)
+  # ACC_ARGS: more options for every run (e.g. --no-overlap); after the groups the fp32 speculative windows and the
+  # fp32-activation run unless ACC_EXTRA=0
   mamba2_default="fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8"
   mamba2_states=${ACC_STATES_MAMBA2:-"$mamba2_default,fp8+sr,fp8/dual/fp32+sr"}
   gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16"}  # stored GDN formats have no CUDA kernels yet
@@ -127,6 +128,7 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
         >> "$OUT/accuracy.log" 2>&1
       rc=$?; record "accuracy $m $g" $rc "$OUT/acc/$m-$k.json"
     done
+    [ "${ACC_EXTRA:-1}" = 1 ] || continue  # ACC_EXTRA=0: the state groups only
     timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --spec 4 \
       --mean-accept 3 --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt \
       -o "$OUT/acc/$m-spec4.json" ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
