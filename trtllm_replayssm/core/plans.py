@@ -293,6 +293,29 @@ def persistent_plan(stage_bytes: int, num_tiles: int, fold_bytes: int, fold_firs
     return Persistent(grid, stages, stage_bytes, fold, tail_start(num_tiles, grid, tail_fraction), tail_fraction)
 
 
+def persistent_verify_plan(key: tuple, stage_of: dict[int, int], tile: int, rows: int, act_elem: int,
+                           fold_bytes: int, tail_fraction: float | None, device: Device, tuning: Tuning,
+                           **prep) -> LaunchPlan:
+    """A persistent verify kernel's plan (mode ``replay``, after its prep kernel ``prep``) over ``rows`` state rows:
+    with the tuning's row tile, else the largest tile of ``stage_of`` (tile -> stage bytes) up to the heuristic's
+    ``tile`` whose stage fits twice per CTA beside the always-kept fold buffer (``fold_bytes``); as many stages as
+    fit (the tuning's, if set)."""
+    ctas = tuning.ctas_per_sm
+    if tuning.rows_per_cta is None:
+        fits = [t for t in fitting_tiles(stage_of, tile, act_elem, ctas) if stages_for(stage_of[t], ctas, fold_bytes) >= 2]
+        tile = max(fits) if fits else min(stage_of)
+    stage = stage_of[tile]
+    stages = tuning.stages or stages_for(stage, ctas, fold_bytes)
+    if not 2 <= stages <= MAX_STAGES or stages_for(stage, ctas, fold_bytes) < stages:
+        raise ValueError(f"rows_per_cta: a verify tile of {tile} rows ({stage}-byte stages) does not fit "
+                         f"{max(stages, 2)} stages{' and the fold buffer' if fold_bytes else ''} at {ctas} CTAs per SM")
+    num_tiles = rows // tile
+    grid = min(num_tiles, ctas * device.sm_count)
+    return LaunchPlan("replay", key, tile, (grid, 1, 1), stages, stage, fold_bytes,
+                      tail_start(num_tiles, grid, tail_fraction), tail_fraction=tail_fraction, num_tiles=num_tiles,
+                      **prep)
+
+
 def resolved_tail_fraction(tuning: Tuning, family_default: float | None) -> float | None:
     return family_default if tuning.tail_fraction == DEFAULT else tuning.tail_fraction
 

@@ -25,7 +25,8 @@ from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stride
 from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
                                          checked_plan, device_of, fitting_tiles, non_replay_plan, persistent_plan,
-                                         programmatic_prep, resolved_tail_fraction, stages_for, state_tile, tail_start)
+                                         persistent_verify_plan, programmatic_prep, resolved_tail_fraction, stages_for,
+                                         state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
@@ -355,21 +356,9 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     state_elem, act_elem = layer.state.element_size(), layer.u_ring.element_size()
     stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem) for t in tile_choices(V, K)}
     tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
-    tile = state_tile(V, K, work, dev, tuning)
-    if tuning.rows_per_cta is None:
-        fits = [t for t in fitting_tiles(stage, tile, act_elem, tuning.ctas_per_sm)
-                if stages_for(stage[t], tuning.ctas_per_sm, 0) >= 2]
-        tile = max(fits) if fits else min(stage)
-    stages = tuning.stages or stages_for(stage[tile], tuning.ctas_per_sm, 0)
-    if not 2 <= stages or stages_for(stage[tile], tuning.ctas_per_sm, 0) < stages:
-        raise ValueError(f"rows_per_cta: a verify tile of {tile} rows ({stage[tile]}-byte stages) does not fit "
-                         f"{max(stages, 2)} stages at {tuning.ctas_per_sm} CTAs per SM")
-    num_tiles = work * V // tile
-    grid = min(num_tiles, tuning.ctas_per_sm * dev.sm_count)
-    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
-    return LaunchPlan("replay", key, tile, (grid, 1, 1), stages, stage[tile], 0, tail_start(num_tiles, grid, fraction),
-                      prep_grid=(HV, batch, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning),
-                      tail_fraction=fraction, num_tiles=num_tiles)
+    return persistent_verify_plan(key, stage, state_tile(V, K, work, dev, tuning), work * V, act_elem, 0,
+                                  resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning, prep_grid=(HV, batch, 1),
+                                  prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
 
 
 def verify_plan_key(layer: GDNLayerCache, batch: int, window: int) -> tuple:

@@ -20,14 +20,14 @@ from trtllm_replayssm.core.jit.configs import tile_choices
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS, mamba2_fold_bytes,
                                            mamba2_verify_stage_bytes, verify_coef_floats)
-from trtllm_replayssm.core.limits import MAX_STAGES, NUM_WARPS
+from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan
 from trtllm_replayssm.core.ops.mamba2 import (DEFAULT_TUNING, SPEC_KERNELS, TAIL_FRACTION, _params, kernel_config,
                                               validate_rows)
 from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan,
-                                         device_of, fitting_tiles, programmatic_prep, resolved_tail_fraction,
-                                         stages_for, state_tile, tail_start)
+                                         device_of, persistent_verify_plan, programmatic_prep, resolved_tail_fraction,
+                                         state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 
@@ -84,22 +84,10 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
         return LaunchPlan("grid", key, tile, (P // tile, H, batch), **prep)
-    fold = mamba2_fold_bytes(R, N, act_elem)
     stage = {t: mamba2_verify_stage_bytes(R, t, N, state_elem, act_elem, bucket) for t in tile_choices(P, N)}
-    tile = state_tile(P, N, batch * H, dev, tuning)
-    if tuning.rows_per_cta is None:
-        fits = [t for t in fitting_tiles(stage, tile, act_elem, tuning.ctas_per_sm)
-                if stages_for(stage[t], tuning.ctas_per_sm, fold) >= 2]
-        tile = max(fits) if fits else min(stage)
-    stages = tuning.stages or stages_for(stage[tile], tuning.ctas_per_sm, fold)
-    if not 2 <= stages <= MAX_STAGES or stages_for(stage[tile], tuning.ctas_per_sm, fold) < stages:
-        raise ValueError(f"rows_per_cta: a verify tile of {tile} rows ({stage[tile]}-byte stages) does not fit "
-                         f"{max(stages, 2)} stages and the fold buffer at {tuning.ctas_per_sm} CTAs per SM")
-    num_tiles = batch * H * P // tile
-    grid = min(num_tiles, tuning.ctas_per_sm * dev.sm_count)
-    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
-    return LaunchPlan("replay", key, tile, (grid, 1, 1), stages, stage[tile], fold, tail_start(num_tiles, grid, fraction),
-                      tail_fraction=fraction, num_tiles=num_tiles, **prep)
+    return persistent_verify_plan(key, stage, state_tile(P, N, batch * H, dev, tuning), batch * H * P, act_elem,
+                                  mamba2_fold_bytes(R, N, act_elem), resolved_tail_fraction(tuning, TAIL_FRACTION),
+                                  dev, tuning, **prep)
 
 
 def verify_plan_key(layer: Mamba2LayerCache, batch: int, window: int) -> tuple:
