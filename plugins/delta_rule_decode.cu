@@ -1073,6 +1073,25 @@ __device__ __forceinline__ void add_row_groups(float (&rq)[kMaxWindow], float (&
   }
 }
 
+// A row's committed history as its verify decodes it: empty after a fold (the cursor's records go into the
+// checkpoint first), else the cursor's.
+__device__ __forceinline__ rssm::SpecCursor verify_history(rssm::SpecCursor cur, bool fold, int L) {
+  return {fold ? cur.position(cur.count, L) : cur.origin, fold ? 0 : cur.count};
+}
+
+// Whether a verify of T tokens folds the history first (count + 2T > L).
+__device__ __forceinline__ bool verify_folds(rssm::SpecCursor cur, int T, int L) {
+  return cur.count > 0 && cur.folds_before(T, L);  // an empty history folds to itself
+}
+
+// Where a verify's per-token data lies (the grid kernel's VerifyShared, or a stage's VerifyRec): token t's xq and xk
+// at xq + t * kK and xk + t * kK, its log-decay (GDN) at lg[t * lg_stride], entry j's coefficients at
+// cq[t * c_stride + j] and ck[...], its beta and k·q~ at beta[t * s_stride] and kq[t * s_stride].
+struct WindowCoefs {
+  const float *xq, *xk, *lg, *cq, *ck, *beta, *kq;
+  int lg_stride, c_stride, s_stride;
+};
+
 // This warp's rows (registers `acc`) dotted with a token's xq and xk: lane r gets row r's S0·xq in `aq`, S0·xk in `ak`.
 __device__ __forceinline__ void state_dots(const float (&acc)[kRows][kEpl], const float (&xq)[kEpl],
                                            const float (&xk)[kEpl], float& aq, float& ak) {
@@ -1114,6 +1133,71 @@ __device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot
     rssm::store_vec<state_t, kEpl>(rows + r * kK + col0, acc[r]);
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) acc[r][e] = rssm::round_through<state_t>(acc[r][e]);
+  }
+}
+
+// One warp's rows of a verify (lane r < kRows: row r): from the checkpoint rows `acc` (as stored) and the row's
+// history of w records, every window token in exact order,
+//   a_k[t] = S0·(e^{lg_t} ⊙ k_t) + Σ_{j<w+t} ck[t][j] u_j,  u_t = beta_t (v_t - a_k[t]),
+//   o_t = S0·(e^{lg_t} ⊙ q~_t) + Σ_{j<w+t} cq[t][j] u_j + u_t (k_t·q~_t),
+// the window's u_j rounded as the ring holds them. `u_hist(j)`: this lane's row of history record j (lane l: row
+// l % kRows); `v`: this lane's row of token t's values at v[t * v_stride]; writes out[t * out_stride] and the u
+// records at u_dst (this lane's row, ring row stride kV) at the positions of history records w + t.
+template <class UHist>
+__device__ __forceinline__ void decode_window(const float (&acc)[kRows][kEpl], const WindowCoefs& c, int T, int L,
+                                              rssm::SpecCursor hist, UHist u_hist, const act_t* v, long long v_stride,
+                                              act_t* out, long long out_stride, act_t* u_dst) {
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl, w = hist.count;
+  // Checkpoint terms per token.
+  float sq[kMaxWindow], sk[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float xq[kEpl], xk[kEpl];
+    rssm::load_vec<float, kEpl>(c.xq + t * kK + col0, xq);
+    rssm::load_vec<float, kEpl>(c.xk + t * kK + col0, xk);
+    state_dots(acc, xq, xk, sq[t], sk[t]);
+    if constexpr (!kPerChannel) {
+      const float d = __expf(c.lg[t * c.lg_stride]);
+      sq[t] *= d;
+      sk[t] *= d;
+    }
+  }
+  // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
+  // l % kRows, then the groups are added into lanes r < kRows.
+  float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
+  if (w > 0) {
+    const int grp = lane / kRows;
+    if (grp < kRowGroups)
+      for (int j = grp; j < w; j += kRowGroups) {
+        const float uj = u_hist(j);
+#pragma unroll
+        for (int t = 0; t < kMaxWindow; ++t) {
+          if (t >= T) break;
+          rq[t] = fmaf(c.cq[t * c.c_stride + j], uj, rq[t]);
+          rk[t] = fmaf(c.ck[t * c.c_stride + j], uj, rk[t]);
+        }
+      }
+    add_row_groups(rq, rk, T);
+  }
+  // The window in exact order.
+  float uw[kMaxWindow];
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    float aq = sq[t] + rq[t], ak = sk[t] + rk[t];
+#pragma unroll
+    for (int s = 0; s < t; ++s) {
+      aq = fmaf(c.cq[t * c.c_stride + w + s], uw[s], aq);
+      ak = fmaf(c.ck[t * c.c_stride + w + s], uw[s], ak);
+    }
+    const float v_in = lane < kRows ? rssm::to_float(v[t * v_stride]) : 0.f;
+    const float u = c.beta[t * c.s_stride] * (v_in - ak);
+    uw[t] = rssm::round_through<act_t>(u);
+    if (lane < kRows) {
+      out[t * out_stride] = rssm::from_float<act_t>(fmaf(u, c.kq[t * c.s_stride], aq));
+      u_dst[(long long)hist.position(w + t, L) * kV] = rssm::from_float<act_t>(u);
+    }
   }
 }
 
@@ -1162,71 +1246,23 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
     zero_outputs();  // the same answer in every warp of every CTA of the row
     return;
   }
-  const bool fold = cur.count > 0 && cur.folds_before(T, p.L);  // an empty history folds to itself
-  const rssm::SpecCursor hist{fold ? cur.position(cur.count, p.L) : cur.origin, fold ? 0 : cur.count};
+  const bool fold = verify_folds(cur, T, p.L);
+  const rssm::SpecCursor hist = verify_history(cur, fold, p.L);
   if (fold) {
     fold_history_rows(p, slot, hv, h, row0 + warp * kRows, cur, col0, rows, acc);
     __syncthreads();  // every thread has read the cursor
     if (threadIdx.x == 0) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, hist.word());
   }
   verify_prologue(p, sm, b, slot, hv, h, hist);
-  const int w = hist.count;
-
-  // Checkpoint terms per token (lane r: row r).
-  float sq[kMaxWindow], sk[kMaxWindow];
-#pragma unroll
-  for (int t = 0; t < kMaxWindow; ++t) {
-    if (t >= T) break;
-    float xq[kEpl], xk[kEpl];
-    rssm::load_vec<float, kEpl>(&sm.xq[t][col0], xq);
-    rssm::load_vec<float, kEpl>(&sm.xk[t][col0], xk);
-    state_dots(acc, xq, xk, sq[t], sk[t]);
-    if constexpr (!kPerChannel) {
-      const float d = __expf(sm.lg[t][0]);
-      sq[t] *= d;
-      sk[t] *= d;
-    }
-  }
-  // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
-  // l % kRows, then the groups are added into lanes r < kRows.
-  float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
-  if (w > 0) {
-    const int r = lane % kRows, grp = lane / kRows;
-    const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0 +
-                          warp * kRows + r;
-    if (grp < kRowGroups)
-      for (int j = grp; j < w; j += kRowGroups) {
-        const float uj = rssm::to_float(u_ring[(long long)hist.position(j, p.L) * kV]);
-#pragma unroll
-        for (int t = 0; t < kMaxWindow; ++t) {
-          if (t >= T) break;
-          rq[t] = fmaf(sm.cq[t][j], uj, rq[t]);
-          rk[t] = fmaf(sm.ck[t][j], uj, rk[t]);
-        }
-      }
-    add_row_groups(rq, rk, T);
-  }
-  // The window in exact order (lane r: row r).
-  act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + wrow;
-  float uw[kMaxWindow];
-#pragma unroll
-  for (int t = 0; t < kMaxWindow; ++t) {
-    if (t >= T) break;
-    float aq = sq[t] + rq[t], ak = sk[t] + rk[t];
-#pragma unroll
-    for (int s = 0; s < t; ++s) {
-      aq = fmaf(sm.cq[t][w + s], uw[s], aq);
-      ak = fmaf(sm.ck[t][w + s], uw[s], ak);
-    }
-    const act_t* v_row = static_cast<const act_t*>(p.v) + (b * T + t) * p.s_v_b + hv * p.s_v_h;
-    const float v_in = lane < kRows ? rssm::to_float(v_row[wrow]) : 0.f;
-    const float u = sm.beta[t] * (v_in - ak);
-    uw[t] = rssm::round_through<act_t>(u);
-    if (lane < kRows) {
-      out[(b * T + t) * p.s_out_b] = rssm::from_float<act_t>(fmaf(u, sm.kq[t], aq));
-      u_dst[(long long)hist.position(w + t, p.L) * kV] = rssm::from_float<act_t>(u);
-    }
-  }
+  const WindowCoefs coefs{&sm.xq[0][0], &sm.xk[0][0], &sm.lg[0][0], &sm.cq[0][0], &sm.ck[0][0], sm.beta, sm.kq,
+                          kGateCols, rssm::kMaxL, 1};
+  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0 +
+                        warp * kRows + lane % kRows;
+  auto u_hist = [&](int j) { return rssm::to_float(u_ring[(long long)hist.position(j, p.L) * kV]); };
+  decode_window(acc, coefs, T, p.L, hist, u_hist,
+                static_cast<const act_t*>(p.v) + b * T * p.s_v_b + hv * p.s_v_h + wrow, p.s_v_b,
+                out + b * T * p.s_out_b, p.s_out_b,
+                static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + wrow);
   if (blockIdx.x == 0) write_window_gates_and_keys(p, sm, b, slot, hv, h, hist);
 }
 
@@ -1260,16 +1296,6 @@ __host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T
   l.hist = l.v + round16(T * kTile * int(sizeof(act_t)));
   l.bytes = (l.hist + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
   return l;
-}
-
-// A row's committed history as its verify decodes it: empty after a fold (the cursor's records go into the
-// checkpoint first), else the cursor's.
-__device__ __forceinline__ rssm::SpecCursor verify_history(rssm::SpecCursor cur, bool fold, int L) {
-  return {fold ? cur.position(cur.count, L) : cur.origin, fold ? 0 : cur.count};
-}
-
-__device__ __forceinline__ bool verify_folds(rssm::SpecCursor cur, int T, int L) {
-  return cur.count > 0 && cur.folds_before(T, L);  // an empty history folds to itself
 }
 
 }  // namespace
@@ -1383,13 +1409,12 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
   const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
   const bool fold = verify_folds(cur, T, L);
   const rssm::SpecCursor hist = verify_history(cur, fold, L);
-  const int w = hist.count;
   const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
-  const float* cq = rec + VerifyRec::cq(L, T);
-  const float* ck = rec + VerifyRec::ck(L, T);
   const float* tok = rec + VerifyRec::tok(L, T);
-  const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
-  const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.hist);
+  const WindowCoefs coefs{rec + VerifyRec::xq(L, T), rec + VerifyRec::xk(L, T), tok + 2, rec + VerifyRec::cq(L, T),
+                          rec + VerifyRec::ck(L, T), tok + 1, tok, 4, L, 4};
+  const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v) + warp * kRows + lane;
+  const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.hist) + warp * kRows + lane % kRows;
   float acc[kRows][kEpl];
   const state_t* tile_rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
 #pragma unroll
@@ -1399,58 +1424,9 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
                     (long long)(c.row0 + warp * kRows) * kK;
     fold_history_rows(p, slot, c.hv, h, c.row0 + warp * kRows, cur, col0, rows, acc);
   }
-  // Checkpoint terms per token (lane r: row r).
-  float sq[kMaxWindow], sk[kMaxWindow];
-#pragma unroll
-  for (int t = 0; t < kMaxWindow; ++t) {
-    if (t >= T) break;
-    float xq[kEpl], xk[kEpl];
-    rssm::load_vec<float, kEpl>(rec + VerifyRec::xq(L, T) + t * kK + col0, xq);
-    rssm::load_vec<float, kEpl>(rec + VerifyRec::xk(L, T) + t * kK + col0, xk);
-    state_dots(acc, xq, xk, sq[t], sk[t]);
-    if constexpr (!kPerChannel) {
-      const float d = __expf(tok[4 * t + 2]);
-      sq[t] *= d;
-      sk[t] *= d;
-    }
-  }
-  // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
-  // l % kRows, then the groups are added into lanes r < kRows.
-  float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
-  if (w > 0) {
-    const int r = lane % kRows, grp = lane / kRows;
-    if (grp < kRowGroups)
-      for (int j = grp; j < w; j += kRowGroups) {
-        const float uj = rssm::to_float(u_s[j * kTile + warp * kRows + r]);
-#pragma unroll
-        for (int t = 0; t < kMaxWindow; ++t) {
-          if (t >= T) break;
-          rq[t] = fmaf(cq[t * L + j], uj, rq[t]);
-          rk[t] = fmaf(ck[t * L + j], uj, rk[t]);
-        }
-      }
-    add_row_groups(rq, rk, T);
-  }
-  // The window in exact order (lane r: row r).
-  act_t* u_dst = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + wrow;
-  float uw[kMaxWindow];
-#pragma unroll
-  for (int t = 0; t < kMaxWindow; ++t) {
-    if (t >= T) break;
-    float aq = sq[t] + rq[t], ak = sk[t] + rk[t];
-#pragma unroll
-    for (int s2 = 0; s2 < t; ++s2) {
-      aq = fmaf(cq[t * L + w + s2], uw[s2], aq);
-      ak = fmaf(ck[t * L + w + s2], uw[s2], ak);
-    }
-    const float v_in = lane < kRows ? rssm::to_float(v_s[t * kTile + warp * kRows + lane]) : 0.f;
-    const float u = tok[4 * t + 1] * (v_in - ak);
-    uw[t] = rssm::round_through<act_t>(u);
-    if (lane < kRows) {
-      out[(c.b * T + t) * p.s_out_b] = rssm::from_float<act_t>(fmaf(u, tok[4 * t], aq));
-      u_dst[(long long)hist.position(w + t, L) * kV] = rssm::from_float<act_t>(u);
-    }
-  }
+  auto u_hist = [&](int j) { return rssm::to_float(u_s[j * kTile]); };
+  decode_window(acc, coefs, T, L, hist, u_hist, v_s, kTile, out + c.b * T * p.s_out_b, p.s_out_b,
+                static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + wrow);
   rssm::release_stage(pipe, s);
 }
 
