@@ -186,3 +186,8 @@ def check_step_values(idx: torch.Tensor, slots: int, pad_slot_id: int, cursor: t
                 where = torch.nonzero(~finite)[0].tolist()
                 value = t[tuple(where)].item()
                 raise ValueError(f"{name}: expected finite values, got {value} at index {where}")
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream records a graph (checks that read device values on the host must wait)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trtllm_replayssm.core.checks import capturing
+
 
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
     """``h * rsqrt(mean(h^2) + eps) * w`` over the last dim, ``w = 1 + weight`` with ``unit_offset``."""
@@ -73,15 +75,10 @@ def conv1d_commit_(conv_state: torch.Tensor, x: torch.Tensor, accepted: torch.Te
     keep = conv_state.shape[-1]
     inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
     a = accepted.to(torch.long)
-    if not _capturing(a) and ((a < 1) | (a > x.shape[1])).any():
+    if not capturing() and ((a < 1) | (a > x.shape[1])).any():
         raise ValueError(f"accepted: expected 1..{x.shape[1]} per row, got {accepted.tolist()}")
     cols = (a[:, None] + torch.arange(keep, device=a.device)[None, :])[:, None, :]              # [b, 1, W-1]
     conv_state.copy_(inputs.gather(-1, cols.expand(-1, inputs.shape[1], -1)))
-
-
-def _capturing(t: torch.Tensor) -> bool:
-    """Whether ``t``'s device is capturing a CUDA graph on the current stream."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_replayssm.core import spec_cursor
+from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, window_token
@@ -140,8 +141,7 @@ class SSMStates:
 
     def _commit_per_draft(self, layer: int, accepted: torch.Tensor) -> None:
         """Row ``b``'s state <- its draft ``accepted[b] - 1`` (the counts checked outside CUDA graph capture)."""
-        capturing = accepted.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not capturing and ((accepted < 1) | (accepted > self.spec_tokens)).any():
+        if not capturing() and ((accepted < 1) | (accepted > self.spec_tokens)).any():
             raise ValueError(f"accepted: expected 1..{self.spec_tokens} per row, got {accepted.tolist()}")
         rows = self.slot_ids.long()
         self.states[layer].copy_(self.drafts[layer][accepted.long().to(rows.device) - 1, rows])

@@ -33,6 +33,7 @@ from tensorrt_llm._torch.modules.mamba.causal_conv1d import causal_conv1d_update
 from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
+from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
@@ -41,7 +42,6 @@ from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_s
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
                                                   refusals_from_llm_args, replay_disabled, split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
-from trtllm_replayssm.serving.trtllm.model_cache import capturing
 
 try:
     from tensorrt_llm._torch.models.modeling_kimi_linear import KimiLinearForCausalLM

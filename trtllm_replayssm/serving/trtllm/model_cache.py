@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.limits import check_buffer_len
@@ -45,11 +46,6 @@ class PoolKey:
     @classmethod
     def of(cls, state: torch.Tensor) -> "PoolKey":
         return cls(state.data_ptr(), tuple(state.shape), tuple(state.stride()), state.dtype, state.device)
-
-
-def capturing() -> bool:
-    """True while the current CUDA stream records a graph."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class ModelReplayCache:
