@@ -1,7 +1,10 @@
 // Gated DeltaNet (KDA=0: one log-gate per value head) and Kimi Delta Attention (KDA=1: one log-gate per key channel)
 // single-token decode: the baseline state update and the ReplaySSM replay decode, from one source.
 //
-// Compile-time constants (NVRTC -D): DK (key dim K), DV (value dim V), VTILE (state rows per CTA), KDA, STATE_T, ACT_T.
+// Compile-time constants (NVRTC -D): DK (key dim K), DV (value dim V), VTILE (state rows per CTA), KDA, STATE_T, ACT_T,
+// and for quantized or stochastically rounded checkpoints MASTER_FMT, READ_FMT and SR as in plugins/mamba2_decode.cu
+// (a state row is one value row's K key channels; STATE_T is unsigned char for FP8/NVFP4 masters). Such modules hold
+// the baseline, flush and replay kernels; the speculative kernels take plain checkpoints.
 // Grid: (V / VTILE, HV, batch); 128 threads. Each warp owns VTILE/4 rows of the (V x K) state of one value head; each
 // lane owns K/32 consecutive key channels. Value head hv uses key head hv / (HV/H). Every state row is touched by one warp only.
 //
@@ -24,7 +27,17 @@
 // coefficients kd_j·q~, kd_j·k and scalars into a per-row scratch, the row's step, appends k and the gate) and
 // `delta_replay_main_kernel` (persistent, warp-specialised, a programmatic dependent launch: streams the checkpoint
 // tiles and their inputs through shared-memory stages, advances each row's cursor; flush tiles fold).
-#include "replayssm_common.cuh"
+#include "state_formats.cuh"
+
+#ifndef MASTER_FMT
+#define MASTER_FMT 0
+#endif
+#ifndef READ_FMT
+#define READ_FMT 0
+#endif
+#ifndef SR
+#define SR 0
+#endif
 
 #if !defined(DK) || !defined(DV) || !defined(VTILE) || !defined(KDA)
 #error "define DK (key dim), DV (value dim), VTILE (rows per CTA) and KDA (0: GDN, 1: KDA)"
@@ -64,6 +77,67 @@ using kring_t = KeyRingOf<kPerChannel, act_t>::type;
 static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 32 times a power of two");
 static_assert(kTile % rssm::kNumWarps == 0 && kV % kTile == 0, "row tile must divide V and be a multiple of 4");
 static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output lane per row)");
+
+// Checkpoint storage (plugins/state_formats.cuh): the master (the one checkpoint outside dual mode) and the rows a
+// non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
+constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
+constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
+using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
+using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, kK>;
+static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
+
+// Rows row0 ... of the master checkpoint of (slot, value head hv).
+__device__ __forceinline__ MasterRows master_rows(const DeltaParams& p, int slot, int hv, int row0) {
+  auto* data = static_cast<unsigned char*>(p.state) +
+               (slot * p.s_state_slot + hv * p.s_state_head) * (long long)sizeof(state_t) +
+               (long long)row0 * MasterRows::kDataBytes;
+  if constexpr (MASTER_FMT == rssm::kFmtPlain) {
+    return {data, nullptr, nullptr};
+  } else {
+    const long long row = ((long long)slot * p.num_v_heads + hv) * kV + row0;
+    return {data, static_cast<unsigned char*>(p.state_bscale) + row * MasterRows::kBlockBytes, p.state_scale + row};
+  }
+}
+
+// Rows row0 ... of what non-flush steps of (slot, hv) read: the read copy in dual mode, else the master.
+__device__ __forceinline__ ReadRows nonflush_rows(const DeltaParams& p, int slot, int hv, int row0) {
+#if READ_FMT
+  const long long row = ((long long)slot * p.num_v_heads + hv) * kV + row0;
+  return {static_cast<unsigned char*>(p.read) + row * ReadRows::kDataBytes,
+          static_cast<unsigned char*>(p.read_bscale) + row * ReadRows::kBlockBytes, p.read_scale + row};
+#else
+  return master_rows(p, slot, hv, row0);
+#endif
+}
+
+// The checkpoint rows of (slot, hv) from row0 on that a flush writes: the master and (dual mode) the read copy.
+struct CheckpointRows {
+  MasterRows master;
+  ReadRows read;  // dual mode only
+  int slot, hv, row0;
+};
+
+__device__ __forceinline__ CheckpointRows checkpoint_rows(const DeltaParams& p, int slot, int hv, int row0) {
+  CheckpointRows rows{master_rows(p, slot, hv, row0), {}, slot, hv, row0};
+  if constexpr (kDual) rows.read = nonflush_rows(p, slot, hv, row0);
+  return rows;
+}
+
+// A flush's write of row row0 + r of `rows` from this lane's fp32 values: the master and, in dual mode, the read
+// copy from the same values, rounded to nearest or (SR) stochastically with the slot's streams of write `flushes`
+// (core/checkpoint.py, the write rule). Warp-collective.
+__device__ __forceinline__ void store_checkpoint_row(const DeltaParams& p, const CheckpointRows& rows, int r,
+                                                     const float (&v)[kEpl], unsigned flushes) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const long long e0 = ((long long)rows.hv * kV + rows.row0 + r) * kK + lane * kEpl;
+  const rssm::SrKey master_key{static_cast<unsigned>(rows.slot), flushes, 0u, static_cast<unsigned>(p.seed)};
+  constexpr bool kMasterSr = SR && !(MASTER_FMT == rssm::kFmtPlain && sizeof(state_t) == 4);  // fp32: exact
+  rows.master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
+  if constexpr (kDual) {
+    const rssm::SrKey read_key{static_cast<unsigned>(rows.slot), flushes, 1u, static_cast<unsigned>(p.seed)};
+    rows.read.encode(r, lane, v, SR ? &read_key : nullptr, e0);
+  }
+}
 
 __device__ __forceinline__ float load_scalar(const void* base, long long off, int is_f32) {
   return is_f32 ? static_cast<const float*>(base)[off] : rssm::to_float(static_cast<const act_t*>(base)[off]);
@@ -321,11 +395,16 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
     return;
   }
   state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
+  const CheckpointRows ckpt = checkpoint_rows(p, slot, hv, row0 + wrow0);
+  const unsigned flushes = SR && p.flushes ? p.flushes[slot] : 0u;  // this write's key (counted at the arrival)
 
   // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
   float acc[kRows][kEpl];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  for (int r = 0; r < kRows; ++r) {
+    if constexpr (kStored) ckpt.master.decode(r, lane, acc[r]);
+    else rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  }
 
   // rssm::row_slot, flush kernel only (the baseline reads no cursor and does not detect repeated ids: docs/decisions.md,
   // rows a step skips): a skipped row is computed like one with an empty ring (every read in its slot) and tested
@@ -362,15 +441,21 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
       zero_output();  // the same answer in every warp
       return;
     }
-    if (w != 0 && threadIdx.x == 0)  // after the fold's barrier: every thread has read the cursor
-      rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0);
+    if (w != 0 || SR) {  // SR: the last arrival counts the slot's checkpoint write
+      if (SR && w == 0) __syncthreads();  // (w != 0: after the fold's barrier) every thread has read cursor and count
+      if (threadIdx.x == 0)
+        rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0, SR ? p.flushes : nullptr);
+    }
   }
 
   const float o_lane = token_update(acc, qn, kn, kq, lg, beta, v_lane);
   if (lane < kRows)
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  for (int r = 0; r < kRows; ++r) {
+    if constexpr (kStored) store_checkpoint_row(p, ckpt, r, acc[r], flushes);
+    else rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
+  }
 }
 
 }  // namespace
@@ -562,22 +647,28 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kEpl <= 4 ? 8 : 6) 
   const bool flush = p.force_flush || w == p.L - 1;
   if constexpr (kPerChannel) kda_prep_item(p, b, head, slot, w, flush);
   else gdn_prep_item(p, b, head, slot, w, flush);
-  if (lane == 0 && head == 0) p.step[b] = flush ? -(w + 1) : w;  // the main kernel advances the cursor from it
+  if (lane == 0 && head == 0) {
+    p.step[b] = flush ? -(w + 1) : w;  // the main kernel advances the cursor from it
+    if (SR && flush) p.flushes[slot] += 1;  // the main kernel keys this write by the count before it
+  }
 }
 
 namespace {
 
-constexpr int kTileBytes = kTile * kK * int(sizeof(state_t));
+constexpr int kTileBytes = kTile * ReadRows::kRowBytes;  // the rows non-flush steps read
 // 4-byte states claim the main kernel's tail tiles (rssm::produce_tiles_claiming_tail), 2-byte states keep the
 // round-robin schedule: H200, batch 256, against round-robin, claims made fp32 steps 1-2.5% faster, but the claiming
-// code made bf16 steps 3-5% slower even with no tile claimed (docs/decisions.md, tail claims).
+// code made bf16 steps 3-5% slower even with no tile claimed (docs/decisions.md, tail claims). Stored checkpoints
+// claim, as Mamba-2's do (a flush tile's encode costs several non-flush tiles).
 // trtllm_replayssm/core/ops/delta.py:claims_tail mirrors the choice (checked at compilation).
-constexpr bool kTailClaims = sizeof(state_t) == 4;
+constexpr bool kTailClaims = sizeof(state_t) == 4 || kStored;
 static_assert(kTileBytes % 16 == 0, "state tiles move by bulk copies of a multiple of 16 bytes");
 static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async copies");
 constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
 constexpr int kFoldChunk = kEpl <= 4 ? 16 / kEpl : 1;  // ring keys a flush decays at once (registers)
-constexpr int kFoldRows = 32 / kEpl < 8 ? 32 / kEpl : 8;    // state rows a flush folds at once (registers)
+// State rows a flush folds at once (registers); one with stochastic rounding, whose inlined encodes (Philox) would
+// otherwise spill.
+constexpr int kFoldRows = SR ? 1 : 32 / kEpl < 8 ? 32 / kEpl : 8;
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
@@ -625,10 +716,17 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
                                         int num_tiles) {
   const int lane = threadIdx.x % rssm::kWarpSize;
   const StageLayout lay = stage_layout(p.L);
-  auto state_src = [&](int slot, const TileCoord& c) -> const void* {
-    if (slot == p.pad_slot_id) return nullptr;
-    return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
-           (long long)c.row0 * kK;
+  auto state_src = [&](int slot, const TileCoord& c) {
+    if constexpr (ReadRows::kScaleBytes == 0 && !kDual) {
+      if (slot == p.pad_slot_id) return static_cast<const void*>(nullptr);
+      return static_cast<const void*>(static_cast<const state_t*>(p.state) + slot * p.s_state_slot +
+                                      c.hv * p.s_state_head + (long long)c.row0 * kK);
+    } else {
+      if (slot == p.pad_slot_id) return rssm::TileParts{};
+      const ReadRows rows = nonflush_rows(p, slot, c.hv, c.row0);
+      return rssm::TileParts{{rows.data, rows.block, rows.scale},
+                             {kTile * ReadRows::kDataBytes, kTile * ReadRows::kBlockBytes, kTile * ReadRows::kScaleBytes}};
+    }
   };
   constexpr int kRowWords = kTile * int(sizeof(act_t)) / 4;
   constexpr int kRingKeyBytes = kK * int(sizeof(kring_t));
@@ -676,17 +774,21 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
   }
 }
 
-// Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ from the stage rows, stored.
-// `u_lane`: lane r holds u of row r. The ring keys are decayed here (decayed_key; `k_ring`, `g_ring`: the fold buffer
-// or global memory; `all_predecayed`: the record's KDA ring form) in chunks of kFoldChunk entries.
+// Flush rows of one consumer warp: S = e^{lg} ⊙ S0 + Σ_{j<w} u_j kd_jᵀ + u kᵀ, stored. `load_s0(r, v)`: this lane's
+// values of the warp's row r of S0 (the stage, or dual mode's master in global memory). `u_lane`: lane r holds u of
+// row r. The ring keys are decayed here (decayed_key; `k_ring`, `g_ring`: the fold buffer or global memory;
+// `all_predecayed`: the record's KDA ring form) in chunks of kFoldChunk entries.
+template <class LoadS0>
 __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord& c, int slot, int w,
                                           const float (&lg)[kEpl], const float (&dec)[kEpl], const float (&kn)[kEpl],
-                                          float u_lane, const act_t* u_s, const state_t* rows, const kring_t* k_ring,
+                                          float u_lane, const act_t* u_s, LoadS0 load_s0, const kring_t* k_ring,
                                           const float* g_ring, bool all_predecayed) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int wr0 = warp * kRows;  // in the tile
   state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
                  (long long)(c.row0 + wr0) * kK + col0;
+  const CheckpointRows ckpt = checkpoint_rows(p, slot, c.hv, c.row0 + wr0);
+  const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
   float lg_g[kGates];
 #pragma unroll
   for (int e = 0; e < kGates; ++e) lg_g[e] = lg[e];
@@ -696,7 +798,7 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRows) break;
-      rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * kK, acc[r]);
+      load_s0(r0 + r, acc[r]);
       const float u = __shfl_sync(0xffffffffu, u_lane, r0 + r);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u, kn[e], acc[r][e] * dec[e]);
@@ -723,19 +825,21 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRows) break;
-      rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * kK, acc[r]);
+      if constexpr (kStored) store_checkpoint_row(p, ckpt, r0 + r, acc[r], flushes);
+      else rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * kK, acc[r]);
     }
   }
 }
 
-// This lane's parts of S0[row]·xq and S0[row]·xk for the warp's kRows stage rows (`rows`: row 0 at this lane's
-// channels).
-__device__ __forceinline__ void row_dots(const state_t* rows, const float (&xq)[kEpl], const float (&xk)[kEpl],
+// This lane's parts of S0[row]·xq and S0[row]·xk for the warp's kRows stage rows (`load_row(r, v)`: this lane's
+// values of row r).
+template <class LoadRow>
+__device__ __forceinline__ void row_dots(LoadRow load_row, const float (&xq)[kEpl], const float (&xk)[kEpl],
                                          float (&pq)[kRows], float (&pk)[kRows]) {
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
     float sv[kEpl];
-    rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
+    load_row(rr, sv);
     pq[rr] = 0.f;
     pk[rr] = 0.f;
 #pragma unroll
@@ -768,7 +872,12 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
   const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.u_ring);
-  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
+  const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;  // plain rows
+  const ReadRows stage_rows = ReadRows::tile(const_cast<unsigned char*>(stage), kTile).offset(warp * kRows);
+  auto load_stage_row = [&](int rr, float (&sv)[kEpl]) {
+    if constexpr (kStored) stage_rows.decode(rr, lane, sv);
+    else rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
+  };
   const act_t* qk_s = reinterpret_cast<const act_t*>(stage + lay.qk);
   float qn[kEpl], kn[kEpl], lg[kEpl], dec[kEpl], xq[kEpl], xk[kEpl];
   rssm::load_vec<act_t, kEpl>(qk_s + col0, qn);
@@ -804,7 +913,7 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   float aq_lane, ak_lane;
   if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, r + kRows ak
     float pq[kRows], pk[kRows], parts[2 * kRows];
-    row_dots(rows, xq, xk, pq, pk);
+    row_dots(load_stage_row, xq, xk, pq, pk);
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
       parts[rr] = pq[rr];
@@ -814,7 +923,7 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     ak_lane = __shfl_sync(0xffffffffu, aq_lane, lane + kRows);
   } else {
     float pq[kRows], pk[kRows];
-    row_dots(rows, xq, xk, pq, pk);
+    row_dots(load_stage_row, xq, xk, pq, pk);
     aq_lane = rssm::warp_sum_scatter<kRows>(pq);
     ak_lane = rssm::warp_sum_scatter<kRows>(pk);
   }
@@ -830,7 +939,12 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
       k_src = reinterpret_cast<const kring_t*>(fold_buf);
       if constexpr (!kPerChannel) g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
     }
-    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, rows, k_src, g_src, kPerChannel && rec[rec_form(p.L)] != 0.f);
+    const MasterRows master = master_rows(p, slot, c.hv, c.row0 + warp * kRows);  // dual mode's S0
+    auto load_s0 = [&](int rr, float (&sv)[kEpl]) {
+      if constexpr (kDual) master.decode(rr, lane, sv);
+      else load_stage_row(rr, sv);
+    };
+    fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, load_s0, k_src, g_src, kPerChannel && rec[rec_form(p.L)] != 0.f);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);
       ++folds;
@@ -864,6 +978,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
 #endif
 }
 
+#if MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: plain checkpoints
 // ============================================================================================== speculative decoding
 // A verify window of T = p.window tokens per batch row (1 <= T <= kMaxWindow): token inputs and outputs are the rows
 // bt = b T + t of [batch T, ...] tensors (q, k, gate, beta, v, out). Grid (V / VTILE, HV, batch) and 128 threads, like
@@ -1518,3 +1633,5 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_per_draft_com
     for (int c = 0; c < rssm::VecTraits<state_t, kEpl>::kChunks; ++c) d[c] = rows[r].chunk[c];
   }
 }
+
+#endif

@@ -275,8 +275,6 @@ def test_usage_errors_are_one_line():
     one_error_line(run("bench", "kernels", "--family", "mamba3"), "--family")
     assert "unknown state format 'fp9'" in one_error_line(run("bench", "kernels", "--state-dtype", "fp9"),
                                                          "--state-dtype")
-    assert "nvfp4: quantized and stochastically rounded checkpoints have kernels for Mamba-2 only" in one_error_line(
-        run("bench", "kernels", "--state-format", "bf16,nvfp4"), "--state-dtype")
     one_error_line(run("bench", "kernels", "--batch", "x"), "--batch")
 
 

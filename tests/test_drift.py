@@ -10,9 +10,6 @@ from trtllm_replayssm.lab.drift import DriftConfig, plot_drift, run_drift
 
 
 def test_config_checks():
-    with pytest.raises(ValueError, match=r"^specs: fp8, nvfp4/dual/fp16 on gdn have no CUDA kernels yet"):
-        DriftConfig(model="qwen3.5-4b", specs=("fp32", "fp8", "nvfp4/dual/fp16")).check_device(torch.device("cuda"))
-    DriftConfig(model="qwen3.5-4b", specs=("fp32", "fp8")).check_device(torch.device("cpu"))
     with pytest.raises(ValueError, match=r"^state_every: expected a multiple of buffer_len"):
         DriftConfig(model="tiny-nemotron", steps=64, state_every=24)
     with pytest.raises(ValueError, match=r"^specs: unknown state format 'fp9'"):
@@ -60,9 +57,6 @@ def test_cli_checks_before_running():
 
     from trtllm_replayssm.cli import main
 
-    bad = CliRunner().invoke(main, ["bench", "drift", "--model", "kimi-linear-48b"])
-    assert bad.exit_code == 2 and "error: --specs: fp16+sr, fp8, fp8+sr, fp8/dual/fp32, nvfp4" in bad.output
-    assert "on kda have no CUDA kernels yet" in bad.output
     bad = CliRunner().invoke(main, ["bench", "drift", "--specs", "fp8/shared/fp32"])
     assert bad.exit_code == 2 and "--specs: expected FORMAT or FORMAT/dual/MASTER" in bad.output
     if not torch.cuda.is_available():

@@ -20,8 +20,8 @@ def test_structs_follow_their_layouts():
     assert [f for f, _ in m._fields_][:3] == ["state", "x_ring", "dt_ring"]
     assert ctypes.sizeof(m) == 26 * 8 + 29 * 8 + 15 * 4 + 4  # 26 pointers, 29 strides, 15 ints, padding
     d = layouts.DELTA_PARAMS.struct
-    assert ctypes.sizeof(d) == 19 * 8 + 24 * 8 + 2 * 4 + 15 * 4 + 4  # 19 pointers, 24 strides, 2 floats, 15 ints, padding
-    assert d.scale.offset == 19 * 8 + 24 * 8
+    assert ctypes.sizeof(d) == 25 * 8 + 24 * 8 + 2 * 4 + 16 * 4  # 25 pointers, 24 strides, 2 floats, 16 ints
+    assert d.scale.offset == 25 * 8 + 24 * 8
     assert layouts.DELTA_PARAMS.fields[-5:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
                                                 ("fold_bytes", "int"), ("tail_start", "int"))
 
@@ -59,7 +59,7 @@ def test_a_layout_the_kernels_do_not_match_fails_the_compilation(tmp_path, monke
 def test_a_wrong_stage_size_fails_the_kernel_compilation(tmp_path, monkeypatch):
     monkeypatch.setenv("TRTLLM_REPLAYSSM_CACHE", str(tmp_path))
     config = delta.kernel_config(True, 128, 128, torch.float32, torch.bfloat16, 32)
-    wrong = layouts.delta_size_checks(32, 128, 4, 2, 2, per_channel_gate=False)  # GDN's sizes for a KDA kernel
+    wrong = layouts.delta_size_checks(32, 128, 512, 2, 2, per_channel_gate=False)  # GDN's sizes for a KDA kernel
     with pytest.raises(KernelCompileError, match="differs from core/layouts.py"):
         compile_config(dataclasses.replace(config, checks=lambda c: wrong), ARCH)
 

@@ -23,7 +23,7 @@ DIMS = {"mamba2": Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=2),
         "gdn": GDNDims(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128),
         "kda": KDADims(num_heads=2, head_dim=128)}
 SSM_OPS = [f"{family}_{op}" for family in DIMS for op in ("replay_decode", "state_update")]
-STORED_OPS = ["mamba2_replay_decode_stored", "mamba2_state_update_stored"]  # quantized / dual / SR checkpoints
+STORED_OPS = [f"{name}_stored" for name in SSM_OPS]  # quantized / dual / SR checkpoints
 # speculative ops: verify from checkpoint + ring, the per-draft-state baseline, every family's commit (a cursor move)
 SPEC_OPS = [f"{family}_{op}" for family in DIMS for op in ("verify_decode", "per_draft_verify")]
 SPEC_OPS += ["mamba2_per_draft_commit", "delta_per_draft_commit", "spec_commit"]
@@ -76,7 +76,8 @@ def _stored_sample(family: str, op: str, gen: torch.Generator) -> tuple:
     fill_rings_(layer, gen)
     idx = plain[-4]
     layer.cursor[idx.long()] = torch.arange(batch, dtype=torch.int32, device=DEV)
-    rings = (layer.x_ring, layer.dt_ring, layer.B_ring)
+    rings = ((layer.x_ring, layer.dt_ring, layer.B_ring) if family == "mamba2"
+             else (layer.u_ring, layer.k_ring, layer.g_ring))
     plan = fam.replay_plan(layer, batch, "replay")
     return (*head, *rings, layer.cursor, layer.arrive, layer.coef, layer.step, *plain[8:-2], plan.words, plain[-1])
 

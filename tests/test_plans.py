@@ -133,7 +133,7 @@ def test_fold_buffer_only_where_it_costs_no_stage():
     assert fold == 16 * 128 * 2  # KDA: pre-decayed keys only, no gates
     assert delta_fold_bytes(16, 128, key_ring_dtype(torch.float16, True).itemsize, True) == 16 * 128 * 4
     assert delta_fold_bytes(16, 128, 2, False) == 16 * 128 * 2 + 16 * 4
-    small, large = delta_stage_bytes(16, 32, 128, 4, 2, True), delta_stage_bytes(16, 64, 128, 4, 2, True)
+    small, large = delta_stage_bytes(16, 32, 128, 512, 2, True), delta_stage_bytes(16, 64, 128, 512, 2, True)
     t = Tuning()
 
     def plan(stage, fold_bytes, fold_first, tuning=t):
@@ -144,7 +144,7 @@ def test_fold_buffer_only_where_it_costs_no_stage():
     assert plan(small, fold, True) == (3 * 132, 3, fold)
     assert plan(large, fold, True) == (3 * 132, 2, 0)  # 1 stage left
     gdn_fold = delta_fold_bytes(16, 128, 2, False)
-    assert plan(delta_stage_bytes(16, 64, 128, 4, 2, False), gdn_fold, False) == (3 * 132, 2, gdn_fold)
+    assert plan(delta_stage_bytes(16, 64, 128, 512, 2, False), gdn_fold, False) == (3 * 132, 2, gdn_fold)
     assert plan(small, fold, True, Tuning(fold_buffer=False)) == (3 * 132, 4, 0)
 
 

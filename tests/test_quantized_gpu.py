@@ -1,10 +1,11 @@
-"""Mamba-2 kernels on quantized, dual-copy and stochastically rounded checkpoints (GPU), against the float32 reference
-on a CPU twin of the same cache (tests/test_quantized_state.py holds the reference to a float64 model that quantizes
-at the same points).
+"""Mamba-2, GDN and KDA kernels on quantized, dual-copy and stochastically rounded checkpoints (GPU), against the
+float32 reference on a CPU twin of the same cache (tests/test_quantized_state.py holds the reference to a float64
+model that quantizes at the same points).
 
-* Bit-exact codes: with x = 0 and A = 0 a flush rewrites the checkpoint it read (S = S0 exactly, in the kernels'
-  fp32 and the reference's), so the stored codes, block scales, row scales and flush counters must equal the torch
-  codecs' bit for bit, stochastic rounding included (Philox keyed by slot and flush count).
+* Bit-exact codes: with x = 0 and A = 0 (Mamba-2), or A_log = -inf and beta = 0 (GDN, KDA: no decay, u = 0), a flush
+  rewrites the checkpoint it read (S = S0 exactly, in the kernels' fp32 and the reference's), so the stored codes,
+  block scales, row scales and flush counters must equal the torch codecs' bit for bit, stochastic rounding included
+  (Philox keyed by slot and flush count).
 * General steps: three staggered L-cycles with a pad row and poisoned outputs, replay and flush modes; outputs and the
   decoded checkpoints follow the reference to within a few code flips (the fp32 folds round in another order).
 * CUDA-graph replay draws fresh stochastic rounding per replay (the counters advance on the device).
@@ -14,15 +15,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import state_spec
-from trtllm_replayssm.core.samples import mamba2_step, random_state, step_rows
+from trtllm_replayssm.core.samples import mamba2_step, random_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+DIMS_OF = {"mamba2": Mamba2Dims(nheads=8, head_dim=64, d_state=128, n_groups=2),
+           "gdn": GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=64),
+           "kda": KDADims(num_heads=4, head_dim=128)}
+FAMILIES = list(DIMS_OF)
 FAM = get_family("mamba2")
-DIMS = Mamba2Dims(nheads=8, head_dim=64, d_state=128, n_groups=2)
+DIMS = DIMS_OF["mamba2"]
 SPECS = {"fp8": state_spec("fp8"), "nvfp4": state_spec("nvfp4"), "fp8-dual-fp32": state_spec("fp8", "dual"),
          "nvfp4-dual-fp16": state_spec("nvfp4", "dual", "fp16"), "nvfp4-dual-bf16": state_spec("nvfp4", "dual", "bf16"),
          "nvfp4-dual-fp8-sr": state_spec("nvfp4", "dual", "fp8", True), "fp8-sr": state_spec("fp8", stochastic_rounding=True),
@@ -33,23 +38,32 @@ SLOTS, L = 9, 4
 SLOT_IDS = [3, -1, 0, 5, 7, 8]  # a pad row; slots 1, 2, 4, 6 are never touched
 
 
-def _twins(spec, gen: torch.Generator):
+def _twins(spec, gen: torch.Generator, family: str = "mamba2"):
     """A GPU layer and a CPU layer with the same stored checkpoints, rings and staggered cursors."""
-    layers = [FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device=d).layer(0) for d in ("cpu", "cuda")]
+    fam, dims = get_family(family), DIMS_OF[family]
+    layers = [fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device=d).layer(0) for d in ("cpu", "cuda")]
     cpu, gpu = layers
-    cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, DIMS, "fp32", gen, "cpu"))
+    cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, dims, "fp32", gen, "cpu"))
     cpu.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32) % L)
     for name, t in cpu.tensors().items():
         gpu.tensors()[name].copy_(t)
     return cpu, gpu
 
 
-def _step(gen: torch.Generator, batch: int, zero_x: bool = False):
-    step = mamba2_step(DIMS, batch, gen, "cpu")
-    if zero_x:
+def _step(gen: torch.Generator, batch: int, identity: bool = False, family: str = "mamba2"):
+    """Random step inputs; ``identity``: ones under which a flush rewrites the checkpoint it read."""
+    step = get_family(family).random_step(DIMS_OF[family], batch, gen, "cpu")
+    if identity and family == "mamba2":
         step.x.zero_()
         step.A.zero_()
+    elif identity:
+        step.A_log.fill_(float("-inf"))
+        step.b.fill_(float("-inf"))
     return step
+
+
+def _family(layer) -> str:
+    return type(layer).__name__.removesuffix("LayerCache").lower()
 
 
 def _run(layer, step, ids: torch.Tensor, mode: str, plan=None) -> torch.Tensor:
@@ -57,9 +71,10 @@ def _run(layer, step, ids: torch.Tensor, mode: str, plan=None) -> torch.Tensor:
     args, kwargs = step.op_args()
     args = tuple(a.to(dev) for a in args)
     kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = torch.full_like(args[0], float("nan"))  # poisoned: every row is written
+    out = torch.full_like(args[2] if _family(layer) != "mamba2" else args[0], float("nan"))  # every row is written
     how = {"plan": plan} if plan is not None else {"mode": mode}
-    return FAM.replay_decode(layer, *args, **kwargs, state_batch_indices=ids.to(dev), out=out, **how)
+    return get_family(_family(layer)).replay_decode(layer, *args, **kwargs, state_batch_indices=ids.to(dev), out=out,
+                                                    **how)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -72,14 +87,15 @@ def _storage(layer) -> dict[str, torch.Tensor]:
             for n, t in layer.tensors().items() if n.startswith(("state", "read", "flushes"))}
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", ["replay", "flush"])
 @pytest.mark.parametrize("name", EXACT)
-def test_rewritten_checkpoints_are_bit_exact(name, mode):
+def test_rewritten_checkpoints_are_bit_exact(name, mode, family):
     gen = torch.Generator().manual_seed(11)
-    cpu, gpu = _twins(SPECS[name], gen)
+    cpu, gpu = _twins(SPECS[name], gen, family)
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     for _ in range(L):  # every slot flushes once in replay mode, every step in flush mode
-        step = _step(gen, len(SLOT_IDS), zero_x=True)
+        step = _step(gen, len(SLOT_IDS), identity=True, family=family)
         _run(cpu, step, ids, mode)
         _run(gpu, step, ids, mode)
     torch.cuda.synchronize()
@@ -88,18 +104,18 @@ def test_rewritten_checkpoints_are_bit_exact(name, mode):
         assert torch.equal(got, t), f"{n}: {int((got != t).sum())} of {t.numel()} elements differ"
 
 
-def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None) -> None:
+def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None, family: str = "mamba2") -> None:
     """Three staggered cycles with a pad row and poisoned outputs on twin caches: the GPU's outputs, cursors,
     checkpoints and flush counts follow the reference's, and slots outside the batch keep every byte. ``plan_of``:
     the GPU layer's launch plan from the layer (default: the op's planner in ``mode``)."""
-    cpu, gpu = _twins(spec, gen)
+    cpu, gpu = _twins(spec, gen, family)
     untouched = {n: t.clone() for n, t in _storage(gpu).items()}
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     live = [i for i, s in enumerate(SLOT_IDS) if s >= 0]
     plan = plan_of(gpu) if plan_of else None
     tol = 0.03 if spec.read_format.name == "nvfp4" else 5e-3  # a few code flips where the fp32 folds round differently
     for k in range(3 * L):
-        step = _step(gen, len(SLOT_IDS))
+        step = _step(gen, len(SLOT_IDS), family=family)
         want = _run(cpu, step, ids, mode)
         got = _run(gpu, step, ids, mode, plan).cpu()
         assert got[1].abs().max() == 0, "the pad row's outputs are zeros"
@@ -115,10 +131,11 @@ def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None) -> None:
         assert torch.equal(t[[1, 2, 4, 6]], untouched[n][[1, 2, 4, 6]]), n
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", ["replay", "flush"])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_steps_follow_the_reference(name, mode):
-    _check_steps(SPECS[name], torch.Generator().manual_seed(5), mode)
+def test_steps_follow_the_reference(name, mode, family):
+    _check_steps(SPECS[name], torch.Generator().manual_seed(5), mode, family=family)
 
 
 @pytest.mark.parametrize("name", ["fp8", "nvfp4", "nvfp4-dual-fp16", "fp8-dual-fp32", "nvfp4-dual-fp32-sr", "bf16-sr",
@@ -136,29 +153,32 @@ def test_two_head_tiles_follow_the_reference(name):
     _check_steps(SPECS.get(name) or state_spec(name), torch.Generator().manual_seed(21), "replay", plan_of)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["fp8", "nvfp4-dual-fp16", "fp8-dual-fp32"])
-def test_baseline_kernel_reads_and_writes_the_master(name):
-    spec = SPECS[name]
+def test_baseline_kernel_reads_and_writes_the_master(name, family):
+    spec, fam = SPECS[name], get_family(family)
     gen = torch.Generator().manual_seed(9)
-    cpu, gpu = _twins(spec, gen)
+    cpu, gpu = _twins(spec, gen, family)
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     for _ in range(4):
-        step = _step(gen, len(SLOT_IDS))
+        step = _step(gen, len(SLOT_IDS), family=family)
         args, kwargs = step.op_args()
-        want = FAM.state_update(cpu.checkpoint(), *args, **kwargs, state_batch_indices=ids)
+        want = fam.state_update(cpu.checkpoint(), *args, **kwargs, state_batch_indices=ids)
         gargs = tuple(a.cuda() for a in args)
         gkw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        got = FAM.state_update(gpu.checkpoint(), *gargs, **gkw, state_batch_indices=ids.cuda())
+        got = fam.state_update(gpu.checkpoint(), *gargs, **gkw, state_batch_indices=ids.cuda())
         assert _rel(got.cpu(), want) < (0.03 if "nvfp4" in name else 5e-3)
     slots = torch.tensor([s for s in SLOT_IDS if s >= 0])
     assert _rel(gpu.checkpoint().fold_values(slots.cuda()), cpu.checkpoint().fold_values(slots)) < 0.03
 
 
-def test_baseline_kernel_refuses_stochastic_rounding():
-    layer = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=SPECS["fp8-sr"], device="cuda").layer(0)
-    args, kwargs = _step(torch.Generator().manual_seed(0), 2).op_args()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_baseline_kernel_refuses_stochastic_rounding(family):
+    fam = get_family(family)
+    layer = fam.new_cache(DIMS_OF[family], 1, SLOTS, buffer_len=L, state_dtype=SPECS["fp8-sr"], device="cuda").layer(0)
+    args, kwargs = _step(torch.Generator().manual_seed(0), 2, family=family).op_args()
     with pytest.raises(ValueError, match="replay_decode"):
-        FAM.state_update(layer.checkpoint(), *(a.cuda() for a in args),
+        fam.state_update(layer.checkpoint(), *(a.cuda() for a in args),
                          **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
                          state_batch_indices=torch.tensor([0, 1], dtype=torch.int32, device="cuda"))
 
@@ -167,39 +187,41 @@ def test_nvfp4_needs_whole_blocks_per_lane():
     dims = Mamba2Dims(nheads=2, head_dim=8, d_state=32, n_groups=1)
     layer = FAM.new_cache(dims, 1, 2, buffer_len=L, state_dtype="nvfp4", device="cuda").layer(0)
     args, kwargs = mamba2_step(dims, 1, torch.Generator().manual_seed(0), "cuda").op_args()
-    with pytest.raises(ValueError, match="d_state"):
+    with pytest.raises(ValueError, match=r"rows \(last dim\)"):
         FAM.replay_decode(layer, *args, **kwargs, state_batch_indices=torch.zeros(1, dtype=torch.int32, device="cuda"))
 
 
-def test_graph_replays_draw_fresh_rounding():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_graph_replays_draw_fresh_rounding(family):
     """A captured step replayed over two cycles equals the same steps run eagerly, bit for bit (outputs and
     storage), and its flush counters follow the reference's."""
-    spec = SPECS["nvfp4-dual-fp32-sr"]
+    spec, fam = SPECS["nvfp4-dual-fp32-sr"], get_family(family)
     gen = torch.Generator().manual_seed(3)
-    cpu, eager = _twins(spec, gen)
-    graphed = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
+    cpu, eager = _twins(spec, gen, family)
+    graphed = fam.new_cache(DIMS_OF[family], 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
     for name, t in eager.tensors().items():
         graphed.tensors()[name].copy_(t)
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32, device="cuda")
-    steps = [_step(gen, len(SLOT_IDS)) for _ in range(2 * L)]
+    steps = [_step(gen, len(SLOT_IDS), family=family) for _ in range(2 * L)]
     static_args, static_kw = steps[0].op_args()
     static_args = tuple(a.cuda() for a in static_args)
     static_kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in static_kw.items()}
-    out = torch.empty_like(static_args[0])
-    plan = FAM.replay_plan(graphed, len(SLOT_IDS), "replay")
+    out = torch.empty_like(static_args[2] if family != "mamba2" else static_args[0])
+    plan = fam.replay_plan(graphed, len(SLOT_IDS), "replay")
     saved = {n: t.clone() for n, t in graphed.tensors().items()}
-    FAM.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)  # loads
+    fam.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)  # loads
     for n, t in saved.items():
         graphed.tensors()[n].copy_(t)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        FAM.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)
+        fam.replay_decode(graphed, *static_args, **static_kw, state_batch_indices=ids, out=out, plan=plan)
     for step in steps:
         args, kwargs = step.op_args()
         for dst, src in zip(static_args, args):
             dst.copy_(src)
-        for name in ("D", "dt_bias"):
-            static_kw[name].copy_(kwargs[name])
+        for name, t in kwargs.items():  # the layer constants passed by keyword
+            if isinstance(t, torch.Tensor):
+                static_kw[name].copy_(t)
         graph.replay()
         want = _run(eager, step, ids.cpu(), "replay")
         _run(cpu, step, ids.cpu(), "replay")
@@ -210,31 +232,33 @@ def test_graph_replays_draw_fresh_rounding():
     assert cpu.checkpoint().flushes.max() == 3  # the initial store and two flushes
 
 
-def test_sanitizer_smoke():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sanitizer_smoke(family):
     """One replay cycle and a flush step on a small stored cache (compute-sanitizer runs it)."""
     gen = torch.Generator().manual_seed(1)
-    cpu, gpu = _twins(SPECS["nvfp4-dual-fp8-sr"], gen)
+    cpu, gpu = _twins(SPECS["nvfp4-dual-fp8-sr"], gen, family)
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     for k in range(L + 1):
-        _run(gpu, _step(gen, len(SLOT_IDS)), ids, "flush" if k == L else "replay")
+        _run(gpu, _step(gen, len(SLOT_IDS), family=family), ids, "flush" if k == L else "replay")
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", ["replay", "flush"])
 @pytest.mark.parametrize("name", ["nvfp4-dual-fp16", "bf16-sr"])
-def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode):
+def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode, family):
     """Served by TensorRT-LLM the master is a strided view of its unified pool (each slot's SSM bytes followed by
     its conv bytes) and our cache holds the rest: outputs, master, read copy and counters equal a dense cache's."""
     gen = torch.Generator().manual_seed(11)
-    spec = SPECS[name]
-    dense = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
-    dense.checkpoint().store_(torch.arange(SLOTS, device="cuda"), random_state(SLOTS, DIMS, "fp32", gen, "cuda"))
+    spec, fam, dims = SPECS[name], get_family(family), DIMS_OF[family]
+    dense = fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
+    dense.checkpoint().store_(torch.arange(SLOTS, device="cuda"), random_state(SLOTS, dims, "fp32", gen, "cuda"))
     dense.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32, device="cuda") % L)
     ssm_bytes = dense.state[0].numel() * dense.state.element_size()
     pool = torch.zeros(SLOTS, ssm_bytes + 2 * 4 * 64 * 2, dtype=torch.uint8, device="cuda")
     master = pool[:, :ssm_bytes].view(dense.state.dtype).view(dense.state.shape)
     assert not master.is_contiguous()
-    served = FAM.new_cache(DIMS, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda", checkpoints=False)
+    served = fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda", checkpoints=False)
     layer = served.with_checkpoint(0, master)
     master.copy_(dense.state)
     for key, t in dense.tensors().items():
@@ -242,7 +266,7 @@ def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode):
             layer.tensors()[key].copy_(t)
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     for _ in range(2 * L):
-        step = _step(gen, len(SLOT_IDS))
+        step = _step(gen, len(SLOT_IDS), family=family)
         assert torch.equal(_run(layer, step, ids, mode), _run(dense, step, ids, mode))
     assert torch.equal(master, dense.state)
     for key, t in dense.tensors().items():

@@ -166,7 +166,6 @@ def drift(model: str, specs: str | None, steps: int, batch: int, buffer_len: int
     try:
         config = DriftConfig(model=model, specs=tuple(_csv(specs)) if specs else DEFAULT_SPECS, steps=steps,
                              batch=batch, buffer_len=buffer_len, state_every=state_every, seed=seed)
-        config.check_device(torch.device(device))
     except (ValueError, TypeError) as exc:
         bad_value(exc)
     if device == "cuda":

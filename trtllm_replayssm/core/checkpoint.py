@@ -168,6 +168,17 @@ class Checkpoint:
 OP_TENSORS = ("state", "state_scale", "state_bscale", "read", "read_scale", "read_bscale", "flushes")
 
 
+def spec_op_args(spec: StateSpec) -> tuple[str, str, str, bool]:
+    """A spec as a stored-checkpoint custom op takes it: (state_format, state_mode, master_format or "",
+    stochastic_rounding)."""
+    return spec.format, spec.mode, spec.master or "", spec.stochastic_rounding
+
+
+def spec_of_op_args(state_format: str, state_mode: str, master_format: str, stochastic_rounding: bool) -> StateSpec:
+    """The inverse of :func:`spec_op_args`."""
+    return StateSpec(state_format, state_mode, master_format or None, stochastic_rounding)
+
+
 def _bytes(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.view(torch.uint8) if t is not None and t.dtype == torch.float8_e4m3fn else t
 

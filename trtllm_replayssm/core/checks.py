@@ -8,7 +8,6 @@ import torch
 from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import DTYPES
-from trtllm_replayssm.core.plans import MODES
 
 FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
 
@@ -20,19 +19,6 @@ def check_state(state: torch.Tensor | Checkpoint) -> tuple[tuple[int, int, int, 
         return state.shape, state.device
     check_tensor("state", state, (None, None, None, None), FLOAT_DTYPES, inner_contiguous=2)
     return tuple(state.shape), state.device
-
-
-def stored_checkpoint_mode(op: str, spec_label: str, device: torch.device, mode: str, plan: object) -> bool:
-    """The CPU reference step of a layer with quantized, dual or stochastically rounded storage: whether it flushes
-    every row (``mode='flush'``). No CUDA kernels exist for such storage yet: RuntimeError on a CUDA device; launch
-    plans do not apply (ValueError)."""
-    if device.type == "cuda":
-        raise RuntimeError(f"{op}: {spec_label} checkpoints have no CUDA kernels yet; CPU tensors run the reference")
-    if plan is not None:
-        raise ValueError(f"plan: {spec_label} checkpoints run the CPU reference, which takes no launch plan")
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    return mode == "flush"
 
 
 def check_stored_for_kernels(ckpt: Checkpoint) -> None:
@@ -47,13 +33,25 @@ def check_stored_for_kernels(ckpt: Checkpoint) -> None:
         allowed = (64, 128, 256, 512) if stored.fmt.block else (32, 64, 128, 256)
         if cols not in allowed and (stored.fmt.block or cols % 512):
             more = "" if stored.fmt.block else " or a multiple of 512"
-            raise ValueError(f"state: {stored.fmt.name} checkpoints on CUDA need d_state in "
+            raise ValueError(f"state: {stored.fmt.name} checkpoints on CUDA need rows (last dim) of "
                              f"{', '.join(map(str, allowed))}{more}, got {cols}")
         for name, t in stored.tensors().items():
             if not t.is_contiguous():
                 raise ValueError(f"state: the {stored.fmt.name} checkpoint's {name} tensor must be contiguous")
     if ckpt.flushes is not None and (ckpt.flushes.dtype != torch.int32 or not ckpt.flushes.is_contiguous()):
         raise ValueError("state: the flush counters must be a contiguous int32 tensor")
+
+
+def check_stored_state_update(state: torch.Tensor | Checkpoint) -> bool:
+    """Whether a baseline step's ``state`` is a stored checkpoint (then checked for the kernels on CUDA: no
+    stochastic rounding, which needs the replay op's per-slot write counters)."""
+    stored = isinstance(state, Checkpoint) and state.spec.stored
+    if stored and state.device.type == "cuda":
+        check_stored_for_kernels(state)
+        if state.spec.stochastic_rounding:
+            raise ValueError("state: the baseline kernel does not round stochastically (it keeps no per-slot write "
+                             "counter); use replay_decode(mode='flush') for stochastically rounded checkpoints")
+    return stored
 
 
 def check_tensor(name: str, t: object, shape: Sequence[int | None], dtypes: Sequence[torch.dtype],

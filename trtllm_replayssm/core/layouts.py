@@ -160,6 +160,12 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   void* out;              // [b, HV, V]; speculative kernels [b T, HV, V] (token inputs too: row b T + t)
   const int* accepted;    // [b] accepted window tokens, 1 .. window (commit kernels)
   void* inter;            // [b, T, HV, V, K] per-draft states (per-draft kernels)
+  float* state_scale;     // [slots, HV, V] fp32 row scales of an fp8/nvfp4 checkpoint, or null
+  void* state_bscale;     // [slots, HV, V, K/16] E4M3 block scales of an nvfp4 checkpoint, or null
+  void* read;             // dual mode: the read copy's codes [slots, HV, V, K (fp8) or K/2 (nvfp4)], else null
+  float* read_scale;      // [slots, HV, V] its fp32 row scales
+  void* read_bscale;      // [slots, HV, V, K/16] its E4M3 block scales (nvfp4)
+  int* flushes;           // [slots] checkpoint writes per slot (stochastic rounding), or null
   long long s_state_slot, s_state_head;
   long long s_ur_slot, s_ur_head, s_kr_slot, s_kr_head, s_gr_slot, s_gr_head, s_coef_row;
   long long s_inter_b, s_inter_t, s_inter_h;
@@ -167,6 +173,7 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   float scale, lower_bound;  // lower_bound: KDA safe gate, used when has_lower_bound
   int num_k_heads, num_v_heads, L, pad_slot_id;
   int slots;       // slots of the pool: a row whose id is outside [0, slots) is skipped (rssm::row_slot)
+  int seed;        // the layer's stochastic-rounding seed
   int gate_is_f32, beta_is_f32, has_lower_bound, force_flush;
   int window;      // speculative kernels: tokens T of a verify window
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
@@ -265,11 +272,12 @@ def mamba2_fold_bytes(L: int, d_state: int, act_elem: int) -> int:
     return _r16(L * d_state * act_elem)
 
 
-def delta_stage_bytes(L: int, rows: int, key_dim: int, state_elem: int, act_elem: int, per_channel_gate: bool) -> int:
-    """Bytes of one shared-memory stage of the GDN/KDA persistent replay kernel: the (rows x K) checkpoint tile,
-    slot/step, the record, v of the rows, the raw q and k rows and L u-ring rows (plugins/delta_rule_decode.cu
-    stage_layout)."""
-    return _r128(rows * key_dim * state_elem + 16 + _r16(delta_record_len(L, key_dim, per_channel_gate) * 4)
+def delta_stage_bytes(L: int, rows: int, key_dim: int, state_row_bytes: int, act_elem: int,
+                      per_channel_gate: bool) -> int:
+    """Bytes of one shared-memory stage of the GDN/KDA persistent replay kernel: the checkpoint rows non-flush steps
+    read (``state_row_bytes`` each, scales included: StateFormat.row_bytes), slot/step, the record, v of the rows, the
+    raw q and k rows and L u-ring rows (plugins/delta_rule_decode.cu stage_layout)."""
+    return _r128(rows * state_row_bytes + 16 + _r16(delta_record_len(L, key_dim, per_channel_gate) * 4)
                  + _r16(rows * act_elem) + _r16(2 * key_dim * act_elem) + _r16(L * rows * act_elem))
 
 
@@ -310,22 +318,24 @@ def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: 
     return "\n".join(lines)
 
 
-def delta_size_checks(rows: int, key_dim: int, state_elem: int, act_elem: int, key_elem: int,
-                      per_channel_gate: bool) -> str:
-    """``static_assert`` lines pinning the GDN/KDA kernel's record, stage and fold sizes to the functions above."""
-    lines = []
+def delta_size_checks(rows: int, key_dim: int, state_row_bytes: int, act_elem: int, key_elem: int,
+                      per_channel_gate: bool, speculative: bool = True) -> str:
+    """``static_assert`` lines pinning the GDN/KDA kernel's record, stage and fold sizes to the functions above and
+    the state-format codes to STATE_FORMAT_CODES; ``speculative``: a plain checkpoint's module, with the verify
+    kernels' sizes."""
+    lines = [format_code_checks()]
     for L in range(1, MAX_BUFFER_LEN + 1):
-        stage = delta_stage_bytes(L, rows, key_dim, state_elem, act_elem, per_channel_gate)
+        stage = delta_stage_bytes(L, rows, key_dim, state_row_bytes, act_elem, per_channel_gate)
         lines.append(f"static_assert(rec_len({L}) == {delta_record_len(L, key_dim, per_channel_gate)}"
                      f', "record length at L={L} differs from core/layouts.py");')
         lines.append(f'static_assert(stage_layout({L}).bytes == {stage}, "stage bytes at L={L} differ from '
                      f'core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {delta_fold_bytes(L, key_dim, key_elem, per_channel_gate)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')
-        for T in range(1, min(L, MAX_WINDOW) + 1):
+        for T in range(1, min(L, MAX_WINDOW) + 1 if speculative else 1):
             lines.append(f"static_assert(VerifyRec::stride({L}, {T}) == {delta_verify_rec_floats(L, key_dim, T)}"
                          f', "verify record at L={L}, T={T} differs from core/layouts.py");')
             lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == "
-                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_elem, act_elem)}"
+                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_row_bytes // key_dim, act_elem)}"
                          f', "verify stage bytes at L={L}, T={T} differ from core/layouts.py");')
     return "\n".join(lines)

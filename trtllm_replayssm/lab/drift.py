@@ -68,13 +68,6 @@ class DriftConfig:
     def family(self) -> str:
         return get_preset(self.model).family
 
-    def check_device(self, device: torch.device) -> None:
-        """ValueError where ``device`` has no kernels for a spec (quantized or stochastically rounded GDN/KDA)."""
-        stored = [s.label for s in self.parsed if s.stored]
-        if device.type == "cuda" and self.family != "mamba2" and stored:
-            raise ValueError(f"specs: {', '.join(stored)} on {self.family} have no CUDA kernels yet; run them on "
-                             "the CPU (device='cpu', slow) or drop them")
-
 
 def _log_normal(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.exp(torch.randn(*shape, generator=gen))
@@ -184,7 +177,6 @@ def run_drift(config: DriftConfig, device: torch.device | str, progress=None) ->
     """Run the study; returns the results document (``records`` of ``kind: "drift"``). ``progress(done, total)`` is
     called after each state measurement."""
     device = torch.device(device)
-    config.check_device(device)
     if device.type == "cuda":  # every spec's kernels at once, on all CPUs (a first call would compile one by one)
         from trtllm_replayssm.core.jit.compiler import compile_all
         from trtllm_replayssm.core.jit.loader import device_arch

@@ -13,80 +13,90 @@ from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core import crossovers
 from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.checkpoint import Checkpoint
-from trtllm_replayssm.core.formats import get_dtype
+from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
                                            delta_stage_bytes, delta_verify_rec_floats, delta_verify_stage_bytes,
-                                           key_ring_dtype)
+                                           key_ring_dtype, stored_state_params)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
-from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stride
+from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
                                          checked_plan, device_of, fitting_tiles, non_replay_plan, persistent_plan,
                                          persistent_verify_plan, programmatic_prep, resolved_tail_fraction, stages_for,
                                          state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
-KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
-           "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel",
-           "verify": "delta_verify_kernel", "verify_prep": "delta_verify_prep_kernel",
+DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
+                  "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
+KERNELS = {**DECODE_KERNELS, "verify": "delta_verify_kernel", "verify_prep": "delta_verify_prep_kernel",
            "verify_main": "delta_verify_main_kernel",
            "per_draft_verify": "delta_per_draft_verify_kernel", "per_draft_commit": "delta_per_draft_commit_kernel"}
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster than the baseline (fp16: not measured)
-# Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte states; kernels with 16-bit
-# states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail claims).
+# Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte plain states; kernels with 16-bit
+# plain states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail claims); stored checkpoints claim
+# every tile, as Mamba-2's (a flush tile's encode costs several non-flush tiles).
 TAIL_FRACTION = 0.1
+STORED_TAIL_FRACTION = 1.0
 DEFAULT_TUNING = Tuning()
 
 
-def claims_tail(state_dtype: torch.dtype) -> bool:
-    """Whether the main kernel for ``state_dtype`` claims its tail tiles (plugins/delta_rule_decode.cu kTailClaims)."""
-    return get_dtype(state_dtype).bytes == 4
+def claims_tail(state_dtype: torch.dtype | StateSpec) -> bool:
+    """Whether the main kernel for ``state_dtype`` (a plain dtype or a StateSpec) claims its tail tiles
+    (plugins/delta_rule_decode.cu kTailClaims)."""
+    spec = state_spec(state_dtype, arg="state_dtype")
+    return spec.stored or get_dtype(spec.checkpoint_format.name).bytes == 4
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-def kernel_config(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype,
+def kernel_config(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype | StateSpec,
                   act_dtype: torch.dtype, rows_per_cta: int) -> KernelConfig:
-    """The delta-rule decode module (baseline, flush and replay kernels) for one shape, dtype pair and row tile."""
-    sd, ad = get_dtype(state_dtype), get_dtype(act_dtype)
+    """The delta-rule decode module (baseline, flush and replay kernels; the speculative ones for plain checkpoints)
+    for one shape, checkpoint spec (a plain state dtype or a StateSpec), activation dtype and row tile."""
+    spec, ad = state_spec(state_dtype, arg="state_dtype"), get_dtype(act_dtype)
     return KernelConfig(
-        family="kda" if per_channel_gate else "gdn", source="delta_rule_decode.cu", kernels=tuple(KERNELS.values()),
+        family="kda" if per_channel_gate else "gdn", source="delta_rule_decode.cu",
+        kernels=tuple((DECODE_KERNELS if spec.stored else KERNELS).values()),
         params=(("dk", key_dim), ("dv", value_dim), ("vtile", rows_per_cta), ("kda", int(per_channel_gate)),
-                ("state_t", sd.cuda), ("act_t", ad.cuda)),
-        layouts=(DELTA_PARAMS,), checks=functools.partial(_checks, sd.torch, ad.torch))
+                *stored_state_params(spec), ("act_t", ad.cuda)),
+        layouts=(DELTA_PARAMS,), checks=functools.partial(_checks, spec, ad.torch))
 
 
-def _checks(state_dtype: torch.dtype, act_dtype: torch.dtype, config: KernelConfig) -> str:
+def _checks(spec: StateSpec, act_dtype: torch.dtype, config: KernelConfig) -> str:
     per_channel = bool(config.param("kda"))
     key_elem = key_ring_dtype(act_dtype, per_channel).itemsize
-    claims = "true" if claims_tail(state_dtype) else "false"
-    return "\n".join((delta_size_checks(config.param("vtile"), config.param("dk"), state_dtype.itemsize,
-                                        act_dtype.itemsize, key_elem, per_channel),
+    claims = "true" if claims_tail(spec) else "false"
+    return "\n".join((delta_size_checks(config.param("vtile"), config.param("dk"),
+                                        spec.read_format.row_bytes(config.param("dk")), act_dtype.itemsize, key_elem,
+                                        per_channel, not spec.stored),
                       f'static_assert(kTailClaims == {claims}, "kTailClaims differs from core/ops/delta.py '
                       f'claims_tail");'))
 
 
-def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype,
+def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every module a layer can launch at any batch size (all row tiles, the speculative commit's)."""
+    """Every module a layer can launch at any batch size (all row tiles; with a plain checkpoint, the speculative
+    commit's)."""
+    speculative = [] if state_spec(state_dtype, arg="state_dtype").stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
-                     for t in tile_choices(value_dim, key_dim)), spec_ops.KERNEL_CONFIG])
+                     for t in tile_choices(value_dim, key_dim)), *speculative])
 
 
 # ---------------------------------------------------------------------------------------------------- planning
 def replay_plan_key(layer: GDNLayerCache, batch: int, per_channel_gate: bool) -> tuple:
     """What a replay plan depends on: batch, shapes, ring length and dtypes."""
-    return ("kda replay" if per_channel_gate else "gdn replay", batch, *layer.state.shape[1:],
-            layer.k_ring.shape[1], layer.buffer_len, layer.state.dtype, layer.u_ring.dtype)
+    return ("kda replay" if per_channel_gate else "gdn replay", batch, *layer.require_state().shape[1:],
+            layer.k_ring.shape[1], layer.buffer_len, layer.spec.label, layer.u_ring.dtype)
 
 
-def state_update_plan_key(state: torch.Tensor, batch: int, act_dtype: torch.dtype, per_channel_gate: bool) -> tuple:
-    return ("kda state update" if per_channel_gate else "gdn state update", batch, *state.shape[1:], state.dtype,
-            act_dtype)
+def state_update_plan_key(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype,
+                          per_channel_gate: bool) -> tuple:
+    spec = state.spec.label if isinstance(state, Checkpoint) else state.dtype
+    return ("kda state update" if per_channel_gate else "gdn state update", batch, *state.shape[1:], spec, act_dtype)
 
 
 def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: str = "auto",
@@ -96,21 +106,23 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     L, act = layer.buffer_len, layer.u_ring.dtype
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
+    stored = layer.storage is not None
     other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
-                            layer.state.dtype in REPLAY_STATE_DTYPES,
+                            stored or layer.state.dtype in REPLAY_STATE_DTYPES,
                             crossovers.min_work_per_sm("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
                             dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning))
     if other is not None:
         return other
-    state_elem, act_elem = layer.state.element_size(), get_dtype(act).bytes
+    row_bytes, act_elem = layer.spec.read_format.row_bytes(K), get_dtype(act).bytes
     key_elem = key_ring_dtype(act, per_channel_gate).itemsize
     tile = _row_tile(V, K, batch * HV, dev, tuning)
     if tuning.rows_per_cta is None:
-        tile = _fitting_tile(V, K, L, state_elem, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
+        tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
     num_tiles = batch * HV * (V // tile)
-    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION) if claims_tail(layer.state.dtype) else None
-    main = persistent_plan(delta_stage_bytes(L, tile, K, state_elem, act_elem, per_channel_gate), num_tiles,
+    fraction = (resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored else TAIL_FRACTION)
+                if claims_tail(layer.spec) else None)
+    main = persistent_plan(delta_stage_bytes(L, tile, K, row_bytes, act_elem, per_channel_gate), num_tiles,
                            delta_fold_bytes(L, K, key_elem, per_channel_gate), per_channel_gate, fraction, dev, tuning)
     items = batch * layer.k_ring.shape[1]  # a prep warp per (row, key head) for GDN, per (row, value head) for KDA
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
@@ -118,7 +130,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
 
 
-def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,
+def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,
                       tuning: Tuning = DEFAULT_TUNING, device: Device | None = None) -> LaunchPlan:
     """The launch plan of a baseline GDN / KDA step of ``batch`` rows of the pool ``state`` [slots, HV, V, K]."""
     _, HV, V, K = state.shape
@@ -143,10 +155,10 @@ def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning
 
 
 @functools.lru_cache(maxsize=None)
-def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_elem: int, tile: int,
+def _fitting_tile(value_dim: int, key_dim: int, L: int, state_row_bytes: int, act_elem: int, tile: int,
                   per_channel_gate: bool, ctas_per_sm: int, key_elem: int) -> int:
     """The heuristic's row tile, lowered until two stages fit per CTA (KDA: and the fold buffer with them)."""
-    stage = {t: delta_stage_bytes(L, t, key_dim, state_elem, act_elem, per_channel_gate)
+    stage = {t: delta_stage_bytes(L, t, key_dim, state_row_bytes, act_elem, per_channel_gate)
              for t in tile_choices(value_dim, key_dim)}
     fits = fitting_tiles(stage, tile, act_elem, ctas_per_sm)
     if not fits:
@@ -162,11 +174,13 @@ def _fitting_tile(value_dim: int, key_dim: int, L: int, state_elem: int, act_ele
 # ---------------------------------------------------------------------------------------------------- launching
 def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,  # noqa: N803
            scale: float, lower_bound: float | None, idx, pad_slot_id: int, force_flush: bool, out, *,
-           key_heads: int | None = None, window: int = 1, accepted=None, inter=None):
+           key_heads: int | None = None, window: int = 1, accepted=None, inter=None,
+           stored: dict[str, int] | None = None):
     """The kernel parameter struct (rings None for the baseline kernel; token tensors None for the commit kernels,
     which then name the key heads). Speculative kernels take ``window`` tokens per row as rows ``b T + t`` of
-    [b T, ...] token tensors, ``accepted`` [b] and the per-draft states ``inter`` [b, T, HV, V, K]."""
-    return DELTA_PARAMS.pack(
+    [b T, ...] token tensors, ``accepted`` [b] and the per-draft states ``inter`` [b, T, HV, V, K]. ``stored``: a
+    stored checkpoint's fields (launch.stored_fields; ``state`` is then its master data)."""
+    return DELTA_PARAMS.pack(**(stored or stored_fields()),
         state=ptr(state), u_ring=ptr(u_ring), k_ring=ptr(k_ring), g_ring=ptr(g_ring), cursor=ptr(cursor),
         arrive=ptr(arrive), coef=ptr(coef), step=step_rows(step), q=ptr(q), k=ptr(k), v=ptr(v), gate=ptr(gate),
         beta=ptr(beta), A_log=ptr(A_log), dt_bias=ptr(dt_bias), slot_idx=ptr(idx), out=ptr(out),
@@ -188,14 +202,18 @@ def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g
 
 
 def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v,
-        gate, beta, A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, out) -> None:  # noqa: N803
-    """A custom op's CUDA body: the kernels of ``plan`` (rings None for the baseline)."""
+        gate, beta, A_log, dt_bias, scale, lower_bound, idx, pad_slot_id, out,  # noqa: N803
+        stored: tuple | None = None) -> None:
+    """A custom op's CUDA body: the kernels of ``plan`` (rings None for the baseline). ``stored``: a stored
+    checkpoint's (tensors besides the master data in Checkpoint.op_tensors order, spec, seed); ``state`` its master
+    data."""
     if q.shape[0] == 0:
         return
     launch = Launch.from_words(plan)
+    fields, spec = (None, state.dtype) if stored is None else (stored_fields(stored[0], stored[2]), stored[1])
     struct = params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
-                    scale, lower_bound, idx, pad_slot_id, launch.mode == "flush", out)
-    config = kernel_config(per_channel_gate, q.shape[2], v.shape[2], state.dtype, q.dtype, launch.rows_per_cta)
+                    scale, lower_bound, idx, pad_slot_id, launch.mode == "flush", out, stored=fields)
+    config = kernel_config(per_channel_gate, q.shape[2], v.shape[2], spec, q.dtype, launch.rows_per_cta)
     run_plan(config, KERNELS, launch, struct, q.device, prep_carveout=True)
 
 
@@ -286,7 +304,9 @@ def validate_rings(layer: GDNLayerCache, dims: tuple, act_dtype: torch.dtype, pe
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     if dev.type == "cpu" and replay_cursor:
         chk.check_cursors(layer.cursor, idx, pad_slot_id, L)
-    if dev.type == "cuda" and layer.storage is None:  # state tiles move by bulk copies, row inputs by 4-byte copies
+    if dev.type == "cuda":  # state tiles move by bulk copies, row inputs by 4-byte copies
+        if layer.storage is not None:
+            chk.check_stored_for_kernels(layer.checkpoint())
         chk.check_aligned("state", layer.state, 16 // layer.state.element_size())
         chk.check_aligned("layer.u_ring", layer.u_ring, 4 // layer.u_ring.element_size())
         chk.check_aligned("layer.k_ring", layer.k_ring, K // 32)

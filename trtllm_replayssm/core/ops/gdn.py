@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from typing import Optional
+
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import GDNLayerCache, KDALayerCache
+from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint, spec_of_op_args, spec_op_args
 from trtllm_replayssm.core.dims import GDNDims
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.ops import delta
@@ -77,6 +80,64 @@ def _state_update_cuda(state, q, k, v, a, b, A_log, dt_bias, scale, state_batch_
 _state_update_op = define_op("gdn_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
 
 
+# Stored checkpoints (quantized, dual or stochastically rounded): the same steps over a Checkpoint's tensors
+# (Checkpoint.op_tensors, checkpoint.spec_op_args and the seed ahead of the plain ops' arguments).
+def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor], state_bscale: Optional[torch.Tensor],
+                       read: Optional[torch.Tensor], read_scale: Optional[torch.Tensor],
+                       read_bscale: Optional[torch.Tensor], flushes: Optional[torch.Tensor], state_format: str,
+                       state_mode: str, master_format: str, stochastic_rounding: bool, seed: int,
+                       u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+                       arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                       dt_bias: torch.Tensor, scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int,
+                       plan: list[int], out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    _replay_cpu(ckpt, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log, dt_bias, scale,
+                state_batch_indices, pad_slot_id, plan, out)
+
+
+def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                        state_mode, master_format, stochastic_rounding, seed, u_ring, k_ring, g_ring, cursor, arrive,
+                        coef, step, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id,  # noqa: N803
+                        plan, out) -> None:
+    stored = ((state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+              spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    delta.run(False, plan, state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, a, b, A_log, dt_bias,
+              scale, None, state_batch_indices, pad_slot_id, out, stored)
+
+
+_replay_stored_op = define_op("gdn_replay_decode_stored",
+                              (*OP_TENSORS, "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step", "out"),
+                              _replay_stored_cpu, _replay_stored_cuda)
+
+
+def _state_update_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor],
+                             state_bscale: Optional[torch.Tensor], read: Optional[torch.Tensor],
+                             read_scale: Optional[torch.Tensor], read_bscale: Optional[torch.Tensor],
+                             flushes: Optional[torch.Tensor], state_format: str, state_mode: str, master_format: str,
+                             stochastic_rounding: bool, seed: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                             scale: float, state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int],
+                             out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    ref.state_update_(ckpt, q, k, v, a, b, A_log, dt_bias, scale, state_batch_indices, pad_slot_id, out)
+
+
+def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                              state_mode, master_format, stochastic_rounding, seed, q, k, v, a, b, A_log,  # noqa: N803
+                              dt_bias, scale, state_batch_indices, pad_slot_id, plan, out) -> None:
+    stored = ((state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+              spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    delta.run(False, plan, state, None, None, None, None, None, None, None, q, k, v, a, b, A_log, dt_bias, scale,
+              None, state_batch_indices, pad_slot_id, out, stored)
+
+
+_state_update_stored_op = define_op("gdn_state_update_stored", (*OP_TENSORS, "out"),
+                                    _state_update_stored_cpu, _state_update_stored_cuda)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 def _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id,  # noqa: N803
                    window: bool = False):
@@ -114,39 +175,41 @@ def replay_decode(layer: GDNLayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
     idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, False, idx, pad_slot_id)
     if check_values:
-        _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
-    if layer.storage is not None:
-        flush = chk.stored_checkpoint_mode("gdn.replay_decode", layer.spec.label, state.device, mode, plan)
-        ref.replay_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, a, b, A_log, dt_bias,
-                         scale, idx, pad_slot_id, flush, out)
-        return out
+        _check_values(idx, state, layer.cursor, layer.buffer_len, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:
         checked_plan(plan, delta.replay_plan_key(layer, q.shape[0], False), mode)
-    _replay_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, layer.coef,
-               layer.step, q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id,
-               plan.words, out)
+    args = (layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, layer.coef, layer.step, q, k, v, a,
+            b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    if layer.storage is None:
+        _replay_op(layer.state, *args)
+    else:
+        _replay_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
     return out
 
 
-def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+def state_update(state: torch.Tensor | Checkpoint, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                  b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float | None = None,  # noqa: N803
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                  out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
                  check_values: bool = False) -> torch.Tensor:
-    """Baseline GDN step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``.
-    ``plan``: what to launch (default ``state_update_plan(state, batch, q.dtype)``); ``check_values`` as
-    :func:`replay_decode`."""
+    """Baseline GDN step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K] or a Checkpoint
+    (chk.check_stored_state_update); returns ``out``. ``plan``: what to launch (default ``state_update_plan(state,
+    batch, q.dtype)``); ``check_values`` as :func:`replay_decode`."""
     idx, out, dims = _validate_step(state, q, k, v, a, b, A_log, dt_bias, out, state_batch_indices, pad_slot_id)
+    stored = chk.check_stored_state_update(state)
     if check_values:
         _check_values(idx, state, None, 1, q, k, v, a, b, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = state_update_plan(state, q.shape[0], q.dtype)
     else:
         checked_plan(plan, delta.state_update_plan_key(state, q.shape[0], q.dtype, False))
-    _state_update_op(state, q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id,
-                     plan.words, out)
+    args = (q, k, v, a, b, A_log, dt_bias, delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    if stored:
+        _state_update_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
+    else:
+        _state_update_op(state.master.data if isinstance(state, Checkpoint) else state, *args)
     return out
 
 

@@ -15,6 +15,7 @@ import torch
 
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core.cache import KDALayerCache
+from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint, spec_of_op_args, spec_op_args
 from trtllm_replayssm.core.dims import KDADims
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.ops import delta
@@ -79,6 +80,66 @@ def _state_update_cuda(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, sca
 _state_update_op = define_op("kda_state_update", ("state", "out"), _state_update_cpu, _state_update_cuda)
 
 
+# Stored checkpoints (quantized, dual or stochastically rounded): the same steps over a Checkpoint's tensors
+# (Checkpoint.op_tensors, checkpoint.spec_op_args and the seed ahead of the plain ops' arguments).
+def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor], state_bscale: Optional[torch.Tensor],
+                       read: Optional[torch.Tensor], read_scale: Optional[torch.Tensor],
+                       read_bscale: Optional[torch.Tensor], flushes: Optional[torch.Tensor], state_format: str,
+                       state_mode: str, master_format: str, stochastic_rounding: bool, seed: int,
+                       u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, cursor: torch.Tensor,
+                       arrive: torch.Tensor, coef: torch.Tensor, step: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor,  # noqa: N803
+                       dt_bias: torch.Tensor, lower_bound: Optional[float], scale: float,
+                       state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int],
+                       out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    _replay_cpu(ckpt, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
+                lower_bound, scale, state_batch_indices, pad_slot_id, plan, out)
+
+
+def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                        state_mode, master_format, stochastic_rounding, seed, u_ring, k_ring, g_ring, cursor, arrive,
+                        coef, step, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,  # noqa: N803
+                        state_batch_indices, pad_slot_id, plan, out) -> None:
+    stored = ((state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+              spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    delta.run(True, plan, state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g, beta, A_log, dt_bias,
+              scale, lower_bound, state_batch_indices, pad_slot_id, out, stored)
+
+
+_replay_stored_op = define_op("kda_replay_decode_stored",
+                              (*OP_TENSORS, "u_ring", "k_ring", "g_ring", "cursor", "arrive", "coef", "step", "out"),
+                              _replay_stored_cpu, _replay_stored_cuda)
+
+
+def _state_update_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor],
+                             state_bscale: Optional[torch.Tensor], read: Optional[torch.Tensor],
+                             read_scale: Optional[torch.Tensor], read_bscale: Optional[torch.Tensor],
+                             flushes: Optional[torch.Tensor], state_format: str, state_mode: str, master_format: str,
+                             stochastic_rounding: bool, seed: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
+                             lower_bound: Optional[float], scale: float, state_batch_indices: torch.Tensor,
+                             pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
+    ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    ref.state_update_(ckpt, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id,
+                      out)
+
+
+def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale, read_bscale, flushes, state_format,
+                              state_mode, master_format, stochastic_rounding, seed, q, k, v, g, beta,  # noqa: N803
+                              A_log, dt_bias, lower_bound, scale, state_batch_indices, pad_slot_id, plan, out) -> None:
+    stored = ((state_scale, state_bscale, read, read_scale, read_bscale, flushes),
+              spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
+    delta.run(True, plan, state, None, None, None, None, None, None, None, q, k, v, g, beta, A_log, dt_bias, scale,
+              lower_bound, state_batch_indices, pad_slot_id, out, stored)
+
+
+_state_update_stored_op = define_op("kda_state_update_stored", (*OP_TENSORS, "out"),
+                                    _state_update_stored_cpu, _state_update_stored_cuda)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 def _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,  # noqa: N803
                    pad_slot_id, window: bool = False):
@@ -128,41 +189,44 @@ def replay_decode(layer: KDALayerCache, q: torch.Tensor, k: torch.Tensor, v: tor
                                     state_batch_indices, pad_slot_id)
     delta.validate_rings(layer, dims, q.dtype, True, idx, pad_slot_id)
     if check_values:
-        _check_values(idx, layer.state, layer.cursor, layer.buffer_len, q, k, v, g, beta, A_log, dt_bias,
-                      pad_slot_id)
-    if layer.storage is not None:
-        flush = chk.stored_checkpoint_mode("kda.replay_decode", layer.spec.label, state.device, mode, plan)
-        ref.replay_step_(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, q, k, v, g, beta, A_log,
-                         dt_bias, lower_bound, scale, idx, pad_slot_id, flush, out)
-        return out
+        _check_values(idx, state, layer.cursor, layer.buffer_len, q, k, v, g, beta, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = replay_plan(layer, q.shape[0], mode=mode)
     else:
         checked_plan(plan, delta.replay_plan_key(layer, q.shape[0], True), mode)
-    _replay_op(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, layer.coef,
-               layer.step, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
-               delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    args = (layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, layer.arrive, layer.coef, layer.step, q, k, v, g,
+            beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
+            delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    if layer.storage is None:
+        _replay_op(layer.state, *args)
+    else:
+        _replay_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
     return out
 
 
-def state_update(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+def state_update(state: torch.Tensor | Checkpoint, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,  # noqa: N803
                  lower_bound: float | None = None, scale: float | None = None,
                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
                  out: torch.Tensor | None = None, plan: LaunchPlan | None = None,
                  check_values: bool = False) -> torch.Tensor:
-    """Baseline KDA step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K]; returns ``out``.
-    ``check_values`` as :func:`replay_decode`."""
+    """Baseline KDA step (read state, update, write state) on a slot pool ``state`` [slots,HV,V,K] or a Checkpoint
+    (chk.check_stored_state_update); returns ``out``. ``check_values`` as :func:`replay_decode`."""
     idx, out, dims = _validate_step(state, q, k, v, g, beta, A_log, dt_bias, lower_bound, out, state_batch_indices,
                                     pad_slot_id)
+    stored = chk.check_stored_state_update(state)
     if check_values:
         _check_values(idx, state, None, 1, q, k, v, g, beta, A_log, dt_bias, pad_slot_id)
     if plan is None:
         plan = state_update_plan(state, q.shape[0], q.dtype)
     else:
         checked_plan(plan, delta.state_update_plan_key(state, q.shape[0], q.dtype, True))
-    _state_update_op(state, q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
-                     delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    args = (q, k, v, g, beta, A_log, dt_bias, None if lower_bound is None else float(lower_bound),
+            delta.resolve_scale(scale, dims[4]), idx, pad_slot_id, plan.words, out)
+    if stored:
+        _state_update_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
+    else:
+        _state_update_op(state.master.data if isinstance(state, Checkpoint) else state, *args)
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core import crossovers
 from trtllm_replayssm.core.cache import Mamba2LayerCache
-from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint
+from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint, spec_of_op_args, spec_op_args
 from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
@@ -264,15 +264,8 @@ _state_update_op = define_op("mamba2_state_update", ("state", "out"), _state_upd
 
 
 # Stored checkpoints (quantized, dual or stochastically rounded): the same steps over a Checkpoint's tensors. The ops
-# take Checkpoint.op_tensors(), the spec's fields and the seed ahead of the plain ops' arguments.
-def _op_spec(state_format: str, state_mode: str, master_format: str, stochastic_rounding: bool) -> StateSpec:
-    return StateSpec(state_format, state_mode, master_format or None, stochastic_rounding)
-
-
-def _spec_args(spec: StateSpec) -> tuple:
-    return spec.format, spec.mode, spec.master or "", spec.stochastic_rounding
-
-
+# take Checkpoint.op_tensors(), the spec's fields (checkpoint.spec_op_args) and the seed ahead of the plain ops'
+# arguments.
 def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor], state_bscale: Optional[torch.Tensor],
                        read: Optional[torch.Tensor], read_scale: Optional[torch.Tensor],
                        read_bscale: Optional[torch.Tensor], flushes: Optional[torch.Tensor], state_format: str,
@@ -284,7 +277,7 @@ def _replay_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Tensor],
                        state_batch_indices: torch.Tensor, pad_slot_id: int, plan: list[int],
                        out: torch.Tensor) -> None:
     ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
-                                   _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
     _replay_cpu(ckpt, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                 state_batch_indices, pad_slot_id, plan, out)
 
@@ -298,7 +291,7 @@ def _replay_stored_cuda(state, state_scale, state_bscale, read, read_scale, read
     stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
     params = _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A, B, C, D, z, dt_bias,
                      dt_softplus, state_batch_indices, pad_slot_id, out, stored)
-    _launch(_op_spec(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
+    _launch(spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
 
 
 _replay_stored_op = define_op("mamba2_replay_decode_stored",
@@ -315,7 +308,7 @@ def _state_update_stored_cpu(state: torch.Tensor, state_scale: Optional[torch.Te
                              dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_batch_indices: torch.Tensor,
                              pad_slot_id: int, plan: list[int], out: torch.Tensor) -> None:
     ckpt = Checkpoint.from_op_args((state, state_scale, state_bscale, read, read_scale, read_bscale, flushes),
-                                   _op_spec(state_format, state_mode, master_format, stochastic_rounding), seed)
+                                   spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), seed)
     ref.state_update_(ckpt, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
 
 
@@ -327,7 +320,7 @@ def _state_update_stored_cuda(state, state_scale, state_bscale, read, read_scale
     stored = stored_fields((state_scale, state_bscale, read, read_scale, read_bscale, flushes), seed)
     params = _params(state, None, None, None, None, None, None, None, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                      state_batch_indices, pad_slot_id, out, stored)
-    _launch(_op_spec(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
+    _launch(spec_of_op_args(state_format, state_mode, master_format, stochastic_rounding), plan, params, x, B.shape[-1])
 
 
 _state_update_stored_op = define_op("mamba2_state_update_stored", (*OP_TENSORS, "out"),
@@ -424,7 +417,7 @@ def replay_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     if layer.storage is None:
         _replay_op(layer.state, *args)
     else:
-        _replay_stored_op(*state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
+        _replay_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
     return out
 
 
@@ -439,12 +432,7 @@ def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Te
     launch (default ``state_update_plan(state, batch, x.dtype)``); ``check_values`` as :func:`replay_decode`.
     Stochastic rounding on CUDA needs the replay op's per-slot counters: use ``replay_decode(mode='flush')``."""
     idx, out = validate_rows(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices, pad_slot_id)
-    stored = isinstance(state, Checkpoint) and state.spec.stored
-    if stored and state.device.type == "cuda":
-        chk.check_stored_for_kernels(state)
-        if state.spec.stochastic_rounding:
-            raise ValueError("state: the baseline kernel does not round stochastically (it keeps no per-slot write "
-                             "counter); use replay_decode(mode='flush') for stochastically rounded checkpoints")
+    stored = chk.check_stored_state_update(state)
     if check_values:
         _check_values(idx, state.shape[0], pad_slot_id, None, 1, x, dt, A, B, C, D, z, dt_bias)
     if plan is None:
@@ -453,7 +441,7 @@ def state_update(state: torch.Tensor | Checkpoint, x: torch.Tensor, dt: torch.Te
         checked_plan(plan, state_update_plan_key(state, x.shape[0], x.dtype))
     args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, plan.words, out)
     if stored:
-        _state_update_stored_op(*state.op_tensors(), *_spec_args(state.spec), state.seed, *args)
+        _state_update_stored_op(*state.op_tensors(), *spec_op_args(state.spec), state.seed, *args)
     else:
         _state_update_op(state.master.data if isinstance(state, Checkpoint) else state, *args)
     return out

@@ -50,11 +50,8 @@ class KernelBenchConfig:
             raise ValueError(f"batches: expected positive ints, got {self.batches!r}")
         if not self.state_dtypes:
             raise ValueError("state_dtypes: expected at least one state (fp32, bf16, fp8, nvfp4/dual/fp16, ...)")
-        specs = [parse_state_label(sd, arg="state_dtypes") for sd in self.state_dtypes]
-        stored = [s.label for s in specs if s.stored]
-        if stored and any(f != "mamba2" for f in self.families):
-            raise ValueError(f"state_dtypes: {', '.join(stored)}: quantized and stochastically rounded checkpoints "
-                             f"have kernels for Mamba-2 only; run them with --family mamba2")
+        for sd in self.state_dtypes:
+            parse_state_label(sd, arg="state_dtypes")
         if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= MAX_BUFFER_LEN:
             raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {self.buffer_len!r}")
         if self.replays < timing.MIN_REPLAYS:
