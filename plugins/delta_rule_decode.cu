@@ -110,33 +110,13 @@ __device__ __forceinline__ ReadRows nonflush_rows(const DeltaParams& p, int slot
 #endif
 }
 
-// The checkpoint rows of (slot, hv) from row0 on that a flush writes: the master and (dual mode) the read copy.
-struct CheckpointRows {
-  MasterRows master;
-  ReadRows read;  // dual mode only
-  int slot, hv, row0;
-};
+// The checkpoint rows of a (slot, head) that a flush writes (rssm::CheckpointRows).
+using CheckpointRows = rssm::CheckpointRows<MASTER_FMT, READ_FMT, SR != 0, state_t, kV, kK>;
 
 __device__ __forceinline__ CheckpointRows checkpoint_rows(const DeltaParams& p, int slot, int hv, int row0) {
   CheckpointRows rows{master_rows(p, slot, hv, row0), {}, slot, hv, row0};
   if constexpr (kDual) rows.read = nonflush_rows(p, slot, hv, row0);
   return rows;
-}
-
-// A flush's write of row row0 + r of `rows` from this lane's fp32 values: the master and, in dual mode, the read
-// copy from the same values, rounded to nearest or (SR) stochastically with the slot's streams of write `flushes`
-// (core/checkpoint.py, the write rule). Warp-collective.
-__device__ __forceinline__ void store_checkpoint_row(const DeltaParams& p, const CheckpointRows& rows, int r,
-                                                     const float (&v)[kEpl], unsigned flushes) {
-  const int lane = threadIdx.x % rssm::kWarpSize;
-  const long long e0 = ((long long)rows.hv * kV + rows.row0 + r) * kK + lane * kEpl;
-  const rssm::SrKey master_key{static_cast<unsigned>(rows.slot), flushes, 0u, static_cast<unsigned>(p.seed)};
-  constexpr bool kMasterSr = SR && !(MASTER_FMT == rssm::kFmtPlain && sizeof(state_t) == 4);  // fp32: exact
-  rows.master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
-  if constexpr (kDual) {
-    const rssm::SrKey read_key{static_cast<unsigned>(rows.slot), flushes, 1u, static_cast<unsigned>(p.seed)};
-    rows.read.encode(r, lane, v, SR ? &read_key : nullptr, e0);
-  }
 }
 
 __device__ __forceinline__ float load_scalar(const void* base, long long off, int is_f32) {
@@ -453,7 +433,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    if constexpr (kStored) store_checkpoint_row(p, ckpt, r, acc[r], flushes);
+    if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
     else rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
   }
 }
@@ -825,7 +805,7 @@ __device__ __forceinline__ void fold_rows(const DeltaParams& p, const TileCoord&
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRows) break;
-      if constexpr (kStored) store_checkpoint_row(p, ckpt, r0 + r, acc[r], flushes);
+      if constexpr (kStored) ckpt.store(r0 + r, acc[r], flushes, p.seed);
       else rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * kK, acc[r]);
     }
   }

@@ -99,33 +99,13 @@ __device__ __forceinline__ ReadRows nonflush_rows(const Mamba2Params& p, int slo
 #endif
 }
 
-// The checkpoint rows of (slot, head) from row0 on that a flush writes: the master and (dual mode) the read copy.
-struct CheckpointRows {
-  MasterRows master;
-  ReadRows read;  // dual mode only
-  int slot, head, row0;
-};
+// The checkpoint rows of a (slot, head) that a flush writes (rssm::CheckpointRows).
+using CheckpointRows = rssm::CheckpointRows<MASTER_FMT, READ_FMT, SR != 0, state_t, P, N>;
 
 __device__ __forceinline__ CheckpointRows checkpoint_rows(const Mamba2Params& p, int slot, int head, int row0) {
   CheckpointRows rows{master_rows(p, slot, head, row0), {}, slot, head, row0};
   if constexpr (kDual) rows.read = read_rows(p, slot, head, row0);
   return rows;
-}
-
-// A flush's write of row row0 + r of `rows` from this lane's fp32 values: the master and, in dual mode, the read
-// copy from the same values, rounded to nearest or (SR) stochastically with the slot's streams of write `flushes`
-// (core/checkpoint.py, the write rule). Warp-collective.
-__device__ __forceinline__ void store_checkpoint_row(const Mamba2Params& p, const CheckpointRows& rows, int r,
-                                                     const float (&v)[kEpl], unsigned flushes) {
-  const int lane = threadIdx.x % rssm::kWarpSize;
-  const long long e0 = ((long long)rows.head * P + rows.row0 + r) * N + lane * kEpl;
-  const rssm::SrKey master_key{static_cast<unsigned>(rows.slot), flushes, 0u, static_cast<unsigned>(p.seed)};
-  constexpr bool kMasterSr = SR && !(MASTER_FMT == rssm::kFmtPlain && sizeof(state_t) == 4);  // fp32: exact
-  rows.master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
-  if constexpr (kDual) {
-    const rssm::SrKey read_key{static_cast<unsigned>(rows.slot), flushes, 1u, static_cast<unsigned>(p.seed)};
-    rows.read.encode(r, lane, v, SR ? &read_key : nullptr, e0);
-  }
 }
 
 struct Tile {
@@ -260,7 +240,7 @@ __device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile&
 }
 
 __device__ __forceinline__ void store_row(const Mamba2Params& p, const Tile& t, int r, const float (&v)[kEpl]) {
-  if constexpr (kStored) store_checkpoint_row(p, t.rows, r, v, t.flushes);
+  if constexpr (kStored) t.rows.store(r, v, t.flushes, p.seed);
   else rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
 }
 
@@ -1014,7 +994,7 @@ __device__ __forceinline__ float fold_stage_rows(const Mamba2Params& p, const Ti
 #pragma unroll
     for (int r = 0; r < kFoldRows; ++r) {
       if (r0 + r >= kRowsPerWarp) break;
-      if constexpr (kStored) store_checkpoint_row(p, ckpt, r0 + r, acc[r], flushes);
+      if constexpr (kStored) ckpt.store(r0 + r, acc[r], flushes, p.seed);
       else rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
       float dot = 0.f;
 #pragma unroll

@@ -452,4 +452,27 @@ struct Rows {
   }
 };
 
+// The checkpoint rows of one (slot, head) from row0 on that a flush writes: the master (format MASTER) and, in dual
+// mode (READ != kFmtPlain), the read copy; R rows per head of C columns. `store` writes row row0 + r from this lane's
+// fp32 values: the master and the read copy from the same values, rounded to nearest or (kSr) stochastically with the
+// slot's streams of write `flushes` (core/checkpoint.py, the write rule). Warp-collective.
+template <int MASTER, int READ, bool kSr, typename T, int R, int C>
+struct CheckpointRows {
+  Rows<MASTER, T, C> master;
+  Rows<READ != kFmtPlain ? READ : MASTER, T, C> read;  // dual mode only
+  int slot, head, row0;
+
+  __device__ __forceinline__ void store(int r, const float (&v)[C / kWarpSize], unsigned flushes, int seed) const {
+    const int lane = threadIdx.x % kWarpSize;
+    const long long e0 = ((long long)head * R + row0 + r) * C + lane * (C / kWarpSize);
+    const SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(seed)};
+    constexpr bool kMasterSr = kSr && !(MASTER == kFmtPlain && sizeof(T) == 4);  // fp32: exact
+    master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
+    if constexpr (READ != kFmtPlain) {
+      const SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(seed)};
+      read.encode(r, lane, v, kSr ? &read_key : nullptr, e0);
+    }
+  }
+};
+
 }  // namespace rssm
