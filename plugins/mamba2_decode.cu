@@ -801,7 +801,8 @@ static_assert(kTileHeads == 1 || kRowsPerWarp * (rssm::kNumWarps / kTileHeads) =
 constexpr int kRowGroups = rssm::kWarpSize / kRowsPerWarp;  // lanes per row that split its ring entries
 constexpr int kFoldChunk = 8;  // ring entries whose B loads a flush issues at once
 // State rows a flush folds at once (registers): all of a warp's rows up to 10 (one pass over the ring), else 8.
-constexpr int kFoldRows = kRowsPerWarp <= 10 ? kRowsPerWarp : 8;
+// Two stochastically rounded encodes (a quantized master and a read copy) per row: 2 rows at once, else ptxas spills.
+constexpr int kFoldRows = SR && kDual && MASTER_FMT != rssm::kFmtPlain ? 2 : kRowsPerWarp <= 10 ? kRowsPerWarp : 8;
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 

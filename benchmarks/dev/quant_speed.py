@@ -1,4 +1,4 @@
-"""Mamba-2 decode speed on quantized, dual-copy and plain checkpoints (H200), per state spec and batch.
+"""Mamba-2, GDN and KDA decode speed on quantized, dual-copy and plain checkpoints (H200), per state spec and batch.
 
 Protocol (docs/benchmarks.md): copy ceiling in the same run; cold L2 by rotating independent caches whose total exceeds
 4x L2, all in one CUDA graph; medians of 15 graph replays. Phases: ``cycle`` = L steps per cache from staggered
@@ -20,13 +20,13 @@ from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.core.plans import Tuning
-from trtllm_replayssm.core.samples import mamba2_step, slot_indices
+from trtllm_replayssm.core.samples import slot_indices
 from trtllm_replayssm.lab.bench import timing
 from trtllm_replayssm.lab.bench.ours import fill_layer_
 from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 
 SPECS = ["fp32", "bf16", "fp8", "nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/fp32", "nvfp4/dual/fp16+sr"]
-MODELS = ["nemotron-3-super-120b", "nemotron-3-nano-4b"]
+MODELS = ["nemotron-3-super-120b", "nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"]
 
 
 def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
@@ -46,7 +46,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
     shape = shape_from_preset(model)
     spec = parse_state_label(label)
     fam = family_of(shape.dims)
-    step = mamba2_step(shape.dims, batch, gen, dev)
+    step = fam.random_step(shape.dims, batch, gen, dev)
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=dev)
     per_cache = byte_model.state_bytes(shape.dims, spec) * (batch + 1)
@@ -77,7 +77,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
 
     us = timing.time_calls(calls, before_each=reset)
     gbps = model_bytes * batch / (us * 1e-6) / 1e9
-    rec = {"family": "mamba2", "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
+    rec = {"family": fam.name, "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
            **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
            "mode": mode, "rows_per_cta": plans[0].rows_per_cta if impl == "replay" else None,

@@ -75,8 +75,8 @@ def bench_cmd() -> None:
               help="Comma-separated batch sizes [default: 1,2,4,8,16,32,64,256,512; --quick: 8,256].")
 @click.option("--state-dtype", "--state-format", "state_dtypes", default=None, callback=_state_dtypes,
               show_default=False,
-              help="Comma-separated states: fp32, fp16, bf16, and for --family mamba2 also fp8, nvfp4, "
-                   "FORMAT/dual/MASTER and +sr (e.g. nvfp4/dual/fp16) [default: fp32,bf16; --quick: fp32].")
+              help="Comma-separated states: fp32, fp16, bf16, fp8, nvfp4, FORMAT/dual/MASTER and +sr (e.g. "
+                   "nvfp4/dual/fp16) [default: fp32,bf16; --quick: fp32].")
 @click.option("--buffer-len", default=16, show_default=True, type=int, help="Ring length L (FlashInfer window).")
 @click.option("--peers/--no-peers", default=True, show_default=True, help="Also time FlashInfer, mamba-ssm, fla-core.")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,
