@@ -301,7 +301,7 @@ def test_stored_state_refusals():
         ModelReplayCache(*args, state=parse_state_label("nvfp4"))
     with pytest.raises(ValueError, match="^state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a nvfp4/dual/fp8"):
         ModelReplayCache(*args, state=parse_state_label("nvfp4/dual/fp8"))
-    with pytest.raises(ValueError, match="^state: fp8/dual/fp32 has CUDA kernels for Mamba-2 only, not gdn"):
+    with pytest.raises(ValueError, match="^state: fp8/dual/fp32 is served for Mamba-2 only, not gdn"):
         ModelReplayCache("gdn", [0], 2, 4, torch.bfloat16, state=parse_state_label("fp8/dual/fp32"))
     cache = ModelReplayCache(*args, state=parse_state_label("fp8/dual/fp16"))
     with pytest.raises(RuntimeError, match="SSM pool is torch.float32, the bundle's fp8/dual/fp16 state needs its "

@@ -45,8 +45,9 @@ def build_refusal(state: StateSpec, family: str) -> str | None:
     if not state.stored:
         return None
     if family != "mamba2":
-        return (f"{state.label} state: quantized and stochastically rounded checkpoints have CUDA kernels for Mamba-2 "
-                f"only, not {family}; build plain fp32, fp16 or bf16 state (inspect plans every state)")
+        return (f"{state.label} state: quantized and stochastically rounded checkpoints are served for Mamba-2 "
+                f"only, not {family} (its TensorRT-LLM mixers do not re-encode the read copy after a prefill yet); "
+                "build plain fp32, fp16 or bf16 state (inspect plans every state)")
     if state.mode == "shared" or state.checkpoint_format.quantized:
         return (f"{state.label} state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only, so a "
                 f"{state.checkpoint_format.name} checkpoint would sit beside it and save no memory (inspect shows the "

@@ -78,7 +78,7 @@ class ModelReplayCache:
                 raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
                                  "cannot be it")
             if state.stored and self.family.name != "mamba2":
-                raise ValueError(f"state: {state.label} has CUDA kernels for Mamba-2 only, not {self.family.name}")
+                raise ValueError(f"state: {state.label} is served for Mamba-2 only, not {self.family.name}")
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
         self._pools: dict[int, PoolKey] = {}
