@@ -858,6 +858,18 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     if constexpr (kStored) stage_rows.decode(rr, lane, sv);
     else rssm::load_vec<state_t, kEpl>(rows + rr * kK, sv);
   };
+  const MasterRows master = master_rows(p, slot, c.hv, c.row0 + warp * kRows);  // dual mode: what a flush reads
+  // S0 of the checkpoint terms: a flush row of dual mode reads the master (its u and state come from the master, as
+  // the write rule says), every other row the stage.
+  auto load_s0 = [&](int rr, float (&sv)[kEpl]) {
+    if constexpr (kDual) {
+      if (info < 0) {
+        master.decode(rr, lane, sv);
+        return;
+      }
+    }
+    load_stage_row(rr, sv);
+  };
   const act_t* qk_s = reinterpret_cast<const act_t*>(stage + lay.qk);
   float qn[kEpl], kn[kEpl], lg[kEpl], dec[kEpl], xq[kEpl], xk[kEpl];
   rssm::load_vec<act_t, kEpl>(qk_s + col0, qn);
@@ -893,7 +905,7 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   float aq_lane, ak_lane;
   if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, r + kRows ak
     float pq[kRows], pk[kRows], parts[2 * kRows];
-    row_dots(load_stage_row, xq, xk, pq, pk);
+    row_dots(load_s0, xq, xk, pq, pk);
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
       parts[rr] = pq[rr];
@@ -903,7 +915,7 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     ak_lane = __shfl_sync(0xffffffffu, aq_lane, lane + kRows);
   } else {
     float pq[kRows], pk[kRows];
-    row_dots(load_stage_row, xq, xk, pq, pk);
+    row_dots(load_s0, xq, xk, pq, pk);
     aq_lane = rssm::warp_sum_scatter<kRows>(pq);
     ak_lane = rssm::warp_sum_scatter<kRows>(pk);
   }
@@ -919,11 +931,6 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
       k_src = reinterpret_cast<const kring_t*>(fold_buf);
       if constexpr (!kPerChannel) g_src = reinterpret_cast<const float*>(fold_buf + fold_gates_offset(p.L));
     }
-    const MasterRows master = master_rows(p, slot, c.hv, c.row0 + warp * kRows);  // dual mode's S0
-    auto load_s0 = [&](int rr, float (&sv)[kEpl]) {
-      if constexpr (kDual) master.decode(rr, lane, sv);
-      else load_stage_row(rr, sv);
-    };
     fold_rows(p, c, slot, w, lg, dec, kn, u, u_s, load_s0, k_src, g_src, kPerChannel && rec[rec_form(p.L)] != 0.f);
     if (p.fold_bytes) {
       rssm::fold_buffer_release(pipe);

@@ -89,7 +89,7 @@ def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_d
 # ---------------------------------------------------------------------------------------------------- planning
 def replay_plan_key(layer: GDNLayerCache, batch: int, per_channel_gate: bool) -> tuple:
     """What a replay plan depends on: batch, shapes, ring length and dtypes."""
-    return ("kda replay" if per_channel_gate else "gdn replay", batch, *layer.require_state().shape[1:],
+    return ("kda replay" if per_channel_gate else "gdn replay", batch, *layer.checkpoint().shape[1:],
             layer.k_ring.shape[1], layer.buffer_len, layer.spec.label, layer.u_ring.dtype)
 
 
@@ -102,7 +102,7 @@ def state_update_plan_key(state: torch.Tensor | Checkpoint, batch: int, act_dtyp
 def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: str = "auto",
                 tuning: Tuning = DEFAULT_TUNING, device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN (``per_channel_gate`` False) or KDA replay decode step of ``batch`` rows."""
-    _, HV, V, K = layer.require_state().shape
+    _, HV, V, K = layer.checkpoint().shape  # values (an NVFP4 master packs two per byte)
     L, act = layer.buffer_len, layer.u_ring.dtype
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
