@@ -136,12 +136,13 @@ def test_speculative_decode_equals_sequential_decode_of_the_accepted_tokens(pres
             _assert_same_committed_state(spec, seq[b], b, T)
 
 
+@pytest.mark.parametrize("window", [6, 64])
 @pytest.mark.parametrize("preset", ["tiny-nemotron", "tiny-qwen"])
-def test_sliding_window_decode_equals_the_full_sequence_forward(preset: str) -> None:
-    """Attention over the last 6 tokens, 40 tokens (the KV ring of 6 + MAX_WINDOW - 1 slots wraps): standard decode
-    steps and speculative windows (T = 4, seeded accepted counts) give the logits of the whole-sequence forward with
-    the banded causal mask."""
-    model = HybridLM.build(replace(from_preset(preset), attn_window=6), seed=5)
+def test_sliding_window_decode_equals_the_full_sequence_forward(preset: str, window: int) -> None:
+    """Attention over the last 6 tokens, 40 tokens (the KV ring of 6 + MAX_WINDOW - 1 slots wraps), or over a window
+    of 64, longer than the 44-slot cache: standard decode steps and speculative windows (T = 4, seeded accepted
+    counts) give the logits of the whole-sequence forward with the banded causal mask."""
+    model = HybridLM.build(replace(from_preset(preset), attn_window=window), seed=5)
     gen = torch.Generator().manual_seed(6)
     n, T = 40, 4
     toks = torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen)

@@ -231,8 +231,10 @@ class Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, kv: KVCache,
                 pos: torch.Tensor) -> torch.Tensor:
-        """One token per row at positions ``pos [b]``: written to the cache there, attending over ``0..pos``."""
-        return fused.attention_decode(q, k, v, kv.k, kv.v, pos, self.head_dim ** -0.5, gate, self.window)
+        """One token per row at positions ``pos [b]``: written to the cache there, attending over ``0..pos`` (within
+        the window; a cache of fewer slots than the window never drops a position, so it is attended whole)."""
+        window = min(self.window, kv.k.shape[2])
+        return fused.attention_decode(q, k, v, kv.k, kv.v, pos, self.head_dim ** -0.5, gate, window)
 
     def decode(self, h: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``h [b, D]``: writes this token at ``pos``, attends over the cache, ``pos += 1`` (all on the device)."""
