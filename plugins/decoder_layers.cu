@@ -289,16 +289,19 @@ constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
 
 // Single-token GQA attention over a static KV cache, a CTA per (key/value head, batch row): appends this token's key
 // and value at `pos`, scores q·k (rounded to act_t, then scaled, as the reference's matmul + float), softmax in fp32
-// over positions 0..pos (probabilities rounded to act_t), then probabilities · V (fp32 accumulation), optionally gated.
-// Dynamic shared memory: the group's queries [rep][head_dim] and scores [rep][max_len] in fp32. A row whose pos is
-// outside the cache writes nothing to it and NaN outputs (the host cannot check device positions without a sync).
+// over the attended positions (probabilities rounded to act_t), then probabilities · V (fp32 accumulation), optionally
+// gated. window 0: positions 0..pos, position t in slot t; window W > 0: positions max(0, pos - W + 1)..pos of a ring
+// (position t in slot t % max_len, W <= max_len). Dynamic shared memory: the group's queries [rep][head_dim] and
+// scores [rep][max_len] in fp32. A row whose pos is negative, or past the cache without a window, writes nothing to
+// it and NaN outputs (the host cannot check device positions without a sync).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_kernel(const AttnParams p) {
   extern __shared__ float attn_smem[];
   const int kvh = blockIdx.x, b = blockIdx.y, rep = p.heads / p.kv_heads, hd = p.head_dim;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int nwarps = blockDim.x / rssm::kWarpSize;
   const long long t_new = p.pos[b];
-  if (t_new < 0 || t_new >= p.max_len) {  // a full cache: nothing written outside it, the row's outputs are NaN
+  const bool ring = p.window > 0;
+  if (t_new < 0 || (!ring && t_new >= p.max_len)) {  // a full cache: nothing written outside it, outputs NaN
     for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
       p.out[((long long)b * p.heads + kvh * rep) * hd + i] = rssm::from_float<act_t>(__int_as_float(0x7fc00000));
     return;
@@ -308,20 +311,24 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_ke
   const long long cache_row = ((long long)b * p.kv_heads + kvh) * p.max_len;
   act_t* k_cache = p.k_cache + cache_row * hd;
   act_t* v_cache = p.v_cache + cache_row * hd;
+  const long long slot_new = ring ? t_new % p.max_len : t_new;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    k_cache[t_new * hd + d] = p.k_new[b * p.s_k_b + kvh * p.s_k_h + d];
-    v_cache[t_new * hd + d] = p.v_new[b * p.s_v_b + kvh * p.s_v_h + d];
+    k_cache[slot_new * hd + d] = p.k_new[b * p.s_k_b + kvh * p.s_k_h + d];
+    v_cache[slot_new * hd + d] = p.v_new[b * p.s_v_b + kvh * p.s_v_h + d];
   }
   for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
     q_s[i] = rssm::to_float(p.q[b * p.s_q_b + (long long)(kvh * rep + i / hd) * p.s_q_h + i % hd]);
   __syncthreads();  // the appended key/value and the queries are visible to the CTA
 
-  const int n_pos = int(t_new) + 1, per_lane = hd / rssm::kWarpSize;
-  for (int t = warp; t < n_pos; t += nwarps) {  // a warp per cached position: lane holds head_dim / 32 channels
+  // Score t belongs to position first + t, in slot (first_slot + t) mod max_len (without a window: slot t).
+  const int n_pos = ring ? int(t_new + 1 < p.window ? t_new + 1 : p.window) : int(t_new) + 1;
+  const int first_slot = int((t_new + 1 - n_pos) % p.max_len), per_lane = hd / rssm::kWarpSize;
+  for (int t = warp; t < n_pos; t += nwarps) {  // a warp per attended position: lane holds head_dim / 32 channels
+    const long long slot = first_slot + t < p.max_len ? first_slot + t : first_slot + t - p.max_len;
     float kv[kAttnMaxLanesElems];
 #pragma unroll
     for (int e = 0; e < kAttnMaxLanesElems; ++e)
-      if (e < per_lane) kv[e] = rssm::to_float(k_cache[(long long)t * hd + e * rssm::kWarpSize + lane]);
+      if (e < per_lane) kv[e] = rssm::to_float(k_cache[slot * hd + e * rssm::kWarpSize + lane]);
     for (int r = 0; r < rep; ++r) {
       float dot = 0.f;
 #pragma unroll
@@ -352,7 +359,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_ke
     const int r = i / hd, d = i % hd, head = kvh * rep + r;         // (the group's V rows are re-read from L1)
     const float* probs = s_s + r * p.max_len;
     float acc = 0.f;
-    for (int t = 0; t < n_pos; ++t) acc = fmaf(probs[t], rssm::to_float(v_cache[(long long)t * hd + d]), acc);
+    for (int t = 0, slot = first_slot; t < n_pos; ++t, slot = slot + 1 < p.max_len ? slot + 1 : 0)
+      acc = fmaf(probs[t], rssm::to_float(v_cache[(long long)slot * hd + d]), acc);
     float o = rounded(acc);
     if (p.gate) o *= rounded(rssm::sigmoidf(rssm::to_float(p.gate[b * p.s_g_b + (long long)head * p.s_g_h + d])));
     p.out[((long long)b * p.heads + head) * hd + d] = rssm::from_float<act_t>(o);

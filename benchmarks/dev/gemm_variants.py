@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from trtllm_replayssm.lab.models.runner import capture_graph, time_calls
+from trtllm_replayssm.lab.models.runner import CapturedGraph, time_calls
 
 dev = torch.device("cuda", 0)
 m = int(sys.argv[1])
@@ -17,6 +17,6 @@ for shape in sys.argv[2:]:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k ** -0.5
     wt = w.t().contiguous()
     for name, fn in (("F.linear(x, W)", lambda: F.linear(x, w)), ("x @ Wt (K-major weight)", lambda: x @ wt)):
-        graph, _ = capture_graph(lambda: [fn() for _ in range(20)])
+        graph = CapturedGraph(lambda: [fn() for _ in range(20)])
         us = statistics.median(time_calls(graph.replay, 15, dev)) / 20
         print(f"M={m} K={k} N={n} {name:26s} {us:7.1f} us  {2 * m * k * n / us / 1e6:6.0f} TFLOPS", flush=True)

@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from trtllm_replayssm.lab.models import config, decoder
-from trtllm_replayssm.lab.models.runner import capture_graph, time_calls
+from trtllm_replayssm.lab.models.runner import CapturedGraph, time_calls
 
 models = sys.argv[1].split(",")
 batches = [int(b) for b in sys.argv[2].split(",")]
@@ -74,7 +74,7 @@ for model_name in models:
                     return logits
 
                 kernels = profiled(step)
-                graph = capture_graph(step)[0] if dev.type == "cuda" else None
+                graph = CapturedGraph(step) if dev.type == "cuda" else None
                 graph_us = statistics.median(time_calls(graph.replay if graph else step, 20, dev))
                 probe = model.ssm_probe(state)
                 probe_kernels = profiled(probe)

@@ -16,7 +16,7 @@ from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.lab.compare import CompareSettings, load_model
 from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.lab.corpus import VOCAB_SIZE
-from trtllm_replayssm.lab.models.runner import acceptance_pattern, capture_graph
+from trtllm_replayssm.lab.models.runner import CapturedGraph, acceptance_pattern
 
 from .metrics import kl_curve, segment_records, token_metrics
 
@@ -233,8 +233,7 @@ class _Step:
                 model.commit(self.accepted, state)
                 return logits
         if use_graph:
-            graph, out = capture_graph(run)
-            self.run = lambda: (graph.replay(), out)[1]
+            self.run = CapturedGraph(run).replay
         else:
             self.run = run
 

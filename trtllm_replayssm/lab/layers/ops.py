@@ -77,7 +77,7 @@ ATTN_PARAMS = ParamLayout("AttnParams", """
   long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_g_b, s_g_h;
   int heads, kv_heads, head_dim, max_len;
   float scale;
-  int pad0;""")
+  int window;            // 0: positions 0..pos; W: the last W positions of a ring (position t in slot t % max_len)""")
 LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
 
 
@@ -278,7 +278,7 @@ def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, 
     if b == 0:
         return
     shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
-    if window or head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:  # what the kernel does not take
+    if head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:  # what the kernel does not take
         out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale, window))
         return
     g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
@@ -286,7 +286,7 @@ def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, 
                               v_cache=ptr(v_cache), pos=ptr(pos), out=ptr(out), s_q_b=q.stride(0), s_q_h=q.stride(1),
                               s_k_b=k.stride(0), s_k_h=k.stride(1), s_v_b=v.stride(0), s_v_h=v.stride(1), s_g_b=g_b,
                               s_g_h=g_h, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_len=max_len,
-                              scale=float(scale), pad0=0)
+                              scale=float(scale), window=window)
     launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
 
 
@@ -414,8 +414,7 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     nothing to the cache and NaN outputs, the PyTorch path raises an index error. On CUDA one kernel (head_dim a
     multiple of 32 up to 256, a group's queries and scores within 48 KiB of shared memory); other shapes and the CPU
     run the PyTorch reference. ``window`` > 0: sliding-window attention over positions ``pos - window + 1 .. pos``,
-    the cache a ring (position p in slot ``p % max_len``, ``max_len >= window``; the PyTorch reference on every
-    device)."""
+    the cache a ring (position p in slot ``p % max_len``, ``max_len >= window``)."""
     chk.check_tensor("q", q, (None, None, None), chk.FLOAT_DTYPES)
     b, heads, hd = q.shape
     chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)

@@ -12,20 +12,29 @@ import torch
 from .decoder import DecodeState, HybridLM
 
 
-def capture_graph(fn: Callable[[], torch.Tensor | None], warmup: int = 2) -> tuple["torch.cuda.CUDAGraph", object]:
-    """Warm ``fn`` up on a side stream, then capture one call in a CUDA graph on that stream; returns (graph,
-    captured output). Each graph gets its own capture stream: torch's default one is shared by every graph, and so
-    would be the cuBLAS workspace torch keys by stream, which graphs replayed concurrently would then both write."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = fn()
-    return graph, out
+class CapturedGraph:
+    """One call of ``fn`` captured in a CUDA graph: :meth:`replay` runs it again and returns the captured output
+    (``out``, rewritten in place). It holds ``fn``: the graph reads and writes the tensors ``fn`` closes over by
+    address, so they must live as long as the graph (freed, their memory would be handed out again)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor | None], warmup: int = 2) -> None:
+        """Warm ``fn`` up on a side stream, then capture one call on that stream. Each graph gets its own capture
+        stream: torch's default one is shared by every graph, and so would be the cuBLAS workspace torch keys by
+        stream, which graphs replayed concurrently would then both write."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.fn = fn
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=side):
+            self.out = fn()
+
+    def replay(self) -> object:
+        self.graph.replay()
+        return self.out
 
 
 def time_calls(fn: Callable[[], object], reps: int, device: torch.device) -> list[float]:
@@ -113,8 +122,8 @@ def greedy_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, ste
 
     run: Callable[[], object]
     if use_graph:
-        graph, static_logits = capture_graph(step)  # warm-up steps mutate the state; prefill resets it
-        run = graph.replay
+        captured = CapturedGraph(step)  # warm-up steps mutate the state; prefill resets it
+        run, static_logits = captured.replay, captured.out
     else:
         static_logits = None
         run = step
@@ -220,7 +229,6 @@ def time_ssm_only(model: HybridLM, state: DecodeState, reps: int,
     PyTorch references: eager). Mutates ``state``'s SSM buffers."""
     probe = model.ssm_probe(state, accepted=accepted)
     if model.device.type == "cuda" and accepted is None:
-        graph, _ = capture_graph(probe)
-        return time_calls(graph.replay, reps, model.device)
+        return time_calls(CapturedGraph(probe).replay, reps, model.device)
     probe()
     return time_calls(probe, reps, model.device)
