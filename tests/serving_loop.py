@@ -107,7 +107,7 @@ class ServingLoop:
                 args, kwargs = steps[i].op_args()
                 if num_contexts and self.fam.name == "gdn":  # mixed batch: upstream's chunked kernel
                     state = self.pool.get_ssm_states(layer_id)
-                    gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, decode_idx)
+                    gdn_materialize_slots(layer, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
                     continue
                 layer = cache.layer(layer_id, self.pool.get_ssm_states(layer_id))

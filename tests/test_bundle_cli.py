@@ -302,9 +302,7 @@ def test_state_option_names_match_core_formats():
      "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
     ("nemotron-3-nano-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp8"],
      "nvfp4/dual/fp8", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
-    ("qwen3.5-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16"], "nvfp4/dual/fp16",
-     "served for Mamba-2 only, not gdn"),
-    ("qwen3.5-4b", ["--state-format", "bf16", "--stochastic-rounding"], "bf16+sr", "served for Mamba-2 only"),
+    ("qwen3.5-4b", ["--state-format", "nvfp4"], "nvfp4", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
 ])
 def test_build_refuses_states_it_cannot_serve(tmp_path, model, args, label, why):
     r = run("build", model, "--gpu", "h100", "-o", str(tmp_path / "o"), *args)
@@ -323,14 +321,19 @@ def test_write_bundle_refuses_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_build_dual_mamba2_bundle(tmp_path):
+@pytest.mark.parametrize("model", [MODEL, "qwen3.5-4b", "kimi-linear-48b"])
+def test_build_dual_bundle(tmp_path, model):
     """The pool holds the fp16 master, the NVFP4 read copy is ours: stored kernels, the master's pool dtype."""
-    m = make_bundle(tmp_path / "b", "--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16")
+    out = tmp_path / "b"
+    r = run("build", model, "--gpu", "h100", "-o", str(out), "--state-format", "nvfp4", "--state-mode", "dual",
+            "--master-format", "fp16")
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "manifest.json").read_text())
     assert m["state"]["label"] == "nvfp4/dual/fp16" and m["state"]["trtllm_pool_holds"] == "master"
     assert m["kernels"] and all("master_fmt0_read_fmt2" in k["name"] for k in m["kernels"])
-    assert "  mamba_ssm_cache_dtype: float16\n" in (tmp_path / "b" / bundle.SERVE_YAML).read_text()
+    assert "  mamba_ssm_cache_dtype: float16\n" in (out / bundle.SERVE_YAML).read_text()
     from trtllm_replayssm.serving.trtllm import load_settings
-    assert load_settings(tmp_path / "b" / "manifest.json").state == "nvfp4/dual/fp16"
+    assert load_settings(out / "manifest.json").state == "nvfp4/dual/fp16"
 
 
 def test_build_records_the_state_spec(tmp_path):

@@ -132,12 +132,12 @@ def test_build_refusal():
     for label in ("fp32", "fp16", "bf16"):
         for family in ("mamba2", "gdn", "kda"):
             assert bundle.build_refusal(parse_state_label(label), family) is None
-    for label in ("bf16+sr", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/bf16+sr"):
-        assert bundle.build_refusal(parse_state_label(label), "mamba2") is None
-        assert "served for Mamba-2 only, not gdn" in bundle.build_refusal(parse_state_label(label), "gdn")
-    for label in ("fp8", "nvfp4+sr", "nvfp4/dual/fp8"):
-        assert "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only" in bundle.build_refusal(parse_state_label(label),
-                                                                                           "mamba2")
+    for family in ("mamba2", "gdn", "kda"):
+        for label in ("bf16+sr", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/bf16+sr"):
+            assert bundle.build_refusal(parse_state_label(label), family) is None
+        for label in ("fp8", "nvfp4+sr", "nvfp4/dual/fp8"):
+            assert "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only" in bundle.build_refusal(
+                parse_state_label(label), family)
 
 
 def test_dual_spec_configs_are_the_stored_kernels():

@@ -85,7 +85,7 @@ def test_gdn_materialize_matches_sequential_recurrence():
         kk = k[:, j].repeat_interleave(hv // h, dim=0)
         ref = torch.exp(g[:, j])[:, None, None] * ref + u[:, j, :, None] * kk[:, None, :]
     # ring values hold fp32 g cumsums: compare at fp32 precision
-    gdn_materialize_slots(layer.state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, torch.tensor([1, 2]))
+    gdn_materialize_slots(layer, torch.tensor([1, 2]))
     torch.testing.assert_close(state[1], ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state[2], s0[2])
     torch.testing.assert_close(state[0], s0[0])

@@ -246,44 +246,55 @@ def test_settings_from_a_bundle_manifest(tmp_path, monkeypatch):
         load_settings(tmp_path / "missing.json")
 
 
-def test_dual_mode_the_pool_is_the_master_and_prefill_encodes_the_read_copy():
-    """TensorRT-LLM's fp16 pool is the master; after upstream's prefill writes it, the NVFP4 read copy follows, and
+def _served_geometry(family):
+    """(dims, state shape [heads, rows, cols], num_k_heads, a step generator) of a small layer of ``family``."""
+    from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
+    from trtllm_replayssm.core.samples import delta_step, mamba2_step
+
+    if family == "mamba2":
+        return Mamba2Dims(nheads=4, head_dim=16, d_state=32, n_groups=2), STATE, 2, mamba2_step
+    if family == "gdn":
+        return GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=16), (4, 16, 64), 2, delta_step
+    return KDADims(num_heads=2, head_dim=64), (2, 64, 64), 2, delta_step
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8/dual/fp32+sr"])
+def test_dual_mode_the_pool_is_the_master_and_prefill_encodes_the_read_copy(family, label):
+    """TensorRT-LLM's pool is the master; after upstream's prefill writes it, the quantized read copy follows, and
     decode steps (CPU references through the ops) equal a cache that stores both itself and got the same prefill."""
-    from trtllm_replayssm.core.dims import Mamba2Dims
     from trtllm_replayssm.core.families import get_family
     from trtllm_replayssm.core.formats import parse_state_label
-    from trtllm_replayssm.core.ops import mamba2
-    from trtllm_replayssm.core.samples import mamba2_step
 
-    spec = parse_state_label("nvfp4/dual/fp16")
-    pool = UnifiedPool([2, 5], 6, STATE, torch.float16, conv_bytes=3 * 16 * 8, device="cpu")
-    cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16, state=spec)
-    dims = Mamba2Dims(nheads=4, head_dim=16, d_state=32, n_groups=2)
-    own = get_family("mamba2").new_cache(dims, 2, 6, buffer_len=4, state_dtype=spec, device="cpu")
+    spec = parse_state_label(label)
+    dims, shape, k_heads, make_step = _served_geometry(family)
+    fam = get_family(family)
+    pool = UnifiedPool([2, 5], 6, shape, spec.checkpoint_format.storage_dtype, conv_bytes=3 * 16 * 8, device="cpu")
+    cache = ModelReplayCache(family, [2, 5], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16, state=spec)
+    own = fam.new_cache(dims, 2, 6, buffer_len=4, state_dtype=spec, device="cpu")
     gen = torch.Generator().manual_seed(3)
     ctx = torch.tensor([4, 1], dtype=torch.int32)
     cache.begin_step()
     for i, lid in enumerate((2, 5)):
         view = pool.get_ssm_states(lid)
         cache.layer_step(lid, view, ctx, num_contexts=2)
-        prefill = torch.randn(2, *STATE, generator=gen)
-        view[ctx.long()] = prefill.half()  # upstream's prefill writes the master
+        prefill = torch.randn(2, *shape, generator=gen).to(view.dtype)
+        view[ctx.long()] = prefill  # upstream's prefill writes the master
         cache.prefill_written(lid, view, ctx)
-        own.load_prefill_state(i, ctx, prefill.half().float())
+        own.load_prefill_state(i, ctx, prefill.float())
     cache.end_step()
     for i, lid in enumerate((2, 5)):
         served = cache.layer(lid, pool.get_ssm_states(lid)).checkpoint()
         assert torch.equal(served.read_values(ctx.long()), own.layer(i).checkpoint().read_values(ctx.long()))
     assert cache.cache.layer(0).state is None  # the master is the pool's, never copied
     for _ in range(6):  # across a flush (L = 4): the kernels' write rule on both sides
-        step = mamba2_step(dims, 2, gen, "cpu")
-        args, kwargs = step.op_args()
+        args, kwargs = make_step(dims, 2, gen, "cpu").op_args()
         cache.begin_step()
         for i, lid in enumerate((2, 5)):
             view = pool.get_ssm_states(lid)
             layer = cache.layer_step(lid, view, ctx, num_contexts=0)
-            y = mamba2.replay_decode(layer, *args, **kwargs, state_batch_indices=cache.decode_slots(ctx))
-            y_own = mamba2.replay_decode(own.layer(i), *args, **kwargs, state_batch_indices=ctx)
+            y = fam.replay_decode(layer, *args, **kwargs, state_batch_indices=cache.decode_slots(ctx))
+            y_own = fam.replay_decode(own.layer(i), *args, **kwargs, state_batch_indices=ctx)
             assert torch.equal(y, y_own)
         cache.end_step()
     for i, lid in enumerate((2, 5)):
@@ -291,6 +302,64 @@ def test_dual_mode_the_pool_is_the_master_and_prefill_encodes_the_read_copy():
         mine = own.layer(i).checkpoint()
         assert torch.equal(served.fold_values(ctx.long()), mine.fold_values(ctx.long()))
         assert torch.equal(served.read_values(ctx.long()), mine.read_values(ctx.long()))
+
+
+@pytest.mark.parametrize("label", ["fp32", "nvfp4/dual/fp16", "fp8/dual/bf16+sr"])
+def test_gdn_materialize_folds_like_a_flush(label):
+    """A mixed batch's decode rows: the rings folded into the pool's master (float64 recurrence from the rings'
+    records), the read copy (dual mode) rewritten from the fold too, the flush counted under stochastic rounding, the
+    cursors at 0; the slot left out untouched."""
+    from trtllm_replayssm.core.families import get_family
+    from trtllm_replayssm.core.formats import parse_state_label
+    from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots
+
+    spec = parse_state_label(label)
+    dims, shape, k_heads, make_step = _served_geometry("gdn")
+    pool = UnifiedPool([3], 5, shape, spec.checkpoint_format.storage_dtype, conv_bytes=64, device="cpu")
+    cache = ModelReplayCache("gdn", [3], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.float32, state=spec)
+    gen = torch.Generator().manual_seed(8)
+    slots = torch.tensor([3, 0, 2], dtype=torch.int32)
+    cache.begin_step()
+    view = pool.get_ssm_states(3)
+    cache.layer_step(3, view, slots, num_contexts=3)
+    view[slots.long()] = torch.randn(3, *shape, generator=gen).to(view.dtype)
+    cache.prefill_written(3, view, slots)
+    cache.end_step()
+    for _ in range(3):  # three ring records per row, no flush (L = 4)
+        args, kwargs = make_step(dims, 3, gen, "cpu", torch.float32).op_args()
+        cache.begin_step()
+        layer = cache.layer_step(3, pool.get_ssm_states(3), slots, num_contexts=0)
+        get_family("gdn").replay_decode(layer, *args, **kwargs, state_batch_indices=cache.decode_slots(slots),
+                                        mode="replay")
+        cache.end_step()
+    layer = cache.layer(3, pool.get_ssm_states(3))
+    before = layer.checkpoint()
+    kept = torch.tensor([2])
+    untouched = before.fold_values(kept), before.read_values(kept)
+    counts = None if before.flushes is None else before.flushes.clone()
+    ids = torch.tensor([3, 0])
+    stale = before.read_values(ids)  # the read copy before the fold (a decoded copy)
+    want = []
+    for slot in ids.tolist():  # S = e^{G_2} S0 + sum_j e^{G_2 - G_j} u_j k_jᵀ
+        s = before.fold_values(torch.tensor([slot]))[0].double()
+        g = layer.g_ring[slot, :, :3].double()
+        u = layer.u_ring[slot, :, :3].double()
+        k = layer.k_ring[slot, :, :3].double().repeat_interleave(dims.heads // dims.key_heads, dim=0)
+        s = torch.exp(g[:, 2])[:, None, None] * s + torch.einsum("hl,hlv,hlk->hvk", torch.exp(g[:, 2:3] - g), u, k)
+        want.append(s)
+    want = torch.stack(want)
+    gdn_materialize_slots(layer, ids)
+    after = layer.checkpoint()
+    assert layer.cursor[ids].tolist() == [0, 0] and int(layer.cursor[2]) == 3
+    master_tol = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}[spec.checkpoint_format.name]
+    torch.testing.assert_close(after.fold_values(ids).double(), want, rtol=master_tol, atol=master_tol)
+    if spec.dual:  # the read copy encodes the fold: within the format's rounding of each row's (block's) scale
+        rows_max = want.abs().amax(-1, keepdim=True)
+        assert ((after.read_values(ids).double() - want).abs() <= 0.2 * rows_max).all()
+        assert not torch.equal(after.read_values(ids), stale)
+    assert torch.equal(after.fold_values(kept), untouched[0]) and torch.equal(after.read_values(kept), untouched[1])
+    if counts is not None:
+        assert torch.equal(after.flushes[ids], counts[ids] + 1) and after.flushes[2] == counts[2]
 
 
 def test_stored_state_refusals():
@@ -301,8 +370,6 @@ def test_stored_state_refusals():
         ModelReplayCache(*args, state=parse_state_label("nvfp4"))
     with pytest.raises(ValueError, match="^state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a nvfp4/dual/fp8"):
         ModelReplayCache(*args, state=parse_state_label("nvfp4/dual/fp8"))
-    with pytest.raises(ValueError, match="^state: fp8/dual/fp32 is served for Mamba-2 only, not gdn"):
-        ModelReplayCache("gdn", [0], 2, 4, torch.bfloat16, state=parse_state_label("fp8/dual/fp32"))
     cache = ModelReplayCache(*args, state=parse_state_label("fp8/dual/fp16"))
     with pytest.raises(RuntimeError, match="SSM pool is torch.float32, the bundle's fp8/dual/fp16 state needs its "
                                            "master in torch.float16"):

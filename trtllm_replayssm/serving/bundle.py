@@ -38,16 +38,12 @@ def toolkit_version() -> str:
 
 
 def build_refusal(state: StateSpec, family: str) -> str | None:
-    """Why a bundle cannot serve ``state`` for a ``family`` model yet, or None. Served: plain fp32/fp16/bf16
-    checkpoints rounded to nearest (every family); for Mamba-2 also stochastic rounding and dual mode with an
-    fp32/fp16/bf16 master (TensorRT-LLM's pool holds the master, the read copy lives in our cache). A shared fp8/nvfp4
-    checkpoint or an fp8 master cannot be TensorRT-LLM's pool (fp32/fp16/bf16 only)."""
+    """Why a bundle cannot serve ``state`` for a ``family`` model, or None. Served for every family: fp32/fp16/bf16
+    checkpoints, rounded to nearest or stochastically, and dual mode with an fp32/fp16/bf16 master (TensorRT-LLM's
+    pool holds the master, the read copy lives in our cache). A shared fp8/nvfp4 checkpoint or an fp8 master cannot
+    be TensorRT-LLM's pool (fp32/fp16/bf16 only)."""
     if not state.stored:
         return None
-    if family != "mamba2":
-        return (f"{state.label} state: quantized and stochastically rounded checkpoints are served for Mamba-2 "
-                f"only, not {family} (its TensorRT-LLM mixers do not re-encode the read copy after a prefill yet); "
-                "build plain fp32, fp16 or bf16 state (inspect plans every state)")
     if state.mode == "shared" or state.checkpoint_format.quantized:
         return (f"{state.label} state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only, so a "
                 f"{state.checkpoint_format.name} checkpoint would sit beside it and save no memory (inspect shows the "

@@ -114,9 +114,13 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         batch = split_batch(mamba_metadata.state_indices, attn_metadata.num_contexts, attn_metadata.seq_lens.shape[0])
         layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, batch.num_contexts)
         if batch.num_contexts and batch.num_decodes:  # upstream's chunked kernel reads these rows' live state
-            gdn_materialize_slots(state, layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor, batch.decode_slots)
-        return super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
-                                    output=output)
+            gdn_materialize_slots(layer, batch.decode_slots)
+        out = super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
+                                   output=output)
+        if batch.num_contexts:  # upstream wrote these masters (prefills, a mixed batch's decodes): the read copy follows
+            self._rs_cache.prefill_written(self.layer_idx, state,
+                                           mamba_metadata.state_indices[:batch.num_contexts + batch.num_decodes])
+        return out
 
     def forward_decode(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, query_start_loc_long: Any = None,
                        spec_metadata: Any = None, intermediate_conv_states: Any = None,
@@ -167,10 +171,13 @@ if KimiKDALinearAttention is not None:
         def _forward_impl(self, hidden_states: torch.Tensor, attn_metadata: Any,
                           output: torch.Tensor | None = None) -> torch.Tensor:
             state = attn_metadata.kv_cache_manager.mamba_layer_cache(self.layer_idx).temporal
-            self._rs_cache.layer_step(self.layer_idx, state, attn_metadata.mamba_metadata.state_indices,
-                                      attn_metadata.num_contexts)
+            indices = attn_metadata.mamba_metadata.state_indices
+            self._rs_cache.layer_step(self.layer_idx, state, indices, attn_metadata.num_contexts)
             self._rs_params()
-            return super()._forward_impl(hidden_states, attn_metadata, output=output)
+            out = super()._forward_impl(hidden_states, attn_metadata, output=output)
+            if attn_metadata.num_contexts:  # prefill wrote these masters: the read copy follows (dual mode)
+                self._rs_cache.prefill_written(self.layer_idx, state, indices[:attn_metadata.num_contexts])
+            return out
 
         def forward_decode(self, x2d: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
                            slot_indices: torch.Tensor, mamba_metadata: Any = None, layer_cache: Any = None,

@@ -77,8 +77,6 @@ class ModelReplayCache:
             if state.checkpoint_format.quantized:
                 raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
                                  "cannot be it")
-            if state.stored and self.family.name != "mamba2":
-                raise ValueError(f"state: {state.label} is served for Mamba-2 only, not {self.family.name}")
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
         self._pools: dict[int, PoolKey] = {}
@@ -155,15 +153,16 @@ class ModelReplayCache:
                 self.cache.reset_slots(state_indices[:num_contexts])
         return layer
 
-    def prefill_written(self, layer_id: int, state: torch.Tensor, context_slots: torch.Tensor) -> None:
-        """After upstream's prefill wrote ``state`` (the master) for ``context_slots`` this step: with a stored spec,
-        the read copy is encoded from it and the write counted (the write rule, the master left as upstream wrote
-        it); nothing for a plain checkpoint. Device-side only; prefill steps are never captured."""
+    def prefill_written(self, layer_id: int, state: torch.Tensor, slots: torch.Tensor) -> None:
+        """After upstream code wrote ``state`` (the master) for ``slots`` this step (a prefill; for GDN also the decode
+        rows of a mixed batch, which its chunked kernel steps): with a stored spec, the read copy is encoded from it
+        and the write counted (the write rule, the master left as upstream wrote it); nothing for a plain checkpoint.
+        Device-side only; steps with prefills are never captured."""
         self._check_in_step("prefill_written")
         layer = self.layer(layer_id, state)
-        if layer.storage is None or context_slots.numel() == 0:
+        if layer.storage is None or slots.numel() == 0:
             return
-        ids = context_slots.to(torch.long)
+        ids = slots.to(torch.long)
         checkpoint = layer.checkpoint()
         checkpoint.store_(ids, checkpoint.fold_values(ids), write_master=False)
 
