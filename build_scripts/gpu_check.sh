@@ -113,9 +113,9 @@ fi
 if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 baseline pass each, results per group);
   # ACC_ARGS: more options for every run (e.g. --no-overlap); after the groups the fp32 speculative windows and the
   # fp32-activation run unless ACC_EXTRA=0
-  mamba2_default="fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32;nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8"
-  mamba2_states=${ACC_STATES_MAMBA2:-"$mamba2_default,fp8+sr,fp8/dual/fp32+sr"}
-  gdn_states=${ACC_STATES_GDN:-"fp32,bf16,fp16"}  # stored GDN formats have no CUDA kernels yet
+  every_state="fp32,bf16,fp16,fp16+sr,fp8,fp8/dual/fp32,nvfp4,nvfp4/dual/fp32,nvfp4/dual/fp16,nvfp4/dual/fp8;fp8+sr,fp8/dual/fp32+sr"
+  mamba2_states=${ACC_STATES_MAMBA2:-$every_state}
+  gdn_states=${ACC_STATES_GDN:-$every_state}
   for m in ${ACC_MODELS:-byte-nemotron}; do
     dir="$MODELS_DIR/$m"; [ -d "$dir" ] || dir="models/$m"; [ -d "$dir" ] || dir=$m  # else a preset
     states=$gdn_states; case "$m" in *nemotron*) states=$mamba2_states;; esac

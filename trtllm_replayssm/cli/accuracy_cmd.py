@@ -54,15 +54,15 @@ def _table(doc: dict) -> "object":
                    "seeded acceptance pattern.")
 @click.option("--overlap/--no-overlap", default=True, show_default=True,
               help="On CUDA, decode the passes in lockstep, each on its own stream (else one after another).")
-@click.option("--graphs/--no-graphs", "use_graph", default=False, show_default=True,
-              help="On CUDA, replay each pass's decode step (or speculative window) from a CUDA graph.")
+@click.option("--graphs/--no-graphs", "use_graph", default=None,
+              help="Replay each pass's decode step (or speculative window) from a CUDA graph [default: on CUDA].")
 @click.option("--seed", default=0, type=int, help="Seed of random weights (presets), random tokens and acceptance.")
 @click.option("-o", "--output", default="accuracy.json", type=click.Path(dir_okay=False),
               help="JSON report; the KL plot goes beside it (.png).")
 def accuracy_cmd(model: str, state_format: str | None, state_mode: str | None, master_format: str | None,
                  stochastic_rounding: bool, states: str | None, tokens: int, text: str | None, positions: tuple[int, ...],
                  prompt_len: int, buffer_len: int, replay_mode: str, act_dtype: str | None, device: str | None,
-                 spec_tokens: int, mean_accept: float | None, overlap: bool, use_graph: bool, seed: int,
+                 spec_tokens: int, mean_accept: float | None, overlap: bool, use_graph: bool | None, seed: int,
                  output: str) -> None:
     """Teacher-forced decode of --tokens byte tokens through MODEL (preset name, config.json or a directory with
     safetensors) with an fp32 state through the baseline op, then with each test state (--state-format/... or the

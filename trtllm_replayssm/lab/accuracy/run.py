@@ -31,8 +31,7 @@ class AccuracyConfig:
     next ones as drafts), committing a synthetic accepted count of mean ``mean_accept`` per window (rows of
     :func:`~trtllm_replayssm.lab.models.runner.acceptance_pattern`, seeded by ``seed``); a token's test distribution
     is the one of the window that committed it. ``use_graph``: each decode step (or window) a replayed CUDA graph
-    (default off: graph-captured steps of the byte models give NaN logits on the H200 where eager steps match the
-    fp32 baseline; docs/decisions.md, accuracy runs eager)."""
+    (None: on CUDA models)."""
 
     model: str
     spec: StateSpec
@@ -46,7 +45,7 @@ class AccuracyConfig:
     seed: int = 0
     spec_tokens: int = 1
     mean_accept: float | None = None
-    use_graph: bool = False
+    use_graph: bool | None = None
     report_positions: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +108,7 @@ def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: tor
     for c in configs:
         if c.use_graph and dev.type != "cuda":
             raise ValueError(f"use_graph: CUDA graphs need a CUDA model, got device {dev}")
+    graphs = [dev.type == "cuda" if c.use_graph is None else c.use_graph for c in configs]
     ids = tokens.to(dev)
     p = first.prompt_len
     steps = first.tokens - p - 1
@@ -121,9 +121,9 @@ def run_accuracy(configs: AccuracyConfig | Sequence[AccuracyConfig], tokens: tor
 
     start = time.perf_counter()
     streams = overlap and dev.type == "cuda"
-    ref = _Pass(model, ids, first, "baseline", torch.float32, 1, None, first.use_graph, streams)
-    tests = [_Pass(model, ids, c, "replay", c.spec, c.spec_tokens, c.mean_accept, c.use_graph, streams)
-             for c in configs]
+    ref = _Pass(model, ids, first, "baseline", torch.float32, 1, None, graphs[0], streams)
+    tests = [_Pass(model, ids, c, "replay", c.spec, c.spec_tokens, c.mean_accept, g, streams)
+             for c, g in zip(configs, graphs)]
     groups = [[ref, *tests]] if streams else [[q] for q in (ref, *tests)]  # lockstep, or one after another
     for group in groups:
         while any(not q.finished for q in group):
@@ -254,6 +254,7 @@ def plot_kl(docs: list[dict], path: str | Path) -> Path:
             ax.plot(curve["position"], curve["mean_kl"], label=label)
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1e-8)
+    ax.set_ylim(bottom=0)  # KL is never negative
     ax.set_xlabel("token position")
     ax.set_ylabel("mean KL(fp32 baseline ‖ test), nats")
     ax.grid(True, which="both", alpha=0.3)
