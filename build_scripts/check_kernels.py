@@ -1,4 +1,5 @@
-"""CI gate: compile every shipped kernel module with NVRTC for sm_90a, sm_100a and sm_103a.
+"""CI gate: compile every shipped kernel module (and the stored-checkpoint modules of serving.catalog's gate specs)
+with NVRTC for sm_90a, sm_100a and sm_103a.
 
 Fails (exit 1) on any compile error, or on register spills / a stack frame in a hot kernel (read from the ptxas
 resource report in the NVRTC log). Prints one line per arch with the register range.
@@ -10,13 +11,13 @@ import time
 
 from trtllm_replayssm.core.jit.compiler import compile_all, resource_usage
 from trtllm_replayssm.lab.layers.ops import layers_configs
-from trtllm_replayssm.serving.catalog import catalog_configs
+from trtllm_replayssm.serving.catalog import catalog_configs, stored_gate_configs
 from trtllm_replayssm.core.jit.compiler import KernelCompileError
 from trtllm_replayssm.core.targets import SUPPORTED_ARCHS
 
 
 def main() -> int:
-    configs = catalog_configs() + layers_configs()
+    configs = catalog_configs() + layers_configs() + stored_gate_configs()
     failures: list[str] = []
     for arch in SUPPORTED_ARCHS:
         start = time.time()

@@ -82,6 +82,11 @@ static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output la
 // non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
 constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
 constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
+// Launch bounds of stored modules: the state kernels ask for one CTA per SM at least (without a minimum ptxas
+// gives some stored state kernels few registers and spills), and a replay main kernel with stochastic rounding
+// and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning mirrors it).
+constexpr int kStateMinBlocks = kStored ? 1 : 0;
+constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, kK>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
@@ -441,12 +446,14 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
 }  // namespace
 
 // Baseline: u = beta (v - S Diag(alpha) k), S = S Diag(alpha) + u kᵀ, o = S q~. Reads and writes the state every step.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_state_update_kernel(const DeltaParams p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    delta_state_update_kernel(const DeltaParams p) {
   delta_step<false>(p);
 }
 
 // Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_flush_decode_kernel(const DeltaParams p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    delta_flush_decode_kernel(const DeltaParams p) {
   delta_step<true>(p);
 }
 
@@ -647,8 +654,8 @@ static_assert(kTile * sizeof(act_t) % 4 == 0, "row inputs move by 4-byte async c
 constexpr int kRowGroups = rssm::kWarpSize / kRows;  // lanes per row that split its ring entries
 constexpr int kFoldChunk = kEpl <= 4 ? 16 / kEpl : 1;  // ring keys a flush decays at once (registers)
 // State rows a flush folds at once (registers); one with stochastic rounding, whose inlined encodes (Philox) would
-// otherwise spill.
-constexpr int kFoldRows = SR ? 1 : 32 / kEpl < 8 ? 32 / kEpl : 8;
+// otherwise spill, and four for KDA in dual mode (8 spill on sm_90a with 64-row tiles).
+constexpr int kFoldRows = SR ? 1 : kDual && kPerChannel ? 4 : 32 / kEpl < 8 ? 32 / kEpl : 8;
 
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
@@ -952,8 +959,8 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
 
 // Replay step 2, persistent and warp-specialised like the Mamba-2 main kernel (grid: a few CTAs per SM; 4 consumer
 // warps + 1 producer warp; `stages` stages of `stage_bytes` in dynamic shared memory). Requires sm_90+.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) delta_replay_main_kernel(
-    const DeltaParams p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, kReplayCtasPerSm)
+    delta_replay_main_kernel(const DeltaParams p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;

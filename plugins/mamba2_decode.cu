@@ -49,6 +49,11 @@ constexpr int kHeadRows = PT / kTileHeads;  // a tile's rows of each head
 // non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
 constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
 constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
+// Launch bounds of stored modules: the state kernels ask for one CTA per SM at least (without a minimum ptxas
+// gives some stored state kernels few registers and spills), and a replay main kernel with stochastic rounding
+// and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning mirrors it).
+constexpr int kStateMinBlocks = kStored ? 1 : 0;
+constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
@@ -330,7 +335,8 @@ __device__ __forceinline__ float decay_weights(float delta_lane, float a, float&
 // Baseline: S = exp(A Δ) S + Δ x Bᵀ ; y = S C + D x (⊙ silu z). Reads and writes the whole state every step.
 // Repeated slot ids are not detected here (the rows race on their slot, within it): the per-CTA scan of the batch's
 // ids cost up to 18% at batch 256 (docs/decisions.md, rows a step skips).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    mamba2_state_update_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
@@ -342,7 +348,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_state_update
 
 // Adaptive small-batch mode: every row flushes. With an empty ring (the steady state) this is the baseline step;
 // a row that still holds ring entries (after a switch from replay) folds them first and resets its cursor.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_flush_decode_kernel(const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    mamba2_flush_decode_kernel(const Mamba2Params p) {
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
@@ -1104,8 +1111,8 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
 // rows from the checkpoint (never written) and fold flush rows into a new checkpoint. A programmatic dependent of the
 // prep kernel: the first state copies start while prep runs (it never writes the state).
 // Requires sm_90+ (bulk copies, mbarrier try_wait); the ops run the flush path on older GPUs.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3) mamba2_replay_main_kernel(
-    const Mamba2Params p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, kReplayCtasPerSm)
+    mamba2_replay_main_kernel(const Mamba2Params p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;

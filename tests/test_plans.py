@@ -235,3 +235,19 @@ def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():
     plan = delta.verify_plan(layer, 64, 4, device=H200)
     assert plan.mode == "replay" and plan.grid[0] == min(plan.num_tiles, H200.sm_count)
     assert delta.verify_ctas_per_sm(256) == 1 and delta.verify_ctas_per_sm(128) == 2
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
+def test_replay_of_a_stochastically_rounded_read_copy_runs_two_ctas_per_sm(model):
+    """The replay main kernel's launch bounds: 2 CTAs per SM with stochastic rounding and a read copy (its registers
+    spill at 3), 3 otherwise; a tuning asking for fewer keeps its own."""
+    from trtllm_replayssm.core.formats import parse_state_label
+
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    for label, ctas in (("nvfp4/dual/fp16+sr", 2), ("fp8/dual/fp32+sr", 2), ("nvfp4/dual/fp16", 3), ("fp8+sr", 3),
+                        ("fp32", 3)):
+        spec = parse_state_label(label)
+        plan = fam.replay_plan(_layer(dims, spec, torch.bfloat16, 16, slots=513), 512, "replay", device=H200)
+        assert plan.grid[0] == ctas * H200.sm_count, label
+        assert plans.replay_tuning(spec, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1

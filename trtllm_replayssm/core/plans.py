@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import functools
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.jit.configs import rows_per_cta_choices, tile_choices
 from trtllm_replayssm.core.limits import MAX_STAGES
 
@@ -271,6 +272,13 @@ class Persistent:
     fold_bytes: int
     tail_start: int
     tail_fraction: float | None
+
+
+def replay_tuning(spec: StateSpec, tuning: Tuning) -> Tuning:
+    """``tuning`` with at most the replay main kernel's CTAs per SM for a ``spec`` checkpoint (its launch bounds,
+    kReplayCtasPerSm in both kernel sources): 2 with stochastic rounding and a read copy (at 3 its registers
+    spill), else 3."""
+    return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 2 if spec.stochastic_rounding and spec.dual else 3))
 
 
 def persistent_plan(stage_bytes: int, num_tiles: int, fold_bytes: int, fold_first: bool,

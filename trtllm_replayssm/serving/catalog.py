@@ -6,9 +6,15 @@ from typing import Iterable
 import torch
 
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import StateSpec, state_spec, torch_dtype
+from trtllm_replayssm.core.formats import StateSpec, parse_state_label, state_spec, torch_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, unique
 from trtllm_replayssm.serving.presets import ModelSpec, get_preset, list_presets
+
+# Stored checkpoint specs the CI kernel gate compiles for GATE_PRESETS (bf16 activations): every master format
+# (plain, FP8), read copy (none, FP8, NVFP4) and rounding (nearest, stochastic) the kernels branch on, on the head
+# geometries of each family (Mamba-2 80-row heads and two-head tiles, GDN, KDA). A stored bundle compiles its own.
+GATE_STATES: tuple[str, ...] = ("fp8", "fp8/dual/fp32", "nvfp4/dual/fp16+sr", "nvfp4/dual/fp8+sr")
+GATE_PRESETS: tuple[str, ...] = ("nemotron-3-nano-4b", "nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b")
 
 # (state dtype, activation dtype) pairs compiled ahead of time.
 DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
@@ -36,3 +42,9 @@ def catalog_configs(presets: Iterable[str] | None = None,
         raise ValueError(f"presets: unknown preset {unknown}; expected names from {list_presets()}")
     pairs = list(dtype_pairs)
     return unique(cfg for name in names for state, act in pairs for cfg in spec_configs(get_preset(name), state, act))
+
+
+def stored_gate_configs() -> list[KernelConfig]:
+    """The stored-checkpoint modules of GATE_STATES x GATE_PRESETS (bf16 activations)."""
+    return unique(cfg for name in GATE_PRESETS for label in GATE_STATES
+                  for cfg in spec_configs(get_preset(name), parse_state_label(label), "bf16"))

@@ -25,8 +25,8 @@ from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
                                          checked_plan, device_of, fitting_tiles, non_replay_plan, persistent_plan,
-                                         persistent_verify_plan, programmatic_prep, resolved_tail_fraction, stages_for,
-                                         state_tile)
+                                         persistent_verify_plan, programmatic_prep, replay_tuning,
+                                         resolved_tail_fraction, stages_for, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
@@ -114,6 +114,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning))
     if other is not None:
         return other
+    tuning = replay_tuning(layer.spec, tuning)
     row_bytes, act_elem = layer.spec.read_format.row_bytes(K), get_dtype(act).bytes
     key_elem = key_ring_dtype(act, per_channel_gate).itemsize
     tile = _row_tile(V, K, batch * HV, dev, tuning)

@@ -26,8 +26,8 @@ from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
-                                         non_replay_plan, persistent_plan, programmatic_prep, resolved_tail_fraction,
-                                         state_tile)
+                                         non_replay_plan, persistent_plan, programmatic_prep, replay_tuning,
+                                         resolved_tail_fraction, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
@@ -100,6 +100,7 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
                             lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other
+    tuning = replay_tuning(layer.spec, tuning)
     row_bytes, act_elem = layer.spec.read_format.row_bytes(N), layer.x_ring.element_size()
     two_heads_ok = _two_head_tiles(layer)
     if tuning.rows_per_cta == 2 * P:
