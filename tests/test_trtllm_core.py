@@ -80,6 +80,9 @@ def test_gdn_materialize_matches_sequential_recurrence():
     layer.k_ring[1, :, :w] = k
     layer.g_ring[1, :, :w] = g.cumsum(-1)
     layer.cursor[1] = w
+    for ring in (layer.u_ring, layer.k_ring, layer.g_ring):  # records past the cursor may hold anything
+        ring[1, :, w:] = float("nan")
+        ring[2] = float("nan")
     ref = s0[1].clone()
     for j in range(w):  # S_j = exp(g_j) S_{j-1} + u_j k_jᵀ
         kk = k[:, j].repeat_interleave(hv // h, dim=0)

@@ -232,6 +232,17 @@ class _History:
         return _matvec(self.s0[sel], self.e_g[sel] * x) + torch.einsum("nhlv,nhl->nhv", self.u[sel], ring_dots)
 
 
+def folded_states(
+    s0: torch.Tensor, u_ring: torch.Tensor, k_ring: torch.Tensor, g_ring: torch.Tensor, slots: torch.Tensor,
+    w: torch.Tensor, predecayed_keys: bool = False,
+) -> torch.Tensor:
+    """float32 states ``S_h`` [n,HV,V,K] of rows ``slots``: their checkpoints ``s0`` [n,HV,V,K] with the first ``w``
+    [n] records of their rings folded in (what a flush folds before its own token); rings as in
+    :func:`delta_rule_replay_` (``g_ring [slots,HV,L,C]``), records at or past ``w`` never read."""
+    hist = _History(s0, u_ring, k_ring, g_ring, slots, w, u_ring.shape[1], predecayed_keys)
+    return hist.materialize(torch.arange(slots.shape[0], device=slots.device))
+
+
 class _Token(NamedTuple):
     """One token's float32 inputs of the active rows: scaled normalised q per value head, normalised k per key head
     and per value head, v, the log-gate g, alpha = e^g and beta."""

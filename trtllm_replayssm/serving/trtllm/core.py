@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.reference import gdn as gdn_ref
 
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
@@ -163,27 +164,16 @@ def gdn_materialize_slots(layer: GDNLayerCache, slots: torch.Tensor) -> None:
     checkpoint's write rule (core/checkpoint.py; a flush counted under stochastic rounding).
 
     Needed before upstream code reads ``layer.state`` as the live state: TensorRT-LLM runs the decode rows of a mixed
-    (prefill + decode) batch through its chunked kernel, which starts from ``ssm_states``. Ring layouts (design.md):
-    ``u_ring [slots, HV, L, V]``, ``k_ring [slots, H, L, K]``, ``g_ring [slots, HV, L]`` (inclusive cumulative
-    log-gate), ``cursor [slots]`` = valid entries ``w``: ``S = exp(G[w-1]) S0 + sum_{j<w} exp(G[w-1] - G[j]) u_j
-    k_jᵀ``. ``slots``: distinct valid slot ids (a mixed batch's decode rows carry no padding); no host sync.
+    (prefill + decode) batch through its chunked kernel, which starts from ``ssm_states``. The fold is the float32
+    reference's (:func:`~trtllm_replayssm.core.reference.gdn.folded_states`). ``slots``: distinct valid slot ids (a
+    mixed batch's decode rows carry no padding); no host sync.
     """
     slots = slots.to(torch.int64)
-    u_ring, k_ring, g_ring, cursor = layer.u_ring, layer.k_ring, layer.g_ring, layer.cursor
-    hv, h, L = u_ring.shape[1], k_ring.shape[1], u_ring.shape[2]
-    w = cursor.index_select(0, slots).to(torch.int64)  # [n]
-    pos = torch.arange(L, device=u_ring.device)
-    valid = pos[None, :] < w[:, None]  # [n, L]
-    g = g_ring.index_select(0, slots).float()  # [n, HV, L]
-    last = torch.gather(g, 2, (w - 1).clamp(min=0)[:, None, None].expand(-1, hv, 1)).squeeze(2)  # [n, HV]
-    last = torch.where(w[:, None] > 0, last, torch.zeros_like(last))
-    weight = torch.exp(last[:, :, None] - g) * valid[:, None, :]  # [n, HV, L]
-    u = u_ring.index_select(0, slots).float()  # [n, HV, L, V]
-    k = k_ring.index_select(0, slots).float().repeat_interleave(hv // h, dim=1)  # [n, HV, L, K]
     checkpoint = layer.checkpoint()
-    s0 = checkpoint.fold_values(slots)
-    checkpoint.store_(slots, torch.exp(last)[:, :, None, None] * s0 + torch.einsum("nhl,nhlv,nhlk->nhvk", weight, u, k))
-    cursor.index_fill_(0, slots, 0)
+    w = layer.cursor.index_select(0, slots).to(torch.int64)
+    checkpoint.store_(slots, gdn_ref.folded_states(checkpoint.fold_values(slots), layer.u_ring, layer.k_ring,
+                                                   layer.g_ring.unsqueeze(-1), slots, w))
+    layer.cursor.index_fill_(0, slots, 0)
 
 
 def kda_packed_conv_weight(q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor) -> torch.Tensor:
