@@ -78,6 +78,20 @@ static_assert(kK % rssm::kWarpSize == 0 && (kEpl & (kEpl - 1)) == 0, "K must be 
 static_assert(kTile % rssm::kNumWarps == 0 && kV % kTile == 0, "row tile must divide V and be a multiple of 4");
 static_assert(kRows <= rssm::kWarpSize, "at most 32 rows per warp (one output lane per row)");
 
+__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
+
+// The fold buffer: ring keys [L][K] (kring_t), then for GDN the ring's cumulative gates [L] (fp32; a KDA fold reads
+// gates only for raw ring keys, from global memory); trtllm_replayssm/core/layouts.py mirrors the total.
+__host__ __device__ constexpr int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(kring_t))); }
+__host__ __device__ constexpr int fold_buffer_bytes(int L) {
+  return fold_gates_offset(L) + (kPerChannel ? 0 : round16(L * 4));
+}
+// The one-launch replay's ring buffer (dynamic shared memory): a fold buffer, then the CTA's u ring rows [L][kTile];
+// trtllm_replayssm/core/layouts.py delta_fused_bytes mirrors the total.
+__host__ __device__ constexpr int fused_buffer_bytes(int L) {
+  return fold_buffer_bytes(L) + round16(L * kTile * int(sizeof(act_t)));
+}
+
 // Checkpoint storage (plugins/state_formats.cuh): the master (the one checkpoint outside dual mode) and the rows a
 // non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
 constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
@@ -290,17 +304,13 @@ __device__ __forceinline__ void ring_dots(const KeyT* keys, int w, int col0, con
 }
 
 // The history's records j < hist.count (ring positions hist.position(j); a replay ring: origin 0) folded into this
-// warp's loaded checkpoint rows `acc` (rows row0 ... of value head hv): the state after the last record,
-// e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ with G the last record's gate (exponents <= 0). Ring inputs are read from
-// global memory (the adaptive-mode flush needs this only after a switch from replay).
-__device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
-                                                    rssm::SpecCursor hist, int col0, float (&acc)[kRows][kEpl]) {
-  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-  const kring_t* k_ring =
-      static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
-  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+// warp's loaded checkpoint rows `acc`: the state after the last record, e^{G} ⊙ S0 + Σ_j u_j (e^{G - G_j} ⊙ k_j)ᵀ
+// with G the last record's gate (exponents <= 0). `keys` and `gates` are the ring heads' (global or a fold buffer),
+// `u_rows` the u ring at the warp's first row, position pos at u_rows + pos * u_stride.
+__device__ __forceinline__ void fold_records(const kring_t* keys, const float* gates, const act_t* u_rows, int u_stride,
+                                             int L, rssm::SpecCursor hist, int col0, float (&acc)[kRows][kEpl]) {
   float big_g[kGates], dec[kEpl];
-  gate_at(g_ring, hist.position(hist.count - 1, p.L), col0, big_g);
+  gate_at(gates, hist.position(hist.count - 1, L), col0, big_g);
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) dec[e] = __expf(big_g[kPerChannel ? e : 0]);
   const bool all_predecayed = kPerChannel && predecayed(big_g);
@@ -309,24 +319,34 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) acc[r][e] *= dec[e];
   for (int j = 0; j < hist.count; ++j) {
-    const int pos = hist.position(j, p.L);
+    const int pos = hist.position(j, L);
     float kd[kEpl];
-    decayed_key(k_ring, g_ring, pos, col0, big_g, dec, all_predecayed, kd);
+    decayed_key(keys, gates, pos, col0, big_g, dec, all_predecayed, kd);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float uj = rssm::to_float(u_ring[(long long)pos * kV + r]);
+      const float uj = rssm::to_float(u_rows[(long long)pos * u_stride + r]);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(uj, kd[e], acc[r][e]);
     }
   }
 }
 
+// fold_records from the rings in global memory (rows row0 ... of value head hv, key head h).
+__device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
+                                                    rssm::SpecCursor hist, int col0, float (&acc)[kRows][kEpl]) {
+  const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+  const kring_t* k_ring =
+      static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+  fold_records(k_ring, g_ring, u_ring, kV, p.L, hist, col0, acc);
+}
+
 // One token on this warp's rows held in registers (`acc`, kRows rows of this lane's channels; lane r holds v of row
 // r in `v_lane`): a_q = S·(e^{g} ⊙ q~), a_k likewise with k, u = beta (v - a_k), o = a_q + u (k·q~), then
-// S = e^{g} ⊙ S + u kᵀ in the registers. Returns o of row `lane` (lanes < kRows).
+// S = e^{g} ⊙ S + u kᵀ in the registers. Returns o of row `lane` (lanes < kRows), its u in `u_lane`.
 __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const float (&qn)[kEpl],
                                               const float (&kn)[kEpl], float kq, const float (&lg)[kGates],
-                                              float beta, float v_lane) {
+                                              float beta, float v_lane, float& u_lane) {
   const int lane = threadIdx.x % rssm::kWarpSize;
   float decay[kGates];
 #pragma unroll
@@ -351,7 +371,10 @@ __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const f
     ak = rssm::warp_sum(ak);
     const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
     u_rows[r] = u;
-    if (lane == r) o_lane = fmaf(u, kq, aq);
+    if (lane == r) {
+      o_lane = fmaf(u, kq, aq);
+      u_lane = u;
+    }
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -360,11 +383,36 @@ __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const f
   return o_lane;
 }
 
-// One flushing decode step of this CTA's row tile, the state read once into registers. kReplay = false: the baseline
-// (no ring, no cursor); true: the adaptive-mode flush, which first folds the ring entries a row still holds into the
-// loaded rows (none in the steady state, where it is the baseline step plus a cursor read).
-template <bool kReplay>
-__device__ __forceinline__ void delta_step(const DeltaParams& p) {
+// The state kernels' step kinds: the baseline (no ring, no cursor); the adaptive-mode flush (every row folds the ring
+// entries it still holds, none in the steady state, and writes its state); the one-launch replay (a row folds its
+// ring in registers, then a non-flush step appends its records and writes no state, a flush at w = L - 1 writes it).
+enum class StepKind { kBaseline, kFlush, kFused };
+
+// The one-launch replay's ring staging: ring keys, GDN gates (the fold buffer's layout) and the u rows of the CTA's
+// row tile for positions j < w, copied to shared memory by every thread (4-byte async copies), awaited by the caller.
+__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
+                                          unsigned char* buf) {
+  const kring_t* k_ring =
+      static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
+  constexpr int kKeyWords = kK * int(sizeof(kring_t)) / 4, kRowWords = kTile * int(sizeof(act_t)) / 4;
+  for (int i = threadIdx.x; i < w * kKeyWords; i += rssm::kThreads)
+    rssm::cp_async4(buf + i * 4, reinterpret_cast<const unsigned*>(k_ring) + i);
+  if constexpr (!kPerChannel) {
+    const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+    for (int i = threadIdx.x; i < w; i += rssm::kThreads) rssm::cp_async4(buf + fold_gates_offset(p.L) + i * 4, g_ring + i);
+  }
+  const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
+  for (int i = threadIdx.x; i < w * kRowWords; i += rssm::kThreads) {
+    const int j = i / kRowWords, word = i % kRowWords;
+    rssm::cp_async4(buf + fold_buffer_bytes(p.L) + i * 4, reinterpret_cast<const unsigned*>(u_ring + (long long)j * kV) + word);
+  }
+  rssm::cp_async_commit();
+}
+
+// One decode step of this CTA's row tile, the state read once into registers (StepKind).
+template <StepKind kKind>
+__device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* ring_buf = nullptr) {
+  constexpr bool kReplay = kKind != StepKind::kBaseline, kFused = kKind == StepKind::kFused;
   const int b = blockIdx.z;
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
@@ -383,33 +431,59 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const CheckpointRows ckpt = checkpoint_rows(p, slot, hv, row0 + wrow0);
   const unsigned flushes = SR && p.flushes ? p.flushes[slot] : 0u;  // this write's key (counted at the arrival)
 
-  // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
-  float acc[kRows][kEpl];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if constexpr (kStored) ckpt.master.decode(r, lane, acc[r]);
-    else rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
-  }
-
-  // rssm::row_slot, flush kernel only (the baseline reads no cursor and does not detect repeated ids: docs/decisions.md,
+  // rssm::row_slot, replay kinds only (the baseline reads no cursor and does not detect repeated ids: docs/decisions.md,
   // rows a step skips): a skipped row is computed like one with an empty ring (every read in its slot) and tested
   // before the first write, so that no branch separates the state loads from the input loads.
   int w = 0;
   bool bad_cursor = false;
-  if constexpr (kReplay) {
+  auto read_cursor = [&] {
     w = p.cursor[slot];
     bad_cursor = !rssm::cursor_in_ring(w, p.L);
     if (bad_cursor) w = 0;
+  };
+  // A one-launch replay with a read copy reads the cursor first: a non-flush step decodes the read copy.
+  if constexpr (kFused && kDual) read_cursor();
+
+  // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
+  float acc[kRows][kEpl];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if constexpr (kFused && kDual) {
+      if (w == p.L - 1) ckpt.master.decode(r, lane, acc[r]);
+      else ckpt.read.decode(r, lane, acc[r]);
+    } else if constexpr (kStored) {
+      ckpt.master.decode(r, lane, acc[r]);
+    } else {
+      rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+    }
+  }
+  if constexpr (kReplay && !(kFused && kDual)) read_cursor();
+  const bool flushing = !kFused || w == p.L - 1;
+  if constexpr (kFused) {
+    if (w != 0) stage_ring(p, slot, hv, h, row0, w, ring_buf);
   }
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
-  auto fold_pending_ring = [&] {  // adaptive-mode flush only; uniform per CTA (the cursor advances below)
-    if (w == 0) return;
-    fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, rssm::SpecCursor{0, w}, col0, acc);
-    __syncthreads();  // every thread has read the cursor
+  auto fold_pending_ring = [&] {  // replay kinds; uniform per CTA (the cursor advances below)
+    if constexpr (kFused) {
+      rssm::cp_async_wait_all();
+      __syncthreads();  // the staged ring has landed; every thread has read the cursor
+      if (w == 0) return;
+      const float* gates = kPerChannel ? p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head
+                                       : reinterpret_cast<const float*>(ring_buf + fold_gates_offset(p.L));
+      fold_records(reinterpret_cast<const kring_t*>(ring_buf), gates,
+                   reinterpret_cast<const act_t*>(ring_buf + fold_buffer_bytes(p.L)) + wrow0, kTile, p.L,
+                   rssm::SpecCursor{0, w}, col0, acc);
+    } else {
+      if (w == 0) return;
+      fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, rssm::SpecCursor{0, w}, col0, acc);
+      __syncthreads();  // every thread has read the cursor
+    }
   };
-  // The fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the faster order
-  // for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel).
-  if constexpr (kReplay && !kPerChannel) fold_pending_ring();
+  // The flush kernel's fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the
+  // faster order for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel). The
+  // one-launch replay folds after them: its inputs load while the staged ring lands.
+  constexpr bool kFoldFirst = kKind == StepKind::kFlush && !kPerChannel;
+  if constexpr (kFoldFirst) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
   const float kq = normalized_qk(p, b, h, col0, qn, kn);
@@ -419,23 +493,55 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
   const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
-  if constexpr (kReplay && kPerChannel) fold_pending_ring();
+  if constexpr (kReplay && !kFoldFirst) fold_pending_ring();
   if constexpr (kReplay) {
     if (bad_cursor ||
         __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id))) {
       zero_output();  // the same answer in every warp
       return;
     }
-    if (w != 0 || SR) {  // SR: the last arrival counts the slot's checkpoint write
+    if constexpr (kFused) {  // every thread has read cursor and count (the staging barrier)
+      if (threadIdx.x == 0)
+        rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, flushing ? 0 : w + 1,
+                                 SR && flushing ? p.flushes : nullptr);
+    } else if (w != 0 || SR) {  // SR: the last arrival counts the slot's checkpoint write
       if (SR && w == 0) __syncthreads();  // (w != 0: after the fold's barrier) every thread has read cursor and count
       if (threadIdx.x == 0)
         rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0, SR ? p.flushes : nullptr);
     }
   }
 
-  const float o_lane = token_update(acc, qn, kn, kq, lg, beta, v_lane);
+  float u_lane = 0.f;
+  const float o_lane = token_update(acc, qn, kn, kq, lg, beta, v_lane, u_lane);
   if (lane < kRows)
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
+  if (kFused && !flushing) {  // append the token's records at ring position w (the prep and main kernels' form)
+    if (lane < kRows) {
+      act_t* u_ring = static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + (long long)w * kV;
+      u_ring[row0 + wrow0 + lane] = rssm::from_float<act_t>(u_lane);
+    }
+    if (blockIdx.x == 0 && warp == 0) {  // G_w = g + G_{w-1}: the checkpoint's log-decay to after this token
+      float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
+      float big_g[kGates] = {};
+      if (w > 0) ring_log_gate(g_ring, w, col0, big_g);
+#pragma unroll
+      for (int e = 0; e < kGates; ++e) big_g[e] += lg[e];
+      kring_t* k_dst =
+          static_cast<kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head + (long long)w * kK;
+      if constexpr (kPerChannel) {
+        const bool pre = predecayed(big_g);
+        float key[kEpl];
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) key[e] = pre ? kn[e] * __expf(-big_g[e]) : kn[e];
+        rssm::store_vec<kring_t, kEpl>(k_dst + col0, key);
+        rssm::store_vec<float, kGates>(g_ring + (long long)w * kK + col0, big_g);
+      } else {
+        if (lane == 0) g_ring[w] = big_g[0];
+        if (hv % group == 0) rssm::store_vec<kring_t, kEpl>(k_dst + col0, kn);  // one key per key head
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
@@ -448,13 +554,21 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p) {
 // Baseline: u = beta (v - S Diag(alpha) k), S = S Diag(alpha) + u kᵀ, o = S q~. Reads and writes the state every step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     delta_state_update_kernel(const DeltaParams p) {
-  delta_step<false>(p);
+  delta_step<StepKind::kBaseline>(p);
 }
 
 // Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     delta_flush_decode_kernel(const DeltaParams p) {
-  delta_step<true>(p);
+  delta_step<StepKind::kFlush>(p);
+}
+
+// Small-batch replay in one launch: each CTA folds its rows' ring (staged in shared memory, fused_buffer_bytes(L))
+// into the loaded checkpoint rows; a non-flush step appends its records, a flush (w = L - 1) writes the state.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    delta_fused_decode_kernel(const DeltaParams p) {
+  extern __shared__ __align__(16) unsigned char ring_buf[];
+  delta_step<StepKind::kFused>(p, ring_buf);
 }
 
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
@@ -657,8 +771,6 @@ constexpr int kFoldChunk = kEpl <= 4 ? 16 / kEpl : 1;  // ring keys a flush deca
 // otherwise spill, and four for KDA in dual mode (8 spill on sm_90a with 64-row tiles).
 constexpr int kFoldRows = SR ? 1 : kDual && kPerChannel ? 4 : 32 / kEpl < 8 ? 32 / kEpl : 8;
 
-__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
-
 // One shared-memory stage: the checkpoint tile, then the tile's slot and step, its record, v of its rows, the raw q
 // and k rows of its key head and the u ring rows j < w ([L][kTile]); trtllm_replayssm/core/layouts.py mirrors the
 // total (checked at compilation).
@@ -675,13 +787,6 @@ __host__ __device__ constexpr StageLayout stage_layout(int L) {
   l.u_ring = l.qk + round16(2 * kK * int(sizeof(act_t)));
   l.bytes = (l.u_ring + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
   return l;
-}
-
-// The fold buffer: ring keys [L][K] (kring_t), then for GDN the ring's cumulative gates [L] (fp32; a KDA fold reads
-// gates only for raw ring keys, from global memory); trtllm_replayssm/core/layouts.py mirrors the total.
-__host__ __device__ constexpr int fold_gates_offset(int L) { return round16(L * kK * int(sizeof(kring_t))); }
-__host__ __device__ constexpr int fold_buffer_bytes(int L) {
-  return fold_gates_offset(L) + (kPerChannel ? 0 : round16(L * 4));
 }
 
 struct TileCoord {
@@ -1592,7 +1697,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) delta_per_draft_ver
     const float v_lane = lane < kRows ? rssm::to_float(static_cast<const act_t*>(p.v)[bt * p.s_v_b + hv * p.s_v_h +
                                                                                        row0 + lane])
                                       : 0.f;
-    const float o = token_update(acc, qn, kn, kq, lg, beta, v_lane);
+    float u_lane;
+    const float o = token_update(acc, qn, kn, kq, lg, beta, v_lane, u_lane);
     if (lane < kRows) out[bt * p.s_out_b] = rssm::from_float<act_t>(o);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl>(inter + t * p.s_inter_t + r * kK, acc[r]);

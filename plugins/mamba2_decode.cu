@@ -279,10 +279,14 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
   return true;
 }
 
-// Fold ring entries 0..w-1 plus the current token (entry w): S = decay S + Σ_j s_j x_j B_jᵀ; stores S, stages S·C
-// and D x. `s` holds s_0..s_w (shared or global). Every thread of the CTA calls it (it synchronises).
+// Fold ring entries 0..w-1 plus the current token (entry w): S = decay S + Σ_j s_j x_j B_jᵀ; stores S (unless
+// `store` is false: a one-launch replay's non-flush step), stages S·C and D x. `s` holds s_0..s_w (shared or global);
+// a stored checkpoint's rows are decoded from `src` (the master, or dual mode's read copy for a non-flush step).
+// Every thread of the CTA calls it (it synchronises).
+template <class SrcRows = MasterRows>
 __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw, const float* s,
-                                          float decay, int w, OutStage& st) {
+                                          float decay, int w, OutStage& st, bool store = true,
+                                          const SrcRows* src = nullptr) {
   __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
   __shared__ __align__(16) float s_xs[rssm::kMaxL][PT];
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
@@ -304,8 +308,12 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
 #pragma unroll(kStored ? 1 : kRowsPerWarp)  // one inlined copy of a stored row's write (unrolled, ptxas spills)
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float v[kEpl];
-    if constexpr (kStored) t.master.decode(r, t.lane, v);  // rows loaded where used: no dynamic register index
-    else unpack_row(raw, r, v);
+    if constexpr (kStored) {  // rows loaded where used: no dynamic register index
+      if (src) src->decode(r, t.lane, v);
+      else t.master.decode(r, t.lane, v);
+    } else {
+      unpack_row(raw, r, v);
+    }
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] *= decay;
     for (int j = 0; j <= w; ++j) {
@@ -315,7 +323,7 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
     }
-    store_row(p, t, r, v);
+    if (store) store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
   }
 }
@@ -382,6 +390,65 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     if (threadIdx.x == 0)
       rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0, SR ? p.flushes : nullptr);
     fold_rows(p, t, raw, s_w, s_decay, w, st);
+  }
+  finish_output(p, t, st);
+}
+
+// Small-batch replay in one launch: each CTA folds its rows' ring entries and the token into the loaded checkpoint
+// rows (fold_rows); a non-flush step outputs from them, appends the token's records (x of its rows; Δ and B once per
+// head / group) and stores nothing, a flush (w = L - 1) stores the state. The prep and main kernels' ring form.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+    mamba2_fused_decode_kernel(const Mamba2Params p) {
+  Tile t;
+  if (!setup_tile(p, t)) return;
+  RawTile raw;
+  if constexpr (!kStored) load_raw(t, raw);  // (a stored checkpoint's rows are decoded in the fold)
+  const int cursor = p.cursor[t.slot];
+  const bool bad_cursor = !rssm::cursor_in_ring(cursor, p.L);
+  const int w = bad_cursor ? 0 : cursor;
+  const bool flush = w >= p.L - 1;
+  const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
+  __shared__ OutStage st;
+  __shared__ float s_w[rssm::kMaxL];
+  __shared__ float s_decay;
+  float delta_w = 0.f;
+  if (t.warp == 0) {
+    delta_w = current_delta(p, t.b, t.head);
+    const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
+    const float d = t.lane < w ? dt_ring[t.lane] : (t.lane == w ? delta_w : 0.f);
+    float decay;
+    const float s = decay_weights(d, p.A[t.head], decay);
+    if (t.lane <= w) s_w[t.lane] = s;
+    if (t.lane == 0) s_decay = decay;
+  }
+  __syncthreads();  // every thread has read the cursor
+  if (bad_cursor || repeats_earlier_row(p, t, first_id)) {
+    zero_pad_output(p, t.b, t.head, t.row0);
+    return;
+  }
+  if (threadIdx.x == 0)
+    rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, flush ? 0 : w + 1,
+                             SR && flush ? p.flushes : nullptr);
+  if constexpr (kDual) {
+    const ReadRows read = nonflush_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
+    if (flush) fold_rows(p, t, raw, s_w, s_decay, w, st);
+    else fold_rows(p, t, raw, s_w, s_decay, w, st, false, &read);
+  } else {
+    fold_rows(p, t, raw, s_w, s_decay, w, st, flush);
+  }
+  if (!flush) {  // the token's records at ring position w
+    const int i = threadIdx.x;
+    if (i < PT)
+      static_cast<act_t*>(p.x_ring)[t.slot * p.s_xr_slot + t.head * p.s_xr_head + (long long)w * P + t.row0 + i] =
+          x_of(p, t)[t.row0 + i];
+    if (blockIdx.x == 0) {
+      if (i == 0) p.dt_ring[t.slot * p.s_dtr_slot + t.head * p.s_dtr_head + w] = delta_w;
+      if (t.head % (p.nheads / p.ngroups) == 0) {  // one B record per group
+        const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
+        act_t* B_dst = static_cast<act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group + (long long)w * N;
+        for (int n = i; n < N; n += rssm::kThreads) B_dst[n] = B_cur[n];
+      }
+    }
   }
   finish_output(p, t, st);
 }

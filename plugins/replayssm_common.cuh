@@ -422,6 +422,10 @@ __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
 }
 
+// Commits this thread's cp.async copies issued so far as a group; cp_async_wait_all waits until all have landed.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Every producer lane: the stage's `full` barrier counts this lane's arrival once its prior cp.async copies landed.
 __device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");

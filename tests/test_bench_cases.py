@@ -116,12 +116,13 @@ def test_kernel_bench_end_to_end_on_gpu():
     recs = results["records"]
     assert not results["skipped"], results["skipped"]
     assert {(r["model"], r["impl"], r["mode"]) for r in recs} == {
-        (m, "replay", mode) for m in ("nemotron-3-super-120b", "qwen3.5-4b") for mode in ("replay", "flush", "auto")
+        (m, "replay", mode) for m in ("nemotron-3-super-120b", "qwen3.5-4b")
+        for mode in ("replay", "fused", "flush", "auto")
     } | {(m, "baseline", None) for m in ("nemotron-3-super-120b", "qwen3.5-4b")}
     for r in recs:
         assert r["median_us"] > 0 and r["finite"] is True
         assert r["calls_per_graph"] == 16 * r["n_pools"] and r["n_pools"] >= 4
-        assert r["plan"]["mode"] in ("replay", "flush", "baseline") and r["plan"]["rows_per_cta"] > 0
+        assert r["plan"]["mode"] in ("replay", "fused", "flush", "baseline") and r["plan"]["rows_per_cta"] > 0
         if r["impl"] == "replay":
             assert r["resolved_mode"] == r["plan"]["mode"]
     assert "speed-up vs baseline" in summary_markdown(results)
@@ -143,15 +144,16 @@ def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
                                        peer_impls=("flashinfer_ssu",))
     shape, skipped = TINY["mamba2"], []
     recs = kernels._run_case(config, shape, "fp32", 4, 2000.0, 1000, skipped, CPU, lambda _m: None, one_pass)
-    assert [(r.impl, r.mode) for r in recs] == [("replay", "replay"), ("replay", "flush"), ("replay", "auto"),
-                                                  ("baseline", None)]
-    assert [r.resolved_mode for r in recs] == ["replay", "flush", "replay", None]  # CPU: auto replays
-    assert [r.plan["mode"] for r in recs] == ["replay", "flush", "replay", "baseline"]
+    assert [(r.impl, r.mode) for r in recs] == [("replay", "replay"), ("replay", "fused"), ("replay", "flush"),
+                                                  ("replay", "auto"), ("baseline", None)]
+    assert [r.resolved_mode for r in recs] == ["replay", "replay", "flush", "replay", None]  # CPU: the reference
+    assert [r.plan["mode"] for r in recs] == ["replay", "replay", "flush", "replay", "baseline"]
     n_pools = recs[0].n_pools
-    assert n_pools == 4 and ran == [4 * n_pools] * 4  # L steps x pools per graph
+    assert n_pools == 4 and ran == [4 * n_pools] * 5  # L steps x pools per graph
     flush_bytes = 4 * core.baseline_bytes(shape.dims, "fp32", byte_model.ACT_DTYPE)
-    assert recs[1].bytes_per_call == flush_bytes and recs[3].bytes_per_call == flush_bytes
-    assert recs[0].bytes_per_call == 4 * core.replay_bytes(shape.dims, "fp32", byte_model.ACT_DTYPE, 4)
+    assert recs[2].bytes_per_call == flush_bytes and recs[4].bytes_per_call == flush_bytes
+    replay_bytes = 4 * core.replay_bytes(shape.dims, "fp32", byte_model.ACT_DTYPE, 4)
+    assert recs[0].bytes_per_call == replay_bytes and recs[1].bytes_per_call == replay_bytes
     assert recs[0].model_gbps == pytest.approx(recs[0].bytes_per_call / 10e-6 / 1e9)
     assert recs[0].pct_of_copy == pytest.approx(100 * recs[0].model_gbps / 2000.0)
     assert all(r.finite for r in recs)
@@ -176,7 +178,7 @@ def test_runner_times_stored_checkpoints(label):
     shape, skipped = TINY["mamba2"], []
     recs = kernels._run_case(config, shape, label, 4, 2000.0, 1000, skipped, CPU, lambda _m: None, one_pass)
     impls = [r.impl for r in recs]
-    assert impls == ["replay"] * 3 + ([] if spec.stochastic_rounding else ["baseline"])
+    assert impls == ["replay"] * 4 + ([] if spec.stochastic_rounding else ["baseline"])  # replay, fused, flush, auto
     for r in recs:
         assert (r.state_dtype, r.state_format, r.state_mode, r.master_format, r.stochastic_rounding) == (
             label, spec.format, spec.mode, spec.master, spec.stochastic_rounding)

@@ -152,8 +152,10 @@ def run_against_truth(prob: Problem, L: int, mode: str, state_dtype: str = "fp32
     frozen = snapshot(layer, untouched)
     worst_out = worst_state = 0.0
     flushes = 0
-    forced = prob.ops.replay_plan(layer, len(slot_ids), mode, prob.tuning).mode == "flush"
-    for _ in range(steps or 3 * L + 3):
+    modes = mode.split("/")  # modes joined by '/' take turns step by step (the kernels share rings and cursors)
+    for k in range(steps or 3 * L + 3):
+        mode = modes[k % len(modes)]
+        forced = prob.ops.replay_plan(layer, len(slot_ids), mode, prob.tuning).mode == "flush"
         x = prob.draw(len(slot_ids), gen, act_dtype)
         out = torch.full_like(x["v"], float("nan"))
         before = layer.cursor.clone()
@@ -183,7 +185,7 @@ FP32_CASES = [
 
 
 @pytest.mark.parametrize("family,H,HV,K,V,L", FP32_CASES)
-@pytest.mark.parametrize("mode", ["replay", "auto"])
+@pytest.mark.parametrize("mode", ["replay", "auto", "fused", "fused/replay/fused/fused/flush"])
 def test_replay_fp32_matches_float64(family, H, HV, K, V, L, mode):
     prob = make_problem(family, H, HV, K, V, seed=K + L)
     worst_out, worst_state, flushes = run_against_truth(prob, L, mode)

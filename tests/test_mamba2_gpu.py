@@ -50,11 +50,12 @@ SHAPES = [(16, 80, 128, 8, 16), (16, 64, 128, 8, 8), (8, 128, 256, 1, 32), (8, 6
 @pytest.mark.parametrize("nheads,head_dim,d_state,ngroups,L", SHAPES)
 @pytest.mark.parametrize("mode,tuning", [
     ("replay", Tuning()), ("replay", Tuning(ctas_per_sm=1, stages=2, tail_fraction=None)),
-    ("replay", Tuning(ctas_per_sm=1, stages=2, tail_fraction=1.0)), ("auto", Tuning())])
+    ("replay", Tuning(ctas_per_sm=1, stages=2, tail_fraction=1.0)), ("auto", Tuning()), ("fused", Tuning()),
+    ("fused/replay/fused/fused/flush", Tuning())])
 def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode, tuning):
     """ctas_per_sm=1, stages=2: every CTA streams many tiles and reuses each stage (barrier phases wrap), its tiles
     assigned round-robin (tail_fraction None) or, after the first wave, claimed at run time (1.0); Tuning(): the
-    shipped plan."""
+    shipped plan. Modes joined by '/' take turns step by step (the kernels share the rings and cursors)."""
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -68,11 +69,12 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
     frozen = {k: v[untouched_slots].clone() for k, v in layer.slot_tensors().items()}
     worst_out = worst_state = 0.0
     flushes = 0
-    for _ in range(3 * L + 3):
+    modes = mode.split("/")
+    for k in range(3 * L + 3):
         step = make_step(len(slot_ids), nheads, head_dim, d_state, ngroups, torch.float32, DEV, gen)
         out = torch.full_like(step["x"], float("nan"))
         before = layer.cursor.clone()
-        decode(layer, step, params, idx, mode, out, tuning)
+        decode(layer, step, params, idx, modes[k % len(modes)], out, tuning)
         expected = truth.step(slot_ids, step, params)
         assert_rows_written(out, slot_ids)
         rows = [r for r, s in enumerate(slot_ids) if s >= 0]

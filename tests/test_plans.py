@@ -12,7 +12,8 @@ import torch
 from trtllm_replayssm.core import plans
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.families import FAMILIES, family_of
-from trtllm_replayssm.core.layouts import delta_fold_bytes, delta_stage_bytes, delta_verify_stage_bytes, key_ring_dtype
+from trtllm_replayssm.core.layouts import (delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
+                                           delta_verify_stage_bytes, key_ring_dtype)
 from trtllm_replayssm.core.ops import delta, launch, mamba2
 from trtllm_replayssm.core.plans import Device, Tuning
 from trtllm_replayssm.serving.presets import get_preset
@@ -117,6 +118,30 @@ def test_adaptive_mode_rules(monkeypatch):
     assert plans.resolve_mode("auto", 999, True, 8, H200, Tuning(adaptive_threshold=5)) == "replay"  # tuning first
     with pytest.raises(ValueError, match="mode"):
         plans.resolve_mode("fast", 1, True, 8, H200, t)
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
+@pytest.mark.parametrize("L", [1, 16, 32])
+def test_fused_plans_run_the_state_grid_with_the_ring_buffer(model, L):
+    """mode='fused' on a GPU: the flush kernel's grid, GDN/KDA with their ring buffer's bytes (Mamba-2 stages its ring
+    in static shared memory); on a CPU the reference replay step (which the one-launch replay equals)."""
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    layer = _layer(dims, torch.float32, torch.bfloat16, L)
+    for batch in (1, 8, 64):
+        fused = fam.replay_plan(layer, batch, "fused", device=H200)
+        flush = fam.replay_plan(layer, batch, "flush", device=H200)
+        assert fused.mode == "fused" and (fused.grid, fused.rows_per_cta) == (flush.grid, flush.rows_per_cta)
+        if fam.name == "mamba2":
+            assert fused.fold_bytes == 0
+        else:
+            kda = fam.name == "kda"
+            assert fused.fold_bytes == delta_fused_bytes(L, fused.rows_per_cta, dims.cols,
+                                                         key_ring_dtype(torch.bfloat16, kda).itemsize, 2, kda)
+            assert fused.fold_bytes >= delta_fold_bytes(L, dims.cols, 2, kda) + L * fused.rows_per_cta * 2
+        assert plans.Launch.from_words(fused.words).mode == "fused"
+    assert fam.replay_plan(layer, 8, "fused", device=plans.CPU).mode == "replay"
+    assert plans.resolve_mode("fused", 10**6, True, 8, H200, Tuning()) == "fused"
 
 
 def test_replay_on_a_pre_hopper_gpu_is_refused():

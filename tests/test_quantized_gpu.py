@@ -88,7 +88,7 @@ def _storage(layer) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("mode", ["replay", "fused", "flush"])
 @pytest.mark.parametrize("name", EXACT)
 def test_rewritten_checkpoints_are_bit_exact(name, mode, family):
     gen = torch.Generator().manual_seed(11)
@@ -132,7 +132,7 @@ def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None, family: st
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("mode", ["replay", "fused", "flush"])
 @pytest.mark.parametrize("name", list(SPECS))
 def test_steps_follow_the_reference(name, mode, family):
     _check_steps(SPECS[name], torch.Generator().manual_seed(5), mode, family=family)
@@ -244,7 +244,7 @@ def test_sanitizer_smoke(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mode", ["replay", "flush"])
+@pytest.mark.parametrize("mode", ["replay", "fused", "flush"])
 @pytest.mark.parametrize("name", ["nvfp4-dual-fp16", "bf16-sr"])
 def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode, family):
     """Served by TensorRT-LLM the master is a strided view of its unified pool (each slot's SSM bytes followed by

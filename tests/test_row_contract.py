@@ -21,7 +21,7 @@ SLOTS = 6
 DIMS = {"mamba2": Mamba2Dims(nheads=4, head_dim=16, d_state=32, n_groups=2),
         "gdn": GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=16),
         "kda": KDADims(num_heads=2, head_dim=64)}
-OPS = ("baseline", "flush", "replay")
+OPS = ("baseline", "flush", "fused", "replay")
 
 
 def _case(name: str, device: str, seed: int = 0, batch: int = 4):
@@ -73,7 +73,7 @@ def test_bad_slot_ids_are_errors_before_any_write(name, op, idx, message):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-@pytest.mark.parametrize("op", ("flush", "replay"))
+@pytest.mark.parametrize("op", ("flush", "fused", "replay"))
 @pytest.mark.parametrize("bad", (L, -1, 1 << 30))
 def test_corrupted_cursor_is_an_error_before_any_write(name, op, bad):
     fam, cache, layer, step = _case(name, "cpu")

@@ -9,6 +9,7 @@ import click
 
 from trtllm_replayssm.cli.errors import bad_value
 from trtllm_replayssm.cli.options import buffer_len_option, positive_ints, state_from_options, state_options
+from trtllm_replayssm.core.limits import MODES
 
 
 def _table(doc: dict) -> "object":
@@ -41,8 +42,8 @@ def _table(doc: dict) -> "object":
                    "--tokens).")
 @click.option("--prompt-len", default=16, type=int, help="Tokens prefilled before decoding.")
 @buffer_len_option
-@click.option("--mode", "replay_mode", type=click.Choice(["replay", "auto", "flush"]), default="replay",
-              help="Replay op mode of the test state (replay: flush every L steps).")
+@click.option("--mode", "replay_mode", type=click.Choice(list(MODES)), default="replay",
+              help="Replay op mode of the test state (replay and fused: flush every L steps; flush: every step).")
 @click.option("--act-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None, show_default=False,
               help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
 @click.option("--device", default=None, show_default=False, help="torch device [default: cuda if available, else cpu].")

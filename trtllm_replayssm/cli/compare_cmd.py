@@ -9,7 +9,7 @@ import click
 
 from trtllm_replayssm.cli.errors import Interrupted, RunError, bad_value
 from trtllm_replayssm.cli.options import positive_ints
-from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.limits import MAX_BUFFER_LEN, MODES
 
 
 def _tokens_cell(check: dict) -> str:
@@ -89,8 +89,9 @@ def _bench_table(bench: dict) -> "object":
               help="Activation dtype [default: bf16 on CUDA, fp32 on CPU].")
 @click.option("--buffer-len", "-L", default=16, type=click.IntRange(1, MAX_BUFFER_LEN), help="Ring length L.")
 @click.option("--prompt-len", default=16, type=int)
-@click.option("--mode", "replay_mode", type=click.Choice(["auto", "replay", "flush"]), default="auto",
-              help="Replay op mode (auto: flush every step at low batch x heads).")
+@click.option("--mode", "replay_mode", type=click.Choice(list(MODES)), default="auto",
+              help="Replay op mode (auto: the planner's choice per batch; fused: the replay in one launch; flush: "
+                   "every step flushes).")
 @click.option("--spec", "spec_tokens", type=int, default=None,
               help="Also run speculative verify steps of T tokens per row (2..8: the last token and T-1 drafts), "
                    "per-draft-state vs replay verify (the CUDA kernels on a GPU).")

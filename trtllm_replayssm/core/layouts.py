@@ -295,6 +295,12 @@ def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool
     return _r16(L * key_dim * key_elem) + (0 if per_channel_gate else _r16(L * 4))
 
 
+def delta_fused_bytes(L: int, rows: int, key_dim: int, key_elem: int, act_elem: int, per_channel_gate: bool) -> int:
+    """Bytes of the GDN/KDA one-launch replay's shared ring buffer: a fold buffer, then the CTA's ``rows`` u ring rows
+    [L][rows] (plugins/delta_rule_decode.cu fused_buffer_bytes)."""
+    return delta_fold_bytes(L, key_dim, key_elem, per_channel_gate) + _r16(L * rows * act_elem)
+
+
 def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: int, head_dim: int) -> str:
     """``static_assert`` lines pinning the Mamba-2 kernel's stage and fold sizes to the functions above and the
     state-format codes to STATE_FORMAT_CODES."""
@@ -332,6 +338,9 @@ def delta_size_checks(rows: int, key_dim: int, state_row_bytes: int, act_elem: i
                      f'core/layouts.py");')
         lines.append(f"static_assert(fold_buffer_bytes({L}) == {delta_fold_bytes(L, key_dim, key_elem, per_channel_gate)}"
                      f', "fold bytes at L={L} differ from core/layouts.py");')
+        lines.append(f"static_assert(fused_buffer_bytes({L}) == "
+                     f"{delta_fused_bytes(L, rows, key_dim, key_elem, act_elem, per_channel_gate)}"
+                     f', "fused ring bytes at L={L} differ from core/layouts.py");')
         for T in range(1, min(L, MAX_WINDOW) + 1 if speculative else 1):
             lines.append(f"static_assert(VerifyRec::stride({L}, {T}) == {delta_verify_rec_floats(L, key_dim, T)}"
                          f', "verify record at L={L}, T={T} differs from core/layouts.py");')

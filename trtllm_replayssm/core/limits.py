@@ -1,6 +1,6 @@
 """Limits shared by the kernels, the state cache, the planner, the memory plan and the CLI (no torch import).
 
-Each is also a constant of plugins/replayssm_common.cuh; compiling a kernel asserts that the two agree
+Each number is also a constant of plugins/replayssm_common.cuh; compiling a kernel asserts that the two agree
 (core/layouts.py common_checks).
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ MAX_BUFFER_LEN = 32  # ring length L: one ring entry per lane in the kernels' wa
 NUM_WARPS = 4        # warps per CTA of every decode kernel; the persistent kernels add one producer warp (kNumWarps)
 MAX_STAGES = 8       # shared-memory stages of a persistent replay kernel (kMaxStages)
 MAX_WINDOW = 8       # tokens per speculative verify window, T = 1 + drafts (kMaxWindow)
+MODES = ("auto", "replay", "fused", "flush")  # the modes a replay op's caller asks for (core/plans.py resolve_mode)
 
 
 def check_buffer_len(buffer_len: object) -> int:

@@ -17,10 +17,9 @@ import torch
 
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.jit.configs import rows_per_cta_choices, tile_choices
-from trtllm_replayssm.core.limits import MAX_STAGES
+from trtllm_replayssm.core.limits import MAX_STAGES, MODES
 
-MODES = ("auto", "replay", "flush")  # what a caller asks for
-PLAN_MODES = ("replay", "flush", "baseline", "grid")  # what a plan runs
+PLAN_MODES = ("replay", "flush", "baseline", "grid", "fused")  # what a plan runs
 SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
 STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
 TARGET_CTAS_PER_SM = 24           # state kernels: enough CTAs to fill the GPU at small batch
@@ -101,12 +100,13 @@ class Tuning:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``flush`` (the flush kernel:
-    every row folds its ring and writes its state), ``baseline`` (the state-update kernel) or ``grid`` (a speculative
-    verify at small batch: prep + a CTA per row tile). ``key`` names the
-    shapes and dtypes the plan was made for; an op refuses a plan made for others.
+    """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``fused`` (the replay in one
+    launch of a state-kernel grid: every CTA folds its rows' ring, ``fold_bytes`` of shared memory), ``flush`` (the
+    flush kernel: every row folds its ring and writes its state), ``baseline`` (the state-update kernel) or ``grid`` (a
+    speculative verify at small batch: prep + a CTA per row tile). ``key`` names the shapes and dtypes the plan was
+    made for; an op refuses a plan made for others.
 
-    State kernels (flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
+    State kernels (fused, flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
     ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
     ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time."""
 
@@ -173,35 +173,42 @@ class Launch:
 # ---------------------------------------------------------------------------------------------- shared steps
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise ValueError(f"mode: expected 'auto', 'replay' or 'flush', got {mode!r}")
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     return mode
 
 
 def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, device: Device,
                  tuning: Tuning) -> str:
-    """``replay`` or ``flush`` for a requested mode: ``auto`` replays on a replay-capable GPU where the state dtype's
-    replay is measured faster (``replay_state``) and the batch fills the GPU (``work_items`` at least the adaptive
-    threshold, ``per_sm`` x SMs by default); on a CPU ``auto`` means ``replay`` (the reference replay step)."""
+    """What a requested mode runs (``replay``, ``fused`` or ``flush``): ``auto`` replays on a replay-capable GPU
+    where the state dtype's replay is measured faster (``replay_state``) and the batch fills the GPU (``work_items``
+    at least the adaptive threshold, ``per_sm`` x SMs by default), else flushes; on a CPU ``auto`` and ``fused`` mean
+    ``replay`` (the reference replay step, which ``fused`` equals)."""
     check_mode(mode)
+    if not device.is_cuda:
+        return "replay" if mode in ("auto", "fused") else mode
     if mode != "auto":
         return mode
-    if not device.is_cuda:
-        return "replay"
     if not replay_state or not device.replay_capable:
         return "flush"
     return "flush" if work_items < adaptive_threshold(per_sm, device, tuning) else "replay"
 
 
 def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
-                    device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"]) -> "LaunchPlan | None":
-    """The plan of a replay op's call that launches no replay kernels: on a CPU (the reference step of the resolved
-    mode) or the flush kernel (``flush_plan()``); None when the replay kernels run. ``mode='replay'`` on a GPU
-    without bulk async copies is a RuntimeError naming ``op``."""
+                    device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"],
+                    fused_plan: Callable[[], "LaunchPlan"] | None = None) -> "LaunchPlan | None":
+    """The plan of a replay op's call that launches no persistent replay kernels: on a CPU (the reference step of the
+    resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``; None: the family
+    has none, a ValueError naming ``op``); None when the replay kernels run. ``mode='replay'`` on a GPU without bulk
+    async copies is a RuntimeError naming ``op``."""
     resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning)
     if not device.is_cuda:
         return LaunchPlan(resolved, key, 0, (0, 0, 0))
     if resolved == "flush":
         return flush_plan()
+    if resolved == "fused":
+        if fused_plan is None:
+            raise ValueError(f"{op}: mode='fused' is not available for this family; use 'auto', 'replay' or 'flush'")
+        return fused_plan()
     if not device.replay_capable:
         raise RuntimeError(f"{op}: mode='replay' needs an sm_90+ GPU (bulk async copies); use mode='auto' or 'flush'")
     return None

@@ -15,7 +15,8 @@ from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
-from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_record_len, delta_size_checks,
+from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_fused_bytes, delta_record_len,
+                                           delta_size_checks,
                                            delta_stage_bytes, delta_verify_rec_floats, delta_verify_stage_bytes,
                                            key_ring_dtype, stored_state_params)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
@@ -30,6 +31,7 @@ from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, 
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
+                  "fused": "delta_fused_decode_kernel",
                   "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
 KERNELS = {**DECODE_KERNELS, "verify": "delta_verify_kernel", "verify_prep": "delta_verify_prep_kernel",
            "verify_main": "delta_verify_main_kernel",
@@ -111,7 +113,8 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                             stored or layer.state.dtype in REPLAY_STATE_DTYPES,
                             crossovers.min_work_per_sm("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
                             dev, tuning,
-                            lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning))
+                            lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning),
+                            lambda: _fused_plan(key, layer, per_channel_gate, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)
@@ -146,6 +149,18 @@ def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: in
                        tuning: Tuning) -> LaunchPlan:
     tile = _row_tile(V, K, batch * HV, dev, tuning)
     return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
+
+
+def _fused_plan(key: tuple, layer: GDNLayerCache, per_channel_gate: bool, batch: int, dev: Device,
+                tuning: Tuning) -> LaunchPlan:
+    """The one-launch replay: the state kernels' grid, each CTA staging its rows' ring in ``fold_bytes`` of shared
+    memory."""
+    _, HV, V, K = layer.checkpoint().shape
+    plan = _state_kernel_plan("fused", key, V, K, HV, batch, dev, tuning)
+    act = layer.u_ring.dtype
+    fused = delta_fused_bytes(layer.buffer_len, plan.rows_per_cta, K, key_ring_dtype(act, per_channel_gate).itemsize,
+                              get_dtype(act).bytes, per_channel_gate)
+    return replace(plan, fold_bytes=fused)
 
 
 def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning) -> int:

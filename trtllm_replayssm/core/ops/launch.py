@@ -53,8 +53,9 @@ def step_rows(step: torch.Tensor | None) -> int:
 
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
              device: torch.device, prep_carveout: bool) -> None:
-    """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``prep``,
-    ``main`` and ``grid`` to kernel names (those the plan's modes use). Replay: prep (programmatic dependent of the
+    """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``fused``,
+    ``prep``, ``main`` and ``grid`` to kernel names (those the plan's modes use); ``fused`` runs the state kernels'
+    grid with the plan's ``fold_bytes`` of dynamic shared memory. Replay: prep (programmatic dependent of the
     kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory carveout),
     then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold buffer and
     tail start written into ``params``. Grid: prep where the plan has one (``prep_threads``), then the ``grid`` kernel
@@ -62,6 +63,11 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params)
+        return
+    if plan.mode == "fused":
+        function = get_kernel(config, names["fused"], device)
+        allow_dynamic_shared(function, plan.fold_bytes)
+        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.fold_bytes)
         return
     if plan.mode == "grid" and not plan.prep_threads:
         launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)

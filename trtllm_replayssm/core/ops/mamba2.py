@@ -31,7 +31,8 @@ from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, che
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
-           "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel"}
+           "fused": "mamba2_fused_decode_kernel", "prep": "mamba2_replay_prep_kernel",
+           "main": "mamba2_replay_main_kernel"}
 SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
                 **{f"verify_main_t{t}": f"mamba2_verify_main_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 **{f"verify_grid_t{t}": f"mamba2_verify_grid_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
@@ -97,7 +98,8 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     replay_state = layer.storage is not None or layer.state.dtype in REPLAY_STATE_DTYPES
     other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state,
                             crossovers.min_work_per_sm("mamba2", layer.spec.label, dev.arch), dev, tuning,
-                            lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning))
+                            lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning),
+                            lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)

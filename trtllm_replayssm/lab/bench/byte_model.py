@@ -31,13 +31,14 @@ def checkpointing_ssu_bytes(shape: BenchShape, state_dtype: str, window: int) ->
 
 def step_bytes(impl: str, shape: BenchShape, state_dtype: core.StateLike, buffer_len: int,
                mode: str | None = None) -> float:
-    """Bytes per decode step per sequence for ``impl``; ``mode`` (what our op ran: ``replay`` or ``flush``) only for
-    ours."""
+    """Bytes per decode step per sequence for ``impl``; ``mode`` (what our op ran: ``replay``, ``fused`` or ``flush``)
+    only for ours (the one-launch replay moves the replay's bytes)."""
     d = shape.dims
     if impl == "replay":
-        if mode not in ("replay", "flush"):
-            raise ValueError(f"mode: expected a resolved mode 'replay' or 'flush' for impl 'replay', got {mode!r}")
-        if mode == "replay":
+        if mode not in ("replay", "fused", "flush"):
+            raise ValueError(f"mode: expected a resolved mode 'replay', 'fused' or 'flush' for impl 'replay', "
+                             f"got {mode!r}")
+        if mode in ("replay", "fused"):
             return core.replay_bytes(d, state_dtype, ACT_DTYPE, buffer_len)
         return core.baseline_bytes(d, state_dtype, ACT_DTYPE)
     if impl in BASELINE_IMPLS:

@@ -89,11 +89,13 @@ class Record:
 
 def _modes(shape: BenchShape, batch: int, state_dtype: StateSpec, buffer_len: int,
            device: torch.device) -> list[str]:
-    """Modes recorded for our replay: all three at small batch or wherever ``auto`` would flush, else ``replay``."""
+    """Modes recorded for our replay: every one at small batch or wherever ``auto`` would not replay, else
+    ``replay``."""
+    every = ["replay", "fused", "flush", "auto"]
     if batch <= BOTH_MODES_MAX_BATCH:
-        return ["replay", "flush", "auto"]
-    auto_flushes = ours.planned_mode(shape, batch, state_dtype, buffer_len, "auto", device) == "flush"
-    return ["replay", "flush", "auto"] if auto_flushes else ["replay"]
+        return every
+    auto_replays = ours.planned_mode(shape, batch, state_dtype, buffer_len, "auto", device) == "replay"
+    return ["replay"] if auto_replays else every
 
 
 def _cycle(calls: list[Callable[[], None]], steps: int) -> list[Callable[[], None]]:

@@ -17,10 +17,11 @@ from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
+from trtllm_replayssm.core.limits import MODES
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, window_token
 
 SSM_IMPLS: tuple[str, ...] = ("baseline", "replay")
-REPLAY_MODES: tuple[str, ...] = ("auto", "replay", "flush")
+REPLAY_MODES: tuple[str, ...] = MODES
 PAD_SLOT_ID = -1  # no row of a decoder batch pads: slot i is row i
 
 
