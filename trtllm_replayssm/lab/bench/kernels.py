@@ -28,7 +28,7 @@ from .shapes import BenchShape, select_shapes
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 DEFAULT_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded with mode flush and auto
+BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in modes fused, flush and auto
 
 
 @dataclass
