@@ -389,29 +389,20 @@ __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const f
 enum class StepKind { kBaseline, kFlush, kFused };
 
 // The one-launch replay's ring staging: ring keys, GDN gates (the fold buffer's layout) and the u rows of the CTA's
-// row tile, at every position a fold can read (j < L - 1), copied to shared memory by every thread without waiting
-// for the cursor, so they travel with the state loads (the fold reads entries j < w only); awaited by the caller.
-// Keys move in 16-byte async copies where the ring is 16-byte aligned, the rest in 4-byte ones.
-__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0,
+// row tile for positions j < w, copied to shared memory by every thread (4-byte async copies), awaited by the caller.
+__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
                                           unsigned char* buf) {
-  const int n = p.L - 1;
   const kring_t* k_ring =
       static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
   constexpr int kKeyWords = kK * int(sizeof(kring_t)) / 4, kRowWords = kTile * int(sizeof(act_t)) / 4;
-  static_assert(kKeyWords % 4 == 0, "a ring key row is a whole number of 16-byte chunks");
-  if ((reinterpret_cast<unsigned long long>(k_ring) & 15) == 0) {
-    for (int i = threadIdx.x; i < n * kKeyWords / 4; i += rssm::kThreads)
-      rssm::cp_async16(buf + i * 16, reinterpret_cast<const uint4*>(k_ring) + i);
-  } else {
-    for (int i = threadIdx.x; i < n * kKeyWords; i += rssm::kThreads)
-      rssm::cp_async4(buf + i * 4, reinterpret_cast<const unsigned*>(k_ring) + i);
-  }
+  for (int i = threadIdx.x; i < w * kKeyWords; i += rssm::kThreads)
+    rssm::cp_async4(buf + i * 4, reinterpret_cast<const unsigned*>(k_ring) + i);
   if constexpr (!kPerChannel) {
     const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-    for (int i = threadIdx.x; i < n; i += rssm::kThreads) rssm::cp_async4(buf + fold_gates_offset(p.L) + i * 4, g_ring + i);
+    for (int i = threadIdx.x; i < w; i += rssm::kThreads) rssm::cp_async4(buf + fold_gates_offset(p.L) + i * 4, g_ring + i);
   }
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
-  for (int i = threadIdx.x; i < n * kRowWords; i += rssm::kThreads) {
+  for (int i = threadIdx.x; i < w * kRowWords; i += rssm::kThreads) {
     const int j = i / kRowWords, word = i % kRowWords;
     rssm::cp_async4(buf + fold_buffer_bytes(p.L) + i * 4, reinterpret_cast<const unsigned*>(u_ring + (long long)j * kV) + word);
   }
@@ -466,12 +457,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
     }
   }
-  if constexpr (kFused) stage_ring(p, slot, hv, h, row0, ring_buf);
   if constexpr (kReplay && !(kFused && kDual)) read_cursor();
-  if constexpr (kFused && kPerChannel) {  // the fold's G = G_{w-1} (KDA gates are not staged): in L1 by then
-    if (w > 0) rssm::prefetch_l1(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head + (long long)(w - 1) * kK + col0);
-  }
   const bool flushing = !kFused || w == p.L - 1;
+  if constexpr (kFused) {
+    if (w != 0) stage_ring(p, slot, hv, h, row0, w, ring_buf);
+  }
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
   auto fold_pending_ring = [&] {  // replay kinds; uniform per CTA (the cursor advances below)
     if constexpr (kFused) {

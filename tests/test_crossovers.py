@@ -32,23 +32,9 @@ def test_the_most_specific_entry_wins():
     assert crossovers.min_work_per_sm("kda", "fp32", "sm_90", TABLE) == crossovers.DEFAULT_MIN_WORK_PER_SM
 
 
-def test_an_entry_may_add_a_fused_band():
-    table = crossovers.parse({"entries": [
-        dict(family="gdn", state="*", arch="sm_90", min_work_per_sm=8, fused_min_work_per_sm=1.5, source="x"),
-        dict(family="gdn", state="bf16", arch="sm_90", min_work_per_sm=10, fused_min_work_per_sm=None)]})
-    assert crossovers.entry("gdn", "fp32", "sm_90", table).fused_min_work_per_sm == 1.5
-    assert crossovers.entry("gdn", "bf16", "sm_90", table).fused_min_work_per_sm is None
-    assert crossovers.entry("kda", "fp32", "sm_90", table) == Crossover("kda", "*", "*", 8)  # the default: no band
-    assert all(c.fused_min_work_per_sm is None for c in crossovers.shipped())  # measured slower: docs/decisions.md
-
-
 @pytest.mark.parametrize("entry, match", [(dict(family="rwkv", state="*", arch="*", min_work_per_sm=1), "family"),
                                           (dict(family="gdn", state="*", arch="90", min_work_per_sm=1), "arch"),
-                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=-1), "min_work"),
-                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
-                                                fused_min_work_per_sm=-0.5), "fused_min_work"),
-                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
-                                                fused_min_work_per_sm="1"), "fused_min_work")])
+                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=-1), "min_work")])
 def test_bad_entries_are_refused(entry, match):
     with pytest.raises(ValueError, match=match):
         crossovers.parse({"entries": [entry]})
@@ -75,17 +61,3 @@ def test_the_sweep_finds_the_first_batch_replay_keeps_winning():
     assert crossover({1: (5.0, 7.0), 8: (20.0, 16.0), 64: (80.0, 50.0)}) == 8
     assert crossover({1: (5.0, 4.0), 8: (20.0, 21.0), 64: (80.0, 50.0)}) == 64  # a win below a loss does not count
     assert crossover({1: (5.0, 7.0), 8: (20.0, 21.0)}) is None
-
-
-def test_the_sweep_finds_the_fused_band_below_the_replay_crossover():
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
-    from crossover_sweep import bands
-
-    def t(flush, fused, replay):
-        return {"flush": flush, "fused": fused, "replay": replay}
-
-    times = {1: t(4.0, 5.0, 9.0), 8: t(13.0, 9.0, 20.0), 16: t(25.0, 15.0, 22.0), 64: t(80.0, 60.0, 48.0)}
-    assert bands(times) == (64, 8)  # replay from 64 (beats fused there), fused from 8 up to it
-    times[16] = t(25.0, 15.0, 14.0)
-    assert bands(times) == (16, 8)  # replay must beat the better of flush and fused
-    assert bands({1: t(4.0, 5.0, 9.0), 8: t(13.0, 14.0, 20.0)}) == (None, None)

@@ -120,24 +120,6 @@ def test_adaptive_mode_rules(monkeypatch):
         plans.resolve_mode("fast", 1, True, 8, H200, t)
 
 
-def test_auto_runs_the_fused_band_a_crossover_gives(monkeypatch):
-    monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
-    t = Tuning()
-    assert plans.resolve_mode("auto", 131, True, 8, H200, t, fused_per_sm=1.0) == "flush"
-    assert plans.resolve_mode("auto", 132, True, 8, H200, t, fused_per_sm=1.0) == "fused"
-    assert plans.resolve_mode("auto", 8 * 132, True, 8, H200, t, fused_per_sm=1.0) == "replay"
-    assert plans.resolve_mode("auto", 1, True, 8, H200, t, fused_per_sm=0.0) == "fused"
-    assert plans.resolve_mode("auto", 500, False, 8, H200, t, fused_per_sm=0.0) == "flush"  # replay not faster
-    assert plans.resolve_mode("auto", 500, True, 8, plans.CPU, t, fused_per_sm=0.0) == "replay"  # the reference
-    flush, fused = plans.LaunchPlan("flush", (), 8, (1, 1, 1)), plans.LaunchPlan("fused", (), 8, (1, 1, 1))
-
-    def pick(work, per_sm):
-        return plans.non_replay_plan("op", "auto", (), work, True, 8, H200, t, lambda: flush, lambda: fused, per_sm)
-
-    assert pick(200, 1.0) is fused and pick(100, 1.0) is flush and pick(200, None) is flush
-    assert pick(8 * 132, 1.0) is None  # the replay kernels
-
-
 @pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
 @pytest.mark.parametrize("L", [1, 16, 32])
 def test_fused_plans_run_the_state_grid_with_the_ring_buffer(model, L):

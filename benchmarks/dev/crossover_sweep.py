@@ -1,13 +1,10 @@
-"""Measure where ``mode="auto"`` should switch kernels and write the crossover table the planners read
-(``trtllm_replayssm/core/crossovers.json``, core/crossovers.py).
+"""Measure where ``mode="auto"`` should switch from the flush kernel to the replay kernels and write the crossover
+table the planners read (``trtllm_replayssm/core/crossovers.json``, core/crossovers.py).
 
-For each family's benchmark models and each state spec, the flush kernel, the one-launch replay (``fused``) and the
-replay kernels are timed at every batch (whole staggered L-cycles, cold L2, CUDA graphs, medians;
-``lab/bench/ours.replay_case``). The replay crossover of a (family, spec) is the smallest batch from which replay
-beats the better of flush and fused at that batch and every larger one, over every model of the family, in work
-items (batch x heads) per SM, rounded down; below it, the fused band starts at the smallest batch from which fused
-beats flush at it and every larger batch below the replay crossover (work items per SM, the largest over the
-models; none unless every model has one). One table entry per (family, spec) for this GPU's arch.
+For each family's benchmark models and each state spec, both modes are timed at every batch (whole staggered
+L-cycles, cold L2, CUDA graphs, medians; ``lab/bench/ours.replay_case``). The crossover of a (family, spec) is the
+smallest batch from which replay beats flush at that batch and every larger one, over every model of the family,
+in work items (batch x heads) per SM, rounded down; one table entry per (family, spec) for this GPU's arch.
 
     python3 benchmarks/dev/crossover_sweep.py --specs fp32,bf16 -o benchmarks/results/dev/crossovers-h200.json \
         --write-table
@@ -16,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 import torch
@@ -30,7 +26,6 @@ from trtllm_replayssm.lab.bench.ours import replay_case
 from trtllm_replayssm.lab.bench.shapes import BenchShape, select_shapes
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
-TIMED_MODES = ("flush", "fused", "replay")
 
 
 def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device) -> float:
@@ -44,16 +39,9 @@ def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev:
 
 
 def crossover(times: dict[int, tuple[float, float]]) -> int | None:
-    """The smallest batch from which the second time beats the first at it and every larger batch."""
+    """The smallest batch from which replay (second) beats flush (first) at it and every larger batch."""
     winning = [b for b in sorted(times) if all(times[c][1] < times[c][0] for c in times if c >= b)]
     return winning[0] if winning else None
-
-
-def bands(times: dict[int, dict[str, float]]) -> tuple[int | None, int | None]:
-    """(replay crossover, start of the fused band below it) of one model's times per batch and mode (crossover)."""
-    b_replay = crossover({b: (min(t["flush"], t["fused"]), t["replay"]) for b, t in times.items()})
-    below = {b: (t["flush"], t["fused"]) for b, t in times.items() if b_replay is None or b < b_replay}
-    return b_replay, crossover(below) if below else None
 
 
 def main() -> int:
@@ -70,27 +58,22 @@ def main() -> int:
     records, entries = [], {(c.family, c.state, c.arch): c for c in crossovers.shipped()}
     for family in a.families.split(","):
         for label in a.specs.split(","):
-            per_sm, fused_per_sm, shapes = [], [], select_shapes([family], None)
+            per_sm, shapes = [], select_shapes([family], None)
             for shape in shapes:
-                times = {b: {mode: time_mode(shape, label, b, mode, a.L, dev) for mode in TIMED_MODES}
+                times = {b: tuple(time_mode(shape, label, b, mode, a.L, dev) for mode in ("flush", "replay"))
                          for b in BATCHES}
-                for b, t in times.items():
+                for b, (flush_us, replay_us) in times.items():
                     records.append({"family": family, "model": shape.model, "state": label, "batch": b, "arch": arch,
-                                    **{f"{mode}_us": us for mode, us in t.items()}})
-                    print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} "
-                          + "  ".join(f"{mode} {us:8.1f} us" for mode, us in t.items()), flush=True)
-                b, b_fused = bands(times)
+                                    "flush_us": flush_us, "replay_us": replay_us})
+                    print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} flush {flush_us:8.1f} us  replay "
+                          f"{replay_us:8.1f} us", flush=True)
+                b = crossover(times)
                 per_sm.append(b * shape.dims.heads // sms if b is not None else None)
-                fused_per_sm.append(b_fused * shape.dims.heads / sms if b_fused is not None else None)
-            if all(p is not None for p in per_sm):  # the fused band's start rounded down to 0.01 per SM
-                fused = (math.floor(100 * max(fused_per_sm)) / 100 if all(f is not None for f in fused_per_sm)
-                         else None)
+            if all(p is not None for p in per_sm):
                 entries[(family, label, arch)] = crossovers.Crossover(
                     family, label, arch, max(per_sm),
-                    f"{torch.cuda.get_device_name(dev)}, {label}: replay beats flush and fused from batch x heads / "
-                    f"SMs >= {max(per_sm)}, fused beats flush below it from "
-                    f"{'never' if fused is None else fused} over {', '.join(s.model for s in shapes)} "
-                    f"(benchmarks/dev/crossover_sweep.py)", fused)
+                    f"{torch.cuda.get_device_name(dev)}, {label}: replay beats flush from batch x heads / SMs >= "
+                    f"{max(per_sm)} over {', '.join(s.model for s in shapes)} (benchmarks/dev/crossover_sweep.py)")
     with open(a.output, "w") as f:
         json.dump({"records": records}, f, indent=1)
     if a.write_table:

@@ -178,11 +178,10 @@ def check_mode(mode: str) -> str:
 
 
 def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, device: Device,
-                 tuning: Tuning, fused_per_sm: float | None = None) -> str:
+                 tuning: Tuning) -> str:
     """What a requested mode runs (``replay``, ``fused`` or ``flush``): ``auto`` replays on a replay-capable GPU
     where the state dtype's replay is measured faster (``replay_state``) and the batch fills the GPU (``work_items``
-    at least the adaptive threshold, ``per_sm`` x SMs by default); below it, the one-launch replay from
-    ``fused_per_sm`` x SMs work items (None: never), else the flush kernel. On a CPU ``auto`` and ``fused`` mean
+    at least the adaptive threshold, ``per_sm`` x SMs by default), else flushes; on a CPU ``auto`` and ``fused`` mean
     ``replay`` (the reference replay step, which ``fused`` equals)."""
     check_mode(mode)
     if not device.is_cuda:
@@ -191,20 +190,17 @@ def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, de
         return mode
     if not replay_state or not device.replay_capable:
         return "flush"
-    if work_items >= adaptive_threshold(per_sm, device, tuning):
-        return "replay"
-    return "fused" if fused_per_sm is not None and work_items >= fused_per_sm * device.sm_count else "flush"
+    return "flush" if work_items < adaptive_threshold(per_sm, device, tuning) else "replay"
 
 
 def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
                     device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"],
-                    fused_plan: Callable[[], "LaunchPlan"] | None = None,
-                    fused_per_sm: float | None = None) -> "LaunchPlan | None":
+                    fused_plan: Callable[[], "LaunchPlan"] | None = None) -> "LaunchPlan | None":
     """The plan of a replay op's call that launches no persistent replay kernels: on a CPU (the reference step of the
     resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``; None: the family
     has none, a ValueError naming ``op``); None when the replay kernels run. ``mode='replay'`` on a GPU without bulk
-    async copies is a RuntimeError naming ``op``. ``per_sm``, ``fused_per_sm``: the crossovers (resolve_mode)."""
-    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning, fused_per_sm)
+    async copies is a RuntimeError naming ``op``."""
+    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning)
     if not device.is_cuda:
         return LaunchPlan(resolved, key, 0, (0, 0, 0))
     if resolved == "flush":
