@@ -195,19 +195,16 @@ def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, de
 
 def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
                     device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"],
-                    fused_plan: Callable[[], "LaunchPlan"] | None = None) -> "LaunchPlan | None":
+                    fused_plan: Callable[[], "LaunchPlan"]) -> "LaunchPlan | None":
     """The plan of a replay op's call that launches no persistent replay kernels: on a CPU (the reference step of the
-    resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``; None: the family
-    has none, a ValueError naming ``op``); None when the replay kernels run. ``mode='replay'`` on a GPU without bulk
-    async copies is a RuntimeError naming ``op``."""
+    resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``); None when the
+    replay kernels run. ``mode='replay'`` on a GPU without bulk async copies is a RuntimeError naming ``op``."""
     resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning)
     if not device.is_cuda:
         return LaunchPlan(resolved, key, 0, (0, 0, 0))
     if resolved == "flush":
         return flush_plan()
     if resolved == "fused":
-        if fused_plan is None:
-            raise ValueError(f"{op}: mode='fused' is not available for this family; use 'auto', 'replay' or 'flush'")
         return fused_plan()
     if not device.replay_capable:
         raise RuntimeError(f"{op}: mode='replay' needs an sm_90+ GPU (bulk async copies); use mode='auto' or 'flush'")

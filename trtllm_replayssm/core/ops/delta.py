@@ -16,9 +16,8 @@ from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_fused_bytes, delta_record_len,
-                                           delta_size_checks,
-                                           delta_stage_bytes, delta_verify_rec_floats, delta_verify_stage_bytes,
-                                           key_ring_dtype, stored_state_params)
+                                           delta_size_checks, delta_stage_bytes, delta_verify_rec_floats,
+                                           delta_verify_stage_bytes, key_ring_dtype, stored_state_params)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
@@ -114,7 +113,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                             crossovers.min_work_per_sm("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
                             dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning),
-                            lambda: _fused_plan(key, layer, per_channel_gate, batch, dev, tuning))
+                            lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)
@@ -151,14 +150,12 @@ def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: in
     return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
 
 
-def _fused_plan(key: tuple, layer: GDNLayerCache, per_channel_gate: bool, batch: int, dev: Device,
-                tuning: Tuning) -> LaunchPlan:
+def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, per_channel_gate: bool, batch: int,
+                dev: Device, tuning: Tuning) -> LaunchPlan:
     """The one-launch replay: the state kernels' grid, each CTA staging its rows' ring in ``fold_bytes`` of shared
     memory."""
-    _, HV, V, K = layer.checkpoint().shape
     plan = _state_kernel_plan("fused", key, V, K, HV, batch, dev, tuning)
-    act = layer.u_ring.dtype
-    fused = delta_fused_bytes(layer.buffer_len, plan.rows_per_cta, K, key_ring_dtype(act, per_channel_gate).itemsize,
+    fused = delta_fused_bytes(L, plan.rows_per_cta, K, key_ring_dtype(act, per_channel_gate).itemsize,
                               get_dtype(act).bytes, per_channel_gate)
     return replace(plan, fold_bytes=fused)
 

@@ -21,7 +21,6 @@ from trtllm_replayssm.core.limits import MODES
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, window_token
 
 SSM_IMPLS: tuple[str, ...] = ("baseline", "replay")
-REPLAY_MODES: tuple[str, ...] = MODES
 PAD_SLOT_ID = -1  # no row of a decoder batch pads: slot i is row i
 
 
@@ -37,7 +36,7 @@ class SSMStates:
                  act_dtype: torch.dtype, buffer_len: int, device: torch.device, replay_mode: str = "auto",
                  spec_tokens: int = 1) -> None:
         _check_choice("ssm_impl", impl, SSM_IMPLS)
-        _check_choice("replay_mode", replay_mode, REPLAY_MODES)
+        _check_choice("replay_mode", replay_mode, MODES)
         if buffer_len < 1:
             raise ValueError(f"buffer_len: expected >= 1, got {buffer_len}")
         if spec_tokens < 1 or (impl == "replay" and spec_tokens > buffer_len):
