@@ -341,13 +341,51 @@ __device__ __forceinline__ void fold_ring_into_rows(const DeltaParams& p, int sl
   fold_records(k_ring, g_ring, u_ring, kV, p.L, hist, col0, acc);
 }
 
+// This lane's parts of one state row's dots with xq and xk.
+__device__ __forceinline__ void row_parts(const float (&row)[kEpl], const float (&xq)[kEpl], const float (&xk)[kEpl],
+                                          float& pq, float& pk) {
+  pq = pk = 0.f;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    pq = fmaf(row[e], xq[e], pq);
+    pk = fmaf(row[e], xk[e], pk);
+  }
+}
+
+// The row dots of this warp's rows against xq and xk: lane r < kRows gets aq_r = S[r]·xq and ak_r = S[r]·xk. With
+// 2 kRows <= 32 one transposed reduction (rssm::warp_sum_scatter: lane r aq_r, lane kRows + r ak_r), then one shuffle
+// moves ak_r to lane r; else a warp_sum per dot.
+__device__ __forceinline__ void row_dots(const float (&acc)[kRows][kEpl], const float (&xq)[kEpl],
+                                         const float (&xk)[kEpl], float& aq, float& ak) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  if constexpr (2 * kRows <= rssm::kWarpSize && (kRows & (kRows - 1)) == 0) {
+    float parts[2 * kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row_parts(acc[r], xq, xk, parts[r], parts[kRows + r]);
+    aq = rssm::warp_sum_scatter<2 * kRows>(parts);
+    ak = __shfl_sync(0xffffffffu, aq, kRows + lane % kRows);
+  } else {
+    aq = ak = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float pq, pk;
+      row_parts(acc[r], xq, xk, pq, pk);
+      pq = rssm::warp_sum(pq);
+      pk = rssm::warp_sum(pk);
+      if (lane == r) {
+        aq = pq;
+        ak = pk;
+      }
+    }
+  }
+}
+
 // One token on this warp's rows held in registers (`acc`, kRows rows of this lane's channels; lane r holds v of row
-// r in `v_lane`): a_q = S·(e^{g} ⊙ q~), a_k likewise with k, u = beta (v - a_k), o = a_q + u (k·q~), then
+// r in `v_lane`): a_q = S·(e^{g} ⊙ q~), a_k likewise with k (row_dots), u = beta (v - a_k), o = a_q + u (k·q~), then
 // S = e^{g} ⊙ S + u kᵀ in the registers. Returns o of row `lane` (lanes < kRows), its u in `u_lane`.
 __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const float (&qn)[kEpl],
                                               const float (&kn)[kEpl], float kq, const float (&lg)[kGates],
                                               float beta, float v_lane, float& u_lane) {
-  const int lane = threadIdx.x % rssm::kWarpSize;
   float decay[kGates];
 #pragma unroll
   for (int e = 0; e < kGates; ++e) decay[e] = __expf(lg[e]);
@@ -357,52 +395,95 @@ __device__ __forceinline__ float token_update(float (&acc)[kRows][kEpl], const f
     xq[e] = decay[kPerChannel ? e : 0] * qn[e];
     xk[e] = decay[kPerChannel ? e : 0] * kn[e];
   }
-  float u_rows[kRows];
-  float o_lane = 0.f;
+  float aq, ak;
+  row_dots(acc, xq, xk, aq, ak);
+  u_lane = beta * (v_lane - ak);  // row `lane` (lanes < kRows)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    float aq = 0.f, ak = 0.f;
+    const float u = __shfl_sync(0xffffffffu, u_lane, r);
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) {
-      aq = fmaf(acc[r][e], xq[e], aq);
-      ak = fmaf(acc[r][e], xk[e], ak);
-    }
-    aq = rssm::warp_sum(aq);
-    ak = rssm::warp_sum(ak);
-    const float u = beta * (__shfl_sync(0xffffffffu, v_lane, r) - ak);
-    u_rows[r] = u;
-    if (lane == r) {
-      o_lane = fmaf(u, kq, aq);
-      u_lane = u;
+    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u, kn[e], acc[r][e] * decay[kPerChannel ? e : 0]);
+  }
+  return fmaf(u_lane, kq, aq);
+}
+
+// A one-launch non-flush step's ring coefficients into `coefs` (shared): coefs[j] = kd_j·q~, coefs[kMaxL + j] = kd_j·k
+// for j < w, kd_j = e^{lt - G_j} ⊙ k_j (lt = G_{w-1} + g, `dec` = e^{lt}); the warps take contiguous quarters of the
+// ring (ring_dots). The caller synchronises the CTA before reading them.
+__device__ __forceinline__ void ring_coefficients(const kring_t* keys, const float* gates, int w, int col0,
+                                                  const float (&qn)[kEpl], const float (&kn)[kEpl],
+                                                  const float (&lt)[kGates], const float (&dec)[kEpl],
+                                                  bool all_predecayed, float* coefs) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int per = (w + rssm::kNumWarps - 1) / rssm::kNumWarps, j0 = warp * per;
+  const int n = min(w, j0 + per) - j0;
+  if (n <= 0) return;
+  ring_dots<kGdnPrepChunk, kGdnReduce>(
+      keys + (long long)j0 * kK, n, col0, qn, kn,
+      [&](int j, float (&kd)[kEpl]) { decay_ring_key(gates, j0 + j, col0, lt, dec, all_predecayed, kd); },
+      [&](int j1, float dot) {
+        const int c = lane % kGdnReduce;
+        if (lane < 2 * kGdnReduce && j1 + c < n) coefs[(lane < kGdnReduce ? 0 : rssm::kMaxL) + j0 + j1 + c] = dot;
+      });
+}
+
+// A one-launch non-flush step from the checkpoint rows `acc` and the ring coefficients (ring_coefficients; `u_rows`:
+// the staged u ring at the warp's first row, position j at u_rows + j kTile): a_q = e^{lt} S0·q~ + Σ_{j<w} (kd_j·q~)
+// u_j, a_k likewise, u = beta (v - a_k). Returns o of row `lane` (lanes < kRows), its u in `u_lane`; no state update.
+__device__ __forceinline__ float nonflush_output(const float (&acc)[kRows][kEpl], const float (&qn)[kEpl],
+                                                 const float (&kn)[kEpl], float kq, const float (&dec)[kEpl],
+                                                 float beta, float v_lane, const float* coefs, const act_t* u_rows,
+                                                 int w, float& u_lane) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  float xq[kEpl], xk[kEpl];
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) {
+    xq[e] = dec[e] * qn[e];
+    xk[e] = dec[e] * kn[e];
+  }
+  float aq, ak;
+  row_dots(acc, xq, xk, aq, ak);
+  if (lane < kRows) {
+    for (int j = 0; j < w; ++j) {
+      const float uj = rssm::to_float(u_rows[j * kTile + lane]);
+      aq = fmaf(coefs[j], uj, aq);
+      ak = fmaf(coefs[rssm::kMaxL + j], uj, ak);
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(u_rows[r], kn[e], acc[r][e] * decay[kPerChannel ? e : 0]);
-  return o_lane;
+  u_lane = beta * (v_lane - ak);
+  return fmaf(u_lane, kq, aq);
 }
 
 // The state kernels' step kinds: the baseline (no ring, no cursor); the adaptive-mode flush (every row folds the ring
-// entries it still holds, none in the steady state, and writes its state); the one-launch replay (a row folds its
-// ring in registers, then a non-flush step appends its records and writes no state, a flush at w = L - 1 writes it).
+// entries it still holds, none in the steady state, and writes its state); the one-launch replay (a non-flush step
+// outputs from the checkpoint rows and per-entry ring coefficients, appends its records and writes no state; a flush
+// at w = L - 1 folds the ring into the rows in registers and writes them).
 enum class StepKind { kBaseline, kFlush, kFused };
 
 // The one-launch replay's ring staging: ring keys, GDN gates (the fold buffer's layout) and the u rows of the CTA's
-// row tile for positions j < w, copied to shared memory by every thread (4-byte async copies), awaited by the caller.
-__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0, int w,
+// row tile, at every position a fold can read (j < L - 1), copied to shared memory by every thread without waiting
+// for the cursor, so they travel with the state loads (the fold reads entries j < w only); awaited by the caller.
+// Keys move in 16-byte async copies where the ring is 16-byte aligned, the rest in 4-byte ones.
+__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0,
                                           unsigned char* buf) {
+  const int n = p.L - 1;
   const kring_t* k_ring =
       static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
   constexpr int kKeyWords = kK * int(sizeof(kring_t)) / 4, kRowWords = kTile * int(sizeof(act_t)) / 4;
-  for (int i = threadIdx.x; i < w * kKeyWords; i += rssm::kThreads)
-    rssm::cp_async4(buf + i * 4, reinterpret_cast<const unsigned*>(k_ring) + i);
+  static_assert(kKeyWords % 4 == 0, "a ring key row is a whole number of 16-byte chunks");
+  if ((reinterpret_cast<unsigned long long>(k_ring) & 15) == 0) {
+    for (int i = threadIdx.x; i < n * kKeyWords / 4; i += rssm::kThreads)
+      rssm::cp_async16(buf + i * 16, reinterpret_cast<const uint4*>(k_ring) + i);
+  } else {
+    for (int i = threadIdx.x; i < n * kKeyWords; i += rssm::kThreads)
+      rssm::cp_async4(buf + i * 4, reinterpret_cast<const unsigned*>(k_ring) + i);
+  }
   if constexpr (!kPerChannel) {
     const float* g_ring = p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head;
-    for (int i = threadIdx.x; i < w; i += rssm::kThreads) rssm::cp_async4(buf + fold_gates_offset(p.L) + i * 4, g_ring + i);
+    for (int i = threadIdx.x; i < n; i += rssm::kThreads) rssm::cp_async4(buf + fold_gates_offset(p.L) + i * 4, g_ring + i);
   }
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0;
-  for (int i = threadIdx.x; i < w * kRowWords; i += rssm::kThreads) {
+  for (int i = threadIdx.x; i < n * kRowWords; i += rssm::kThreads) {
     const int j = i / kRowWords, word = i % kRowWords;
     rssm::cp_async4(buf + fold_buffer_bytes(p.L) + i * 4, reinterpret_cast<const unsigned*>(u_ring + (long long)j * kV) + word);
   }
@@ -457,11 +538,12 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
     }
   }
+  if constexpr (kFused) stage_ring(p, slot, hv, h, row0, ring_buf);
   if constexpr (kReplay && !(kFused && kDual)) read_cursor();
-  const bool flushing = !kFused || w == p.L - 1;
-  if constexpr (kFused) {
-    if (w != 0) stage_ring(p, slot, hv, h, row0, w, ring_buf);
+  if constexpr (kFused && kPerChannel) {  // the fold's G = G_{w-1} (KDA gates are not staged): in L1 by then
+    if (w > 0) rssm::prefetch_l1(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head + (long long)(w - 1) * kK + col0);
   }
+  const bool flushing = !kFused || w == p.L - 1;
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
   auto fold_pending_ring = [&] {  // replay kinds; uniform per CTA (the cursor advances below)
     if constexpr (kFused) {
@@ -493,7 +575,41 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
-  if constexpr (kReplay && !kFoldFirst) fold_pending_ring();
+  const float* ring_coefs = nullptr;
+  // A one-launch non-flush step does not fold: the ring enters its output through per-entry coefficients.
+  float dec[kEpl];
+  if constexpr (kFused) {
+    __shared__ float coefs[2 * rssm::kMaxL];
+    if (flushing) {
+      fold_pending_ring();
+    } else {
+      rssm::cp_async_wait_all();
+      __syncthreads();  // the staged ring has landed; every thread has read the cursor
+      float lt[kGates];
+#pragma unroll
+      for (int e = 0; e < kGates; ++e) lt[e] = lg[e];
+      bool all_predecayed = true;
+      const float* gates = kPerChannel ? p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head
+                                       : reinterpret_cast<const float*>(ring_buf + fold_gates_offset(p.L));
+      if (w != 0) {
+        float big_g[kGates];
+        gate_at(gates, w - 1, col0, big_g);
+        all_predecayed = !kPerChannel || predecayed(big_g);
+#pragma unroll
+        for (int e = 0; e < kGates; ++e) lt[e] += big_g[e];
+      }
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dec[e] = __expf(lt[kPerChannel ? e : 0]);
+      if (w != 0) {
+        ring_coefficients(reinterpret_cast<const kring_t*>(ring_buf), gates, w, col0, qn, kn, lt, dec, all_predecayed,
+                          coefs);
+        __syncthreads();  // every warp's coefficients are in
+      }
+    }
+    ring_coefs = coefs;
+  } else if constexpr (kReplay && !kFoldFirst) {
+    fold_pending_ring();
+  }
   if constexpr (kReplay) {
     if (bad_cursor ||
         __any_sync(0xffffffffu, rssm::earlier_row_has(p.slot_idx, b, slot, lane, rssm::kWarpSize, first_id))) {
@@ -512,7 +628,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   }
 
   float u_lane = 0.f;
-  const float o_lane = token_update(acc, qn, kn, kq, lg, beta, v_lane, u_lane);
+  const float o_lane =
+      kFused && !flushing
+          ? nonflush_output(acc, qn, kn, kq, dec, beta, v_lane, ring_coefs,
+                            reinterpret_cast<const act_t*>(ring_buf + fold_buffer_bytes(p.L)) + wrow0, w, u_lane)
+          : token_update(acc, qn, kn, kq, lg, beta, v_lane, u_lane);
   if (lane < kRows)
     static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(o_lane);
   if (kFused && !flushing) {  // append the token's records at ring position w (the prep and main kernels' form)
@@ -563,8 +683,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   delta_step<StepKind::kFlush>(p);
 }
 
-// Small-batch replay in one launch: each CTA folds its rows' ring (staged in shared memory, fused_buffer_bytes(L))
-// into the loaded checkpoint rows; a non-flush step appends its records, a flush (w = L - 1) writes the state.
+// Small-batch replay in one launch (ring staged in shared memory, fused_buffer_bytes(L)): a non-flush step outputs
+// from its checkpoint rows and per-entry ring coefficients and appends its records; a flush (w = L - 1) folds the
+// ring into the rows and writes the state.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     delta_fused_decode_kernel(const DeltaParams p) {
   extern __shared__ __align__(16) unsigned char ring_buf[];

@@ -53,6 +53,13 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // gives some stored state kernels few registers and spills), and a replay main kernel with stochastic rounding
 // and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning mirrors it).
 constexpr int kStateMinBlocks = kStored ? 1 : 0;
+// The one-launch replay asks for one CTA per SM at least on sm_100 and later too: without a minimum ptxas there gives
+// it 72-80 registers and spills (plain fp32 32-row and fp16 80-row tiles).
+#if __CUDA_ARCH__ >= 1000
+constexpr int kFusedMinBlocks = 1;
+#else
+constexpr int kFusedMinBlocks = kStateMinBlocks;
+#endif
 constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
@@ -279,14 +286,60 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
   return true;
 }
 
-// Fold ring entries 0..w-1 plus the current token (entry w): S = decay S + Σ_j s_j x_j B_jᵀ; stores S (unless
-// `store` is false: a one-launch replay's non-flush step), stages S·C and D x. `s` holds s_0..s_w (shared or global);
-// a stored checkpoint's rows are decoded from `src` (the master, or dual mode's read copy for a non-flush step).
-// Every thread of the CTA calls it (it synchronises).
+// Row r of this warp's checkpoint rows in fp32: from the registers (`raw`) for a plain checkpoint, else decoded where
+// used (no dynamic register index) from `src` (dual mode's read copy) or, without one, the master.
+template <class SrcRows>
+__device__ __forceinline__ void checkpoint_row(const Tile& t, const RawTile& raw, int r, const SrcRows* src,
+                                               float (&v)[kEpl]) {
+  if constexpr (kStored) {
+    if (src) src->decode(r, t.lane, v);
+    else t.master.decode(r, t.lane, v);
+  } else {
+    unpack_row(raw, r, v);
+  }
+}
+
+// Fold of staged entries 0..w (ring entries j < w, then the current token): S = decay S + Σ_j xs_j B_jᵀ with B_j
+// the rows of `s_B` and xs_j = s_j x_j the rows of `s_xs` (the tile's rows); stores S and stages S·C (`cv`: this
+// lane's C). The caller has staged the extras (stage_extras) and synchronised after writing the staged rows.
+__device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
+                                                 const float (&cv)[kEpl], const act_t (*s_B)[N],
+                                                 const float (*s_xs)[PT], float decay, int w, OutStage& st) {
+#pragma unroll(kStored ? 1 : kRowsPerWarp)  // one inlined copy of a stored row's write (unrolled, ptxas spills)
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float v[kEpl];
+    checkpoint_row<MasterRows>(t, raw, r, nullptr, v);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) v[e] *= decay;
+    for (int j = 0; j <= w; ++j) {
+      const float xs = s_xs[j][t.warp * kRowsPerWarp + r];
+      float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
+    }
+    store_row(p, t, r, v);
+    stage_row_dot(t, r, v, cv, st);
+  }
+}
+
+// The checkpoint rows' S·C (`cv`: this lane's C, scaled by the caller) staged per row without a fold: a one-launch
+// replay's non-flush step (`src`: dual mode's read copy, else nullptr).
 template <class SrcRows = MasterRows>
+__device__ __forceinline__ void stage_checkpoint_dots(const Tile& t, const RawTile& raw, const float (&cv)[kEpl],
+                                                      OutStage& st, const SrcRows* src = nullptr) {
+#pragma unroll(kStored ? 1 : kRowsPerWarp)
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float v[kEpl];
+    checkpoint_row(t, raw, r, src, v);
+    stage_row_dot(t, r, v, cv, st);
+  }
+}
+
+// fold_staged_rows of ring entries 0..w-1 plus the current token (entry w), staged from global memory here (the flush
+// kernel). `s` holds s_0..s_w (shared or global). Every thread of the CTA calls it (it synchronises).
 __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw, const float* s,
-                                          float decay, int w, OutStage& st, bool store = true,
-                                          const SrcRows* src = nullptr) {
+                                          float decay, int w, OutStage& st) {
   __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
   __shared__ __align__(16) float s_xs[rssm::kMaxL][PT];
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
@@ -305,27 +358,7 @@ __device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, 
   rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
   stage_extras(p, t, st);
   __syncthreads();
-#pragma unroll(kStored ? 1 : kRowsPerWarp)  // one inlined copy of a stored row's write (unrolled, ptxas spills)
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float v[kEpl];
-    if constexpr (kStored) {  // rows loaded where used: no dynamic register index
-      if (src) src->decode(r, t.lane, v);
-      else t.master.decode(r, t.lane, v);
-    } else {
-      unpack_row(raw, r, v);
-    }
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) v[e] *= decay;
-    for (int j = 0; j <= w; ++j) {
-      const float xs = s_xs[j][t.warp * kRowsPerWarp + r];
-      float bv[kEpl];
-      rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) v[e] = fmaf(xs, bv[e], v[e]);
-    }
-    if (store) store_row(p, t, r, v);
-    stage_row_dot(t, r, v, cv, st);
-  }
+  fold_staged_rows(p, t, raw, cv, s_B, s_xs, decay, w, st);
 }
 
 // Warp-collective: weights of ring entries 0..w (lane j) for one head; returns s_lane, sets decay on every lane.
@@ -335,6 +368,15 @@ __device__ __forceinline__ float decay_weights(float delta_lane, float a, float&
   decay = __expf(decay_exponent(a, __shfl_sync(0xffffffffu, incl, 0)));
   const int lane = threadIdx.x % rssm::kWarpSize;
   return delta_lane * __expf(decay_exponent(a, lane == rssm::kWarpSize - 1 ? 0.f : excl));
+}
+
+// Warp-collective (one warp): the fold weights s_0..s_w of entries 0..w (lane j's Δ in `d`) and the decay into
+// shared memory.
+__device__ __forceinline__ void stage_fold_weights(float d, float a, int w, int lane, float* s_w, float& s_decay) {
+  float decay;
+  const float s = decay_weights(d, a, decay);
+  if (lane <= w) s_w[lane] = s;
+  if (lane == 0) s_decay = decay;
 }
 
 }  // namespace
@@ -376,11 +418,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     __shared__ float s_decay;
     if (t.warp == 0) {
       const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
-      const float d = t.lane < w ? dt_ring[t.lane] : (t.lane == w ? current_delta(p, t.b, t.head) : 0.f);
-      float decay;
-      const float s = decay_weights(d, p.A[t.head], decay);
-      if (t.lane <= w) s_w[t.lane] = s;
-      if (t.lane == 0) s_decay = decay;
+      stage_fold_weights(t.lane < w ? dt_ring[t.lane] : (t.lane == w ? current_delta(p, t.b, t.head) : 0.f),
+                         p.A[t.head], w, t.lane, s_w, s_decay);
     }
     __syncthreads();
     if (bad_cursor || repeats_earlier_row(p, t, first_id)) {
@@ -394,34 +433,75 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   finish_output(p, t, st);
 }
 
-// Small-batch replay in one launch: each CTA folds its rows' ring entries and the token into the loaded checkpoint
-// rows (fold_rows); a non-flush step outputs from them, appends the token's records (x of its rows; Δ and B once per
-// head / group) and stores nothing, a flush (w = L - 1) stores the state. The prep and main kernels' ring form.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+// Small-batch replay in one launch. A non-flush step does not fold: y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x
+// from the checkpoint rows and one coefficient per entry, then it appends the token's records (x of its rows; Δ and
+// B once per head / group) and stores nothing. A flush (w = L - 1) folds the ring and the token into the loaded rows
+// (fold_staged_rows) and stores the state. The prep and main kernels' ring form. The ring records at every position
+// a step can read (j < L - 1: B of the group, x of the tile's rows, Δ of the head) are copied to shared memory
+// without waiting for the cursor, so they travel with the state loads.
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     mamba2_fused_decode_kernel(const Mamba2Params p) {
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
+  __shared__ __align__(16) act_t s_x[rssm::kMaxL][PT];
+  __shared__ __align__(16) float s_xs[rssm::kMaxL][PT];
+  __shared__ float s_dt[rssm::kMaxL];
+  __shared__ float s_w[rssm::kMaxL];
+  __shared__ float s_decay;
+  __shared__ OutStage st;
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
   if constexpr (!kStored) load_raw(t, raw);  // (a stored checkpoint's rows are decoded in the fold)
+  const int n = p.L - 1;  // ring positions a fold can read
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
+  static_assert(N * sizeof(act_t) % 16 == 0, "a B row is a whole number of 16-byte chunks");
+  if ((reinterpret_cast<unsigned long long>(B_ring) & 15) == 0) {
+    for (int i = threadIdx.x; i < n * N * int(sizeof(act_t)) / 16; i += rssm::kThreads)
+      rssm::cp_async16(reinterpret_cast<uint4*>(&s_B[0][0]) + i, reinterpret_cast<const uint4*>(B_ring) + i);
+  } else {
+    for (int i = threadIdx.x; i < n * N * int(sizeof(act_t)) / 4; i += rssm::kThreads)
+      rssm::cp_async4(reinterpret_cast<unsigned*>(&s_B[0][0]) + i, reinterpret_cast<const unsigned*>(B_ring) + i);
+  }
+  constexpr int kRowWords = PT * int(sizeof(act_t)) / 4;
+  static_assert(PT * sizeof(act_t) % 4 == 0, "x rows move by 4-byte async copies");
+  const act_t* x_ring = x_ring_at(p, t.slot, t.head) + t.row0;
+  for (int i = threadIdx.x; i < n * kRowWords; i += rssm::kThreads) {
+    const int j = i / kRowWords, word = i % kRowWords;
+    rssm::cp_async4(reinterpret_cast<unsigned*>(&s_x[j][0]) + word,
+                    reinterpret_cast<const unsigned*>(x_ring + (long long)j * P) + word);
+  }
+  const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
+  for (int i = threadIdx.x; i < n; i += rssm::kThreads) rssm::cp_async4(&s_dt[i], dt_ring + i);
+  rssm::cp_async_commit();
+
   const int cursor = p.cursor[t.slot];
   const bool bad_cursor = !rssm::cursor_in_ring(cursor, p.L);
   const int w = bad_cursor ? 0 : cursor;
   const bool flush = w >= p.L - 1;
   const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
-  __shared__ OutStage st;
-  __shared__ float s_w[rssm::kMaxL];
-  __shared__ float s_decay;
-  float delta_w = 0.f;
-  if (t.warp == 0) {
-    delta_w = current_delta(p, t.b, t.head);
-    const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
-    const float d = t.lane < w ? dt_ring[t.lane] : (t.lane == w ? delta_w : 0.f);
-    float decay;
-    const float s = decay_weights(d, p.A[t.head], decay);
-    if (t.lane <= w) s_w[t.lane] = s;
-    if (t.lane == 0) s_decay = decay;
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
+  const act_t* x_cur = x_of(p, t);
+  const float delta_w = t.warp == 0 ? current_delta(p, t.b, t.head) : 0.f;
+  constexpr int kBPerThread = (N + rssm::kThreads - 1) / rssm::kThreads;
+  act_t b_cur[kBPerThread];  // the token's B, element threadIdx.x + k kThreads
+#pragma unroll
+  for (int k = 0; k < kBPerThread; ++k) {
+    const int e = threadIdx.x + k * rssm::kThreads;
+    if (e < N) b_cur[k] = B_cur[e];
   }
-  __syncthreads();  // every thread has read the cursor
+  float cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
+  stage_extras(p, t, st);
+  rssm::cp_async_wait_all();
+  __syncthreads();  // the staged ring has landed; every thread has read the cursor
+#pragma unroll
+  for (int k = 0; k < kBPerThread; ++k) {  // entry w of the fold: the token (after the staged ring row w)
+    const int e = threadIdx.x + k * rssm::kThreads;
+    if (e < N) s_B[w][e] = b_cur[k];
+  }
+  if (t.warp == 0)
+    stage_fold_weights(t.lane < w ? s_dt[t.lane] : (t.lane == w ? delta_w : 0.f), p.A[t.head], w, t.lane, s_w, s_decay);
+  __syncthreads();
   if (bad_cursor || repeats_earlier_row(p, t, first_id)) {
     zero_pad_output(p, t.b, t.head, t.row0);
     return;
@@ -429,24 +509,51 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   if (threadIdx.x == 0)
     rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, flush ? 0 : w + 1,
                              SR && flush ? p.flushes : nullptr);
-  if constexpr (kDual) {
-    const ReadRows read = nonflush_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
-    if (flush) fold_rows(p, t, raw, s_w, s_decay, w, st);
-    else fold_rows(p, t, raw, s_w, s_decay, w, st, false, &read);
-  } else {
-    fold_rows(p, t, raw, s_w, s_decay, w, st, flush);
+  if (flush) {
+    for (int i = threadIdx.x; i < (w + 1) * PT; i += rssm::kThreads) {
+      const int j = i / PT, r = i % PT;
+      s_xs[j][r] = s_w[j] * (j < w ? rssm::to_float(s_x[j][r]) : st.x[r]);
+    }
+    __syncthreads();
+    fold_staged_rows(p, t, raw, cv, s_B, s_xs, s_decay, w, st);
+  } else {  // no fold: y = decay S0·C + Σ_{j<=w} c_j x_j + D x with c_j = s_j B_j·C (the warps take every 4th entry)
+    __shared__ float s_c[rssm::kMaxL];
+    for (int j = t.warp; j <= w; j += rssm::kNumWarps) {
+      float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (t.lane == 0) s_c[j] = s_w[j] * dot;
+    }
+    float cvd[kEpl];
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) cvd[e] = s_decay * cv[e];
+    if constexpr (kDual) {
+      const ReadRows read = nonflush_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
+      stage_checkpoint_dots(t, raw, cvd, st, &read);
+    } else {
+      stage_checkpoint_dots(t, raw, cvd, st);
+    }
+    __syncthreads();  // every entry's c_j
+    const int i = threadIdx.x;
+    if (i < PT) {
+      float ring = s_c[w] * st.x[i];
+      for (int j = 0; j < w; ++j) ring = fmaf(s_c[j], rssm::to_float(s_x[j][i]), ring);
+      st.extra[i] += ring;  // (this thread staged it)
+    }
   }
   if (!flush) {  // the token's records at ring position w
     const int i = threadIdx.x;
     if (i < PT)
       static_cast<act_t*>(p.x_ring)[t.slot * p.s_xr_slot + t.head * p.s_xr_head + (long long)w * P + t.row0 + i] =
-          x_of(p, t)[t.row0 + i];
+          x_cur[t.row0 + i];
     if (blockIdx.x == 0) {
       if (i == 0) p.dt_ring[t.slot * p.s_dtr_slot + t.head * p.s_dtr_head + w] = delta_w;
       if (t.head % (p.nheads / p.ngroups) == 0) {  // one B record per group
-        const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
         act_t* B_dst = static_cast<act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group + (long long)w * N;
-        for (int n = i; n < N; n += rssm::kThreads) B_dst[n] = B_cur[n];
+        for (int e = i; e < N; e += rssm::kThreads) B_dst[e] = B_cur[e];
       }
     }
   }

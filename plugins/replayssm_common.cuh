@@ -422,6 +422,16 @@ __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
 }
 
+// 16-byte async copy global -> shared (both 16-byte aligned), cached in L2 only; completes like cp_async4.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+// Prefetch of the line holding `src` into L1 (no register result: a later load of it hits L1).
+__device__ __forceinline__ void prefetch_l1(const void* src) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(src));
+}
+
 // Commits this thread's cp.async copies issued so far as a group; cp_async_wait_all waits until all have landed.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

@@ -2,6 +2,7 @@
 wins, a family or arch without an entry gets the default, bad entries are refused, and the planners switch where the
 table says."""
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -32,9 +33,24 @@ def test_the_most_specific_entry_wins():
     assert crossovers.min_work_per_sm("kda", "fp32", "sm_90", TABLE) == crossovers.DEFAULT_MIN_WORK_PER_SM
 
 
+def test_an_entry_may_add_a_fused_band():
+    table = crossovers.parse({"entries": [
+        dict(family="gdn", state="*", arch="sm_90", min_work_per_sm=8, fused_min_work_per_sm=1.5, source="x"),
+        dict(family="gdn", state="bf16", arch="sm_90", min_work_per_sm=10, fused_min_work_per_sm=None)]})
+    assert crossovers.entry("gdn", "fp32", "sm_90", table).fused_min_work_per_sm == 1.5
+    assert crossovers.entry("gdn", "bf16", "sm_90", table).fused_min_work_per_sm is None
+    assert crossovers.entry("kda", "fp32", "sm_90", table) == Crossover("kda", "*", "*", 8)  # the default: no band
+    # measured on the H200 (docs/decisions.md, one-launch replay): fused beats flush for Mamba-2 and GDN, not for KDA
+    assert {c.family for c in crossovers.shipped() if c.fused_min_work_per_sm is not None} == {"mamba2", "gdn"}
+
+
 @pytest.mark.parametrize("entry, match", [(dict(family="rwkv", state="*", arch="*", min_work_per_sm=1), "family"),
                                           (dict(family="gdn", state="*", arch="90", min_work_per_sm=1), "arch"),
-                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=-1), "min_work")])
+                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=-1), "min_work"),
+                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
+                                                fused_min_work_per_sm=-0.5), "fused_min_work"),
+                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
+                                                fused_min_work_per_sm="1"), "fused_min_work")])
 def test_bad_entries_are_refused(entry, match):
     with pytest.raises(ValueError, match=match):
         crossovers.parse({"entries": [entry]})
@@ -48,9 +64,14 @@ def test_the_planner_switches_where_the_table_says(monkeypatch):
     layer = fam.new_cache(dims, 1, 2, buffer_len=16, device="cpu").layer(0)
     h200 = Device(132, 9)
     monkeypatch.delenv("TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD", raising=False)
-    # 8 per SM on Hopper: 1056 work items = batch 11 of 96 heads
-    assert fam.replay_plan(layer, 10, "auto", device=h200).mode == "flush"
-    assert fam.replay_plan(layer, 11, "auto", device=h200).mode == "replay"
+    entry = crossovers.entry("mamba2", layer.spec.label, h200.arch)
+    first_replay = math.ceil(entry.min_work_per_sm * 132 / 96)  # batch x 96 heads >= min_work_per_sm x 132 SMs
+    assert fam.replay_plan(layer, first_replay - 1, "auto", device=h200).mode in ("flush", "fused")
+    assert fam.replay_plan(layer, first_replay, "auto", device=h200).mode == "replay"
+    if entry.fused_min_work_per_sm is not None:
+        first_fused = math.ceil(entry.fused_min_work_per_sm * 132 / 96)
+        assert fam.replay_plan(layer, first_fused - 1, "auto", device=h200).mode == "flush"
+        assert fam.replay_plan(layer, first_fused, "auto", device=h200).mode == "fused"
     assert crossovers.min_work_per_sm("mamba2", "fp32", Device(148, 10, 0).arch) == crossovers.DEFAULT_MIN_WORK_PER_SM
 
 
@@ -61,3 +82,37 @@ def test_the_sweep_finds_the_first_batch_replay_keeps_winning():
     assert crossover({1: (5.0, 7.0), 8: (20.0, 16.0), 64: (80.0, 50.0)}) == 8
     assert crossover({1: (5.0, 4.0), 8: (20.0, 21.0), 64: (80.0, 50.0)}) == 64  # a win below a loss does not count
     assert crossover({1: (5.0, 7.0), 8: (20.0, 21.0)}) is None
+
+
+def test_the_sweep_finds_the_fused_band_below_the_replay_crossover():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
+    from crossover_sweep import bands
+
+    def t(flush, fused, replay):
+        return {"flush": flush, "fused": fused, "replay": replay}
+
+    times = {1: t(4.0, 5.0, 9.0), 8: t(13.0, 9.0, 20.0), 16: t(25.0, 15.0, 22.0), 64: t(80.0, 60.0, 48.0)}
+    assert bands(times) == (64, 8)  # replay from 64 (beats fused there), fused from 8 up to it
+    times[16] = t(25.0, 15.0, 14.0)
+    assert bands(times) == (16, 8)  # replay must beat the better of flush and fused
+    assert bands({1: t(4.0, 5.0, 9.0), 8: t(13.0, 14.0, 20.0)}) == (None, None)
+
+
+def test_the_sweep_places_each_switch_between_the_losing_and_the_winning_batch():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
+    from crossover_sweep import switch_per_sm, table_entry
+
+    assert switch_per_sm(8, [1, 4, 8, 16], 132, 132) == pytest.approx(math.sqrt(4 * 8))
+    assert switch_per_sm(1, [1, 4, 8], 66, 132) == 0.5 and switch_per_sm(None, [1], 1, 1) is None
+
+    def t(flush, fused, replay):
+        return {"flush": flush, "fused": fused, "replay": replay}
+
+    # model a (132 heads): fused from batch 4, replay from 16; model b (66 heads): fused from 2, replay from 32
+    a = {1: t(4, 5, 9), 2: t(6, 7, 12), 4: t(10, 9, 18), 8: t(20, 17, 21), 16: t(38, 30, 26), 32: t(70, 55, 45)}
+    b = {1: t(4, 5, 9), 2: t(6, 5.5, 12), 4: t(10, 9, 18), 8: t(20, 17, 21), 16: t(38, 30, 31), 32: t(70, 55, 45)}
+    e = table_entry("mamba2", "fp32", "sm_90", "GPU", {"a": a, "b": b}, {"a": 132, "b": 66}, 132)
+    # replay: a at sqrt(8 x 16) = 11.3, b at sqrt(8 x 16) / 2 = 5.7 (above its losing 8 per SM: 9); fused: a at
+    # sqrt(2 x 4) = 2.83, b at sqrt(1 x 2) / 2 = 0.71
+    assert (e.min_work_per_sm, e.fused_min_work_per_sm) == (11, 2.82)
+    assert table_entry("gdn", "fp32", "sm_90", "GPU", {"a": {1: t(4, 5, 9), 8: t(13, 14, 20)}}, {"a": 1}, 1) is None

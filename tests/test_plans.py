@@ -20,6 +20,8 @@ from trtllm_replayssm.serving.presets import get_preset
 
 H200 = Device(132, 9)
 RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
+# recorded auto cases that the measured fp32 crossover entries send to another mode (14 shapes x 4 ring lengths)
+MOVED_BY_THE_FP32_CROSSOVERS = 56
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,10 +53,13 @@ def _launches(dims, plan, state_dtype, act_dtype):
 
 
 def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
+    """Every recorded plan of every mode. An ``auto`` case whose batch the crossover table now sends to another mode
+    (tests/test_crossovers.py covers the switch) is compared in the recorded mode; their number is pinned."""
     monkeypatch.delenv(plans.PREP_PDL_ENV, raising=False)
     monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
     cases = json.loads(gzip.open(RECORDED, "rt").read())["cases"]
     assert len(cases) == 1920
+    moved = 0
     for case in cases:
         dims = get_preset(case["model"]).ssm_dims
         sd, ad = DTYPES[case["state_dtype"]], DTYPES[case["act_dtype"]]
@@ -63,8 +68,14 @@ def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
             state = torch.empty(2, dims.heads, dims.rows, dims.cols, dtype=sd)
             plan = fam.state_update_plan(state, case["batch"], ad, device=H200)
         else:
-            plan = fam.replay_plan(_layer(dims, sd, ad, case["L"]), case["batch"], case["mode"], device=H200)
+            layer = _layer(dims, sd, ad, case["L"])
+            plan = fam.replay_plan(layer, case["batch"], case["mode"], device=H200)
+            recorded = "replay" if len(case["launches"]) == 2 else "flush"
+            if case["mode"] == "auto" and plan.mode != recorded:
+                moved += 1
+                plan = fam.replay_plan(layer, case["batch"], recorded, device=H200)
         assert _launches(dims, plan, sd, ad) == case["launches"], case
+    assert moved == MOVED_BY_THE_FP32_CROSSOVERS
 
 
 def test_tuning_is_passed_in_not_patched():
@@ -78,8 +89,8 @@ def test_tuning_is_passed_in_not_patched():
     assert default.rows_per_cta != 8 and default.tail_fraction == delta.TAIL_FRACTION
     none = FAMILIES["gdn"].replay_plan(layer, 256, "replay", Tuning(tail_fraction=None), device=H200)
     assert none.tail_start == none.num_tiles  # all round-robin
-    flush = FAMILIES["gdn"].replay_plan(layer, 256, "auto", Tuning(adaptive_threshold=10**6), device=H200)
-    assert flush.mode == "flush"
+    below = FAMILIES["gdn"].replay_plan(layer, 256, "auto", Tuning(adaptive_threshold=10**6), device=H200)
+    assert below.mode == "fused"  # below the tuned replay threshold: the fp32 GDN entry's fused band
     with pytest.raises(ValueError, match="rows_per_cta"):
         FAMILIES["gdn"].replay_plan(layer, 256, "replay", Tuning(rows_per_cta=6), device=H200)
     with pytest.raises(ValueError, match="stages"):
@@ -120,18 +131,41 @@ def test_adaptive_mode_rules(monkeypatch):
         plans.resolve_mode("fast", 1, True, 8, H200, t)
 
 
+def test_auto_runs_the_fused_band_a_crossover_gives(monkeypatch):
+    monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
+    t = Tuning()
+    assert plans.resolve_mode("auto", 131, True, 8, H200, t, fused_per_sm=1.0) == "flush"
+    assert plans.resolve_mode("auto", 132, True, 8, H200, t, fused_per_sm=1.0) == "fused"
+    assert plans.resolve_mode("auto", 8 * 132, True, 8, H200, t, fused_per_sm=1.0) == "replay"
+    assert plans.resolve_mode("auto", 1, True, 8, H200, t, fused_per_sm=0.0) == "fused"
+    assert plans.resolve_mode("auto", 500, False, 8, H200, t, fused_per_sm=0.0) == "flush"  # replay not faster
+    assert plans.resolve_mode("auto", 500, True, 8, plans.CPU, t, fused_per_sm=0.0) == "replay"  # the reference
+    flush, fused = plans.LaunchPlan("flush", (), 8, (1, 1, 1)), plans.LaunchPlan("fused", (), 8, (1, 1, 1))
+
+    def pick(work, per_sm):
+        return plans.non_replay_plan("op", "auto", (), work, True, 8, H200, t, lambda: flush, lambda: fused, per_sm)
+
+    assert pick(200, 1.0) is fused and pick(100, 1.0) is flush and pick(200, None) is flush
+    assert pick(8 * 132, 1.0) is None  # the replay kernels
+
+
 @pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
 @pytest.mark.parametrize("L", [1, 16, 32])
 def test_fused_plans_run_the_state_grid_with_the_ring_buffer(model, L):
-    """mode='fused' on a GPU: the flush kernel's grid, GDN/KDA with their ring buffer's bytes (Mamba-2 stages its ring
-    in static shared memory); on a CPU the reference replay step (which the one-launch replay equals)."""
+    """mode='fused' on a GPU: the state kernels' grid with the largest row tile up to 32 rows at every batch (the
+    flush kernel's tile shrinks at small batch), GDN/KDA with their ring buffer's bytes (Mamba-2 stages its ring in
+    static shared memory); on a CPU the reference replay step (which the one-launch replay equals)."""
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
     layer = _layer(dims, torch.float32, torch.bfloat16, L)
     for batch in (1, 8, 64):
         fused = fam.replay_plan(layer, batch, "fused", device=H200)
         flush = fam.replay_plan(layer, batch, "flush", device=H200)
-        assert fused.mode == "fused" and (fused.grid, fused.rows_per_cta) == (flush.grid, flush.rows_per_cta)
+        assert fused.mode == "fused" and fused.rows_per_cta == plans.FUSED_MAX_ROWS_PER_CTA == 32
+        assert fused.grid == (dims.rows // 32, dims.heads, batch) and flush.grid[1:] == fused.grid[1:]
+        assert batch > 8 or flush.rows_per_cta < fused.rows_per_cta
+        tuned = fam.replay_plan(layer, batch, "fused", Tuning(rows_per_cta=8), device=H200)
+        assert (tuned.rows_per_cta, tuned.grid) == (8, (dims.rows // 8, dims.heads, batch))
         if fam.name == "mamba2":
             assert fused.fold_bytes == 0
         else:

@@ -1,10 +1,15 @@
-"""Measure where ``mode="auto"`` should switch from the flush kernel to the replay kernels and write the crossover
-table the planners read (``trtllm_replayssm/core/crossovers.json``, core/crossovers.py).
+"""Measure where ``mode="auto"`` should switch kernels and write the crossover table the planners read
+(``trtllm_replayssm/core/crossovers.json``, core/crossovers.py).
 
-For each family's benchmark models and each state spec, both modes are timed at every batch (whole staggered
-L-cycles, cold L2, CUDA graphs, medians; ``lab/bench/ours.replay_case``). The crossover of a (family, spec) is the
-smallest batch from which replay beats flush at that batch and every larger one, over every model of the family,
-in work items (batch x heads) per SM, rounded down; one table entry per (family, spec) for this GPU's arch.
+For each family's benchmark models and each state spec, the flush kernel, the one-launch replay (``fused``) and the
+replay kernels are timed at every batch (µs per step over whole staggered L-cycles, cold L2, CUDA graphs, medians;
+``lab/bench/ours.replay_case``). Per model, replay takes over at the smallest batch from which it beats the better
+of flush and fused at it and every larger batch; below that, fused takes over from flush at the smallest batch from
+which it beats flush at it and every larger batch of the band. Each switch is placed, in work items (batch x heads)
+per SM, at the geometric mean of that batch and the measured batch below it (unmeasured batches between them go to
+the nearer side on a log scale), above the losing batch. The table entry of a (family, spec) takes the largest switch
+over the family's models (none for fused unless every model has one). ``--from-records`` recomputes the table from
+the raw records of an earlier run instead of measuring.
 
     python3 benchmarks/dev/crossover_sweep.py --specs fp32,bf16 -o benchmarks/results/dev/crossovers-h200.json \
         --write-table
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import torch
@@ -26,6 +32,7 @@ from trtllm_replayssm.lab.bench.ours import replay_case
 from trtllm_replayssm.lab.bench.shapes import BenchShape, select_shapes
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
+TIMED_MODES = ("flush", "fused", "replay")
 
 
 def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device) -> float:
@@ -35,48 +42,110 @@ def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev:
     step = family_of(shape.dims).random_step(shape.dims, batch, gen, dev, torch.bfloat16)
     n = timing.pools_for_cold_l2(byte_model.state_bytes(shape.dims, spec) * (batch + 1), timing.l2_bytes(dev))
     case = replay_case(shape, batch, spec, step, n, L, mode, gen, dev)
-    return timing.time_calls([c for _ in range(L) for c in case.calls]) / L
+    return timing.time_calls([c for _ in range(L) for c in case.calls])
 
 
 def crossover(times: dict[int, tuple[float, float]]) -> int | None:
-    """The smallest batch from which replay (second) beats flush (first) at it and every larger batch."""
+    """The smallest batch from which the second time beats the first at it and every larger batch."""
     winning = [b for b in sorted(times) if all(times[c][1] < times[c][0] for c in times if c >= b)]
     return winning[0] if winning else None
 
 
+def bands(times: dict[int, dict[str, float]]) -> tuple[int | None, int | None]:
+    """(replay crossover, start of the fused band below it) of one model's times per batch and mode (crossover)."""
+    b_replay = crossover({b: (min(t["flush"], t["fused"]), t["replay"]) for b, t in times.items()})
+    below = {b: (t["flush"], t["fused"]) for b, t in times.items() if b_replay is None or b < b_replay}
+    return b_replay, crossover(below) if below else None
+
+
+def switch_per_sm(batch: int | None, batches: list[int], heads: int, sms: int) -> float | None:
+    """Work items per SM where a switch found at ``batch`` goes: the geometric mean of it and the measured batch
+    below it (``batch`` itself when it is the smallest measured)."""
+    if batch is None:
+        return None
+    lower = [b for b in batches if b < batch]
+    per_sm = batch * heads / sms
+    return math.sqrt(max(lower) * heads / sms * per_sm) if lower else per_sm
+
+
+def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, dict[int, dict[str, float]]],
+                heads: dict[str, int], sms: int) -> crossovers.Crossover | None:
+    """The crossover entry of (family, spec) from each model's times per batch and mode (None: replay never keeps
+    winning for some model). The replay threshold is an integer above every batch where replay loses."""
+    replay, fused = [], []
+    for model, per_batch in times.items():
+        batches = sorted(per_batch)
+        b_replay, b_fused = bands(per_batch)
+        if b_replay is None:
+            return None
+        losing = [b * heads[model] / sms for b in batches if b < b_replay]
+        at = switch_per_sm(b_replay, batches, heads[model], sms)
+        replay.append(max(math.floor(at), math.floor(max(losing)) + 1) if losing else math.floor(at))
+        f_at = switch_per_sm(b_fused, batches, heads[model], sms)
+        fused.append(None if f_at is None else math.floor(100 * f_at) / 100)
+    fused_per_sm = max(fused) if all(f is not None for f in fused) else None
+    return crossovers.Crossover(
+        family, label, arch, max(replay),
+        f"{gpu}, {label}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, fused beats flush "
+        f"below it from {'never' if fused_per_sm is None else fused_per_sm} over {', '.join(times)} "
+        f"(benchmarks/dev/crossover_sweep.py)", fused_per_sm)
+
+
+def measure(families: list[str], specs: list[str], L: int, dev: torch.device) -> list[dict]:
+    """Raw records: µs per step of every timed mode, per family, spec, model and batch."""
+    arch, records = device_of(dev).arch, []
+    for family in families:
+        for label in specs:
+            for shape in select_shapes([family], None):
+                for b in BATCHES:
+                    t = {mode: time_mode(shape, label, b, mode, L, dev) for mode in TIMED_MODES}
+                    records.append({"family": family, "model": shape.model, "heads": shape.dims.heads, "state": label,
+                                    "batch": b, "arch": arch, **{f"{mode}_us": us for mode, us in t.items()}})
+                    print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} "
+                          + "  ".join(f"{mode} {us:8.1f} us" for mode, us in t.items()), flush=True)
+    return records
+
+
+def entries_from(records: list[dict], gpu: str, sms: int) -> list[crossovers.Crossover]:
+    """One table entry per (family, spec, arch) of the records (table_entry)."""
+    groups: dict[tuple[str, str, str], dict[str, dict[int, dict[str, float]]]] = {}
+    heads: dict[str, int] = {}
+    for r in records:
+        per_model = groups.setdefault((r["family"], r["state"], r["arch"]), {})
+        per_model.setdefault(r["model"], {})[r["batch"]] = {mode: r[f"{mode}_us"] for mode in TIMED_MODES}
+        heads[r["model"]] = r["heads"]
+    found = [table_entry(family, label, arch, gpu, times, heads, sms)
+             for (family, label, arch), times in groups.items()]
+    return [e for e in found if e is not None]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-o", "--output", required=True, help="raw JSON records")
+    ap.add_argument("-o", "--output", help="raw JSON records (measuring)")
+    ap.add_argument("--from-records", help="recompute the table from this raw JSON instead of measuring")
     ap.add_argument("--families", default="mamba2,gdn,kda")
     ap.add_argument("--specs", default="fp32,bf16")
     ap.add_argument("-L", type=int, default=16)
-    ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name} for this GPU")
+    ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name}")
     a = ap.parse_args()
-    dev = torch.device("cuda")
-    arch = device_of(dev).arch
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    records, entries = [], {(c.family, c.state, c.arch): c for c in crossovers.shipped()}
-    for family in a.families.split(","):
-        for label in a.specs.split(","):
-            per_sm, shapes = [], select_shapes([family], None)
-            for shape in shapes:
-                times = {b: tuple(time_mode(shape, label, b, mode, a.L, dev) for mode in ("flush", "replay"))
-                         for b in BATCHES}
-                for b, (flush_us, replay_us) in times.items():
-                    records.append({"family": family, "model": shape.model, "state": label, "batch": b, "arch": arch,
-                                    "flush_us": flush_us, "replay_us": replay_us})
-                    print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} flush {flush_us:8.1f} us  replay "
-                          f"{replay_us:8.1f} us", flush=True)
-                b = crossover(times)
-                per_sm.append(b * shape.dims.heads // sms if b is not None else None)
-            if all(p is not None for p in per_sm):
-                entries[(family, label, arch)] = crossovers.Crossover(
-                    family, label, arch, max(per_sm),
-                    f"{torch.cuda.get_device_name(dev)}, {label}: replay beats flush from batch x heads / SMs >= "
-                    f"{max(per_sm)} over {', '.join(s.model for s in shapes)} (benchmarks/dev/crossover_sweep.py)")
-    with open(a.output, "w") as f:
-        json.dump({"records": records}, f, indent=1)
+    if a.from_records:
+        raw = json.loads(open(a.from_records).read())
+    else:
+        if not a.output:
+            ap.error("-o/--output is required when measuring")
+        dev = torch.device("cuda")
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        records = measure(a.families.split(","), a.specs.split(","), a.L, dev)
+        raw = {"gpu": torch.cuda.get_device_name(dev), "sms": sms, "L": a.L, "records": records}
+        with open(a.output, "w") as f:
+            json.dump(raw, f, indent=1)
+    found = entries_from(raw["records"], raw["gpu"], raw["sms"])
+    for e in found:
+        print(f"{e.family} {e.state} {e.arch}: replay from {e.min_work_per_sm} work items per SM, fused from "
+              f"{e.fused_min_work_per_sm}")
     if a.write_table:
+        entries = {(c.family, c.state, c.arch): c for c in crossovers.shipped()}
+        entries.update({(c.family, c.state, c.arch): c for c in found})
         table = json.loads(crossovers.TABLE.read_text())
         table["entries"] = [vars(c) for c in entries.values()]
         crossovers.TABLE.write_text(json.dumps(table, indent=2) + "\n")

@@ -42,7 +42,8 @@ def _layers(shape, spec, batch, L, n, gen, dev, nonflush):
     return out
 
 
-def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tuning()):
+def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tuning(), mode=None):
+    """One record; ``mode``: the replay op's mode (None: ``replay`` from 8 work items per SM, else ``auto``)."""
     shape = shape_from_preset(model)
     spec = parse_state_label(label)
     fam = family_of(shape.dims)
@@ -61,7 +62,9 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
         mode, steps = "baseline", 1
         model_bytes = byte_model.baseline_bytes(shape.dims, spec, "bf16")
     else:
-        mode = "replay" if batch * shape.dims.heads >= 8 * torch.cuda.get_device_properties(dev).multi_processor_count else "auto"
+        if mode is None:
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            mode = "replay" if batch * shape.dims.heads >= 8 * sms else "auto"
         plans = [fam.replay_plan(lay, batch, mode, tuning) for lay, _, _ in layers]
         steps = 1 if phase == "nonflush" else L
         calls = [lambda lay=lay, idx=idx, plan=plan: fam.replay_decode(lay, *args, **kwargs, state_batch_indices=idx,
@@ -101,6 +104,9 @@ def main() -> int:
     ap.add_argument("--tail-fractions", default="", help="claimed-tail shares to try besides the planner's, e.g. 0.5,1")
     ap.add_argument("--stages", default="", help="shared-memory stage counts to try besides the planner's, e.g. 4")
     ap.add_argument("--impls", default="replay,baseline")
+    ap.add_argument("--phases", default="cycle,nonflush", help="replay phases to time")
+    ap.add_argument("--modes", default="", help="replay op modes to time (e.g. fused,flush); default: replay from 8 "
+                                                "work items per SM, else auto")
     a = ap.parse_args()
     dev = torch.device("cuda")
     ceiling = timing.copy_ceiling_gbps(dev)
@@ -112,11 +118,12 @@ def main() -> int:
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
             for label in a.specs.split(","):
-                runs = [("replay", "cycle", t) for t in tilings] + [("replay", "nonflush", t) for t in tilings]
-                runs += [("baseline", "step", Tuning())]
-                for impl, phase, tuning in [r for r in runs if r[0] in a.impls.split(",")]:
+                modes = [m for m in a.modes.split(",") if m] or [None]
+                runs = [("replay", ph, t, m) for ph in a.phases.split(",") for m in modes for t in tilings]
+                runs += [("baseline", "step", Tuning(), None)]
+                for impl, phase, tuning, mode in [r for r in runs if r[0] in a.impls.split(",")]:
                     try:
-                        rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl, tuning)
+                        rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl, tuning, mode)
                     except Exception as exc:  # report and go on: one failing case must not hide the others
                         print(f"FAIL {model} {label} b{batch} {impl} {phase}: {exc}", file=sys.stderr)
                         continue

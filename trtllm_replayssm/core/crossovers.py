@@ -1,7 +1,9 @@
-"""Where ``mode="auto"`` switches from the flush kernel to the replay kernels: a table of measured crossovers (work
-items per SM) per family, state spec and GPU arch, read from ``crossovers.json`` beside this module and written by
-``benchmarks/dev/crossover_sweep.py``. The most specific entry wins (exact state label over ``*``, exact arch over
-``*``); without one the planners use DEFAULT_MIN_WORK_PER_SM."""
+"""Where ``mode="auto"`` switches kernels: a table of measured crossovers (work items per SM) per family, state spec
+and GPU arch, read from ``crossovers.json`` beside this module and written by ``benchmarks/dev/crossover_sweep.py``.
+Below an entry's ``min_work_per_sm`` ``auto`` runs the flush kernel, or the one-launch replay (``fused``) from the
+entry's ``fused_min_work_per_sm`` where one is given; from ``min_work_per_sm`` on, the replay kernels. The most
+specific entry wins (exact state label over ``*``, exact arch over ``*``); without one the planners use
+DEFAULT_MIN_WORK_PER_SM and no fused band."""
 from __future__ import annotations
 
 import functools
@@ -23,6 +25,7 @@ class Crossover:
     arch: str
     min_work_per_sm: int
     source: str = ""
+    fused_min_work_per_sm: float | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -31,6 +34,9 @@ class Crossover:
             raise ValueError(f"crossover arch: expected 'sm_XY' or '*', got {self.arch!r}")
         if not isinstance(self.min_work_per_sm, int) or self.min_work_per_sm < 0:
             raise ValueError(f"crossover min_work_per_sm: expected an int >= 0, got {self.min_work_per_sm!r}")
+        fused = self.fused_min_work_per_sm
+        if fused is not None and (isinstance(fused, bool) or not isinstance(fused, (int, float)) or fused < 0):
+            raise ValueError(f"crossover fused_min_work_per_sm: expected a number >= 0 or null, got {fused!r}")
 
     def specificity(self, state: str, arch: str) -> int | None:
         """How closely the entry matches (higher: closer), None if it does not."""
@@ -53,9 +59,16 @@ def shipped() -> tuple[Crossover, ...]:
     return parse(json.loads(TABLE.read_text()))
 
 
-def min_work_per_sm(family: str, state: str, arch: str, table: tuple[Crossover, ...] | None = None) -> int:
-    """Work items per SM from which ``auto`` replays for ``family`` with state spec label ``state`` on ``arch``."""
+def entry(family: str, state: str, arch: str, table: tuple[Crossover, ...] | None = None) -> Crossover:
+    """The most specific entry for ``family`` with state spec label ``state`` on ``arch`` (the default without one)."""
     matches = [(c.specificity(state, arch), c) for c in (shipped() if table is None else table)
                if c.family == family]
     matches = [(s, c) for s, c in matches if s is not None]
-    return max(matches, key=lambda m: m[0])[1].min_work_per_sm if matches else DEFAULT_MIN_WORK_PER_SM
+    if not matches:
+        return Crossover(family, "*", "*", DEFAULT_MIN_WORK_PER_SM)
+    return max(matches, key=lambda m: m[0])[1]
+
+
+def min_work_per_sm(family: str, state: str, arch: str, table: tuple[Crossover, ...] | None = None) -> int:
+    """Work items per SM from which ``auto`` replays for ``family`` with state spec label ``state`` on ``arch``."""
+    return entry(family, state, arch, table).min_work_per_sm

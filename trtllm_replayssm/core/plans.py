@@ -23,6 +23,7 @@ PLAN_MODES = ("replay", "flush", "baseline", "grid", "fused")  # what a plan run
 SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
 STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
 TARGET_CTAS_PER_SM = 24           # state kernels: enough CTAs to fill the GPU at small batch
+FUSED_MAX_ROWS_PER_CTA = 32       # one-launch replay: the largest row tile up to this, at every batch (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
 ADAPTIVE_THRESHOLD_ENV = "TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD"
@@ -178,10 +179,11 @@ def check_mode(mode: str) -> str:
 
 
 def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, device: Device,
-                 tuning: Tuning) -> str:
+                 tuning: Tuning, fused_per_sm: float | None = None) -> str:
     """What a requested mode runs (``replay``, ``fused`` or ``flush``): ``auto`` replays on a replay-capable GPU
     where the state dtype's replay is measured faster (``replay_state``) and the batch fills the GPU (``work_items``
-    at least the adaptive threshold, ``per_sm`` x SMs by default), else flushes; on a CPU ``auto`` and ``fused`` mean
+    at least the adaptive threshold, ``per_sm`` x SMs by default); below it, the one-launch replay from
+    ``fused_per_sm`` x SMs work items (None: never), else the flush kernel. On a CPU ``auto`` and ``fused`` mean
     ``replay`` (the reference replay step, which ``fused`` equals)."""
     check_mode(mode)
     if not device.is_cuda:
@@ -190,16 +192,20 @@ def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, de
         return mode
     if not replay_state or not device.replay_capable:
         return "flush"
-    return "flush" if work_items < adaptive_threshold(per_sm, device, tuning) else "replay"
+    if work_items >= adaptive_threshold(per_sm, device, tuning):
+        return "replay"
+    return "fused" if fused_per_sm is not None and work_items >= fused_per_sm * device.sm_count else "flush"
 
 
 def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
                     device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"],
-                    fused_plan: Callable[[], "LaunchPlan"]) -> "LaunchPlan | None":
+                    fused_plan: Callable[[], "LaunchPlan"],
+                    fused_per_sm: float | None = None) -> "LaunchPlan | None":
     """The plan of a replay op's call that launches no persistent replay kernels: on a CPU (the reference step of the
     resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``); None when the
-    replay kernels run. ``mode='replay'`` on a GPU without bulk async copies is a RuntimeError naming ``op``."""
-    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning)
+    replay kernels run. ``mode='replay'`` on a GPU without bulk async copies is a RuntimeError naming ``op``.
+    ``per_sm``, ``fused_per_sm``: the crossovers (resolve_mode)."""
+    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning, fused_per_sm)
     if not device.is_cuda:
         return LaunchPlan(resolved, key, 0, (0, 0, 0))
     if resolved == "flush":
@@ -233,15 +239,19 @@ def programmatic_prep(tuning: Tuning) -> bool:
     return env == "1"
 
 
-def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning) -> int:
-    """Row tile of a state kernel for a (rows x cols) state per head: enough CTAs for TARGET_CTAS_PER_SM per SM at
-    small batch, the largest tile at large batch (the tuning's ``rows_per_cta`` if set)."""
+def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, fused: bool = False) -> int:
+    """Row tile of a state kernel for a (rows x cols) state per head (the tuning's ``rows_per_cta`` if set): the
+    baseline and flush kernels take enough CTAs for TARGET_CTAS_PER_SM per SM at small batch and the largest tile at
+    large batch; the one-launch replay (``fused``) the largest tile up to FUSED_MAX_ROWS_PER_CTA rows."""
     if tuning.rows_per_cta is not None:
         if tuning.rows_per_cta not in rows_per_cta_choices(rows):
             raise ValueError(f"rows_per_cta: expected one of {rows_per_cta_choices(rows)}, got {tuning.rows_per_cta}")
         return tuning.rows_per_cta
     choices = tile_choices(rows, cols)
-    fitting = [t for t in choices if work_items * (rows // t) >= TARGET_CTAS_PER_SM * device.sm_count]
+    if fused:
+        fitting = [t for t in choices if t <= FUSED_MAX_ROWS_PER_CTA]
+    else:
+        fitting = [t for t in choices if work_items * (rows // t) >= TARGET_CTAS_PER_SM * device.sm_count]
     return max(fitting) if fitting else min(choices)
 
 

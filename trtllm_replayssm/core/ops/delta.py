@@ -108,12 +108,12 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
     stored = layer.storage is not None
+    crossover = crossovers.entry("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch)
     other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
-                            stored or layer.state.dtype in REPLAY_STATE_DTYPES,
-                            crossovers.min_work_per_sm("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
-                            dev, tuning,
+                            stored or layer.state.dtype in REPLAY_STATE_DTYPES, crossover.min_work_per_sm, dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning),
-                            lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning))
+                            lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning),
+                            crossover.fused_min_work_per_sm)
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)
@@ -146,7 +146,7 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 
 def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
-    tile = _row_tile(V, K, batch * HV, dev, tuning)
+    tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused")
     return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
 
 
@@ -160,8 +160,9 @@ def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, p
     return replace(plan, fold_bytes=fused)
 
 
-def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning) -> int:
-    tile = state_tile(value_dim, key_dim, work_items, dev, tuning)
+def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning,
+              fused: bool = False) -> int:
+    tile = state_tile(value_dim, key_dim, work_items, dev, tuning, fused)
     if tile > MAX_ROWS_PER_CTA:
         raise ValueError(f"rows_per_cta: expected at most {MAX_ROWS_PER_CTA} rows per CTA, got {tile}")
     return tile
