@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [train] [accuracy]
+#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [profile] [train] [accuracy]
 #   (default: tests contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
 #   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
@@ -106,6 +106,19 @@ if has compare; then  # whole 4B models, then layer slices of the 120B/122B mode
       > "$OUT/compare_slices.log" 2>&1
     rc=$?; record "compare 12-layer slices" $rc "$OUT/compare-slices/compare.json"
   fi
+fi
+if has profile; then  # Nsight Compute of one step per implementation at small batch (PROFILE_CASES: space-separated
+  # MODEL:BATCH:WHAT[:ROWS], WHAT a replay mode, baseline or a peer's impl name; benchmarks/dev/ncu_step.py)
+  cases="qwen3.5-4b:1:baseline qwen3.5-4b:1:fla_gdn qwen3.5-4b:8:baseline qwen3.5-4b:8:fused qwen3.5-4b:8:fla_gdn"
+  for c in ${PROFILE_CASES:-$cases}; do
+    IFS=: read -r model batch what rows <<< "$c"
+    log="$OUT/ncu.log"
+    echo "== $c" >> "$log"
+    timeout 120 ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight --section LaunchStats \
+      --section Occupancy --section WarpStateStats --section SchedulerStats --print-details all \
+      python3 benchmarks/dev/ncu_step.py "$model" fp32 "$batch" 1 "$what" $rows >> "$log" 2>&1
+    rc=$?; record "ncu $c" $rc "$(grep -h 'Duration' "$log" | tail -n 1)"
+  done
 fi
 MODELS_DIR=${MODELS_DIR:-$OUT/models}
 if has train; then
