@@ -563,7 +563,8 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   };
   // The flush kernel's fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the
   // faster order for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel). The
-  // one-launch replay folds after them: its inputs load while the staged ring lands.
+  // one-launch replay folds (a flush) or computes its ring coefficients (otherwise) after them: its inputs load while
+  // the staged ring lands.
   constexpr bool kFoldFirst = kKind == StepKind::kFlush && !kPerChannel;
   if constexpr (kFoldFirst) fold_pending_ring();
 

@@ -11,6 +11,7 @@ import torch
 
 from trtllm_replayssm.core import plans
 from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.crossovers import Crossover
 from trtllm_replayssm.core.families import FAMILIES, family_of
 from trtllm_replayssm.core.layouts import (delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
                                            delta_verify_stage_bytes, key_ring_dtype)
@@ -143,7 +144,8 @@ def test_auto_runs_the_fused_band_a_crossover_gives(monkeypatch):
     flush, fused = plans.LaunchPlan("flush", (), 8, (1, 1, 1)), plans.LaunchPlan("fused", (), 8, (1, 1, 1))
 
     def pick(work, per_sm):
-        return plans.non_replay_plan("op", "auto", (), work, True, 8, H200, t, lambda: flush, lambda: fused, per_sm)
+        crossover = Crossover("gdn", "*", "*", 8, fused_min_work_per_sm=per_sm)
+        return plans.non_replay_plan("op", "auto", (), work, True, crossover, H200, t, lambda: flush, lambda: fused)
 
     assert pick(200, 1.0) is fused and pick(100, 1.0) is flush and pick(200, None) is flush
     assert pick(8 * 132, 1.0) is None  # the replay kernels

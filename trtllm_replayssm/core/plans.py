@@ -8,6 +8,7 @@ without a GPU. Each op module has ``replay_plan`` / ``state_update_plan``; its o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import functools
 import os
@@ -18,6 +19,9 @@ import torch
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.jit.configs import rows_per_cta_choices, tile_choices
 from trtllm_replayssm.core.limits import MAX_STAGES, MODES
+
+if TYPE_CHECKING:
+    from trtllm_replayssm.core.crossovers import Crossover
 
 PLAN_MODES = ("replay", "flush", "baseline", "grid", "fused")  # what a plan runs
 SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
@@ -197,15 +201,15 @@ def resolve_mode(mode: str, work_items: int, replay_state: bool, per_sm: int, de
     return "fused" if fused_per_sm is not None and work_items >= fused_per_sm * device.sm_count else "flush"
 
 
-def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, per_sm: int,
+def non_replay_plan(op: str, mode: str, key: tuple, work_items: int, replay_state: bool, crossover: "Crossover",
                     device: Device, tuning: Tuning, flush_plan: Callable[[], "LaunchPlan"],
-                    fused_plan: Callable[[], "LaunchPlan"],
-                    fused_per_sm: float | None = None) -> "LaunchPlan | None":
+                    fused_plan: Callable[[], "LaunchPlan"]) -> "LaunchPlan | None":
     """The plan of a replay op's call that launches no persistent replay kernels: on a CPU (the reference step of the
     resolved mode), the flush kernel (``flush_plan()``) or the one-launch replay (``fused_plan()``); None when the
-    replay kernels run. ``mode='replay'`` on a GPU without bulk async copies is a RuntimeError naming ``op``.
-    ``per_sm``, ``fused_per_sm``: the crossovers (resolve_mode)."""
-    resolved = resolve_mode(mode, work_items, replay_state, per_sm, device, tuning, fused_per_sm)
+    replay kernels run. ``crossover``: the op's entry of the crossover table (resolve_mode takes its two bounds).
+    ``mode='replay'`` on a GPU without bulk async copies is a RuntimeError naming ``op``."""
+    resolved = resolve_mode(mode, work_items, replay_state, crossover.min_work_per_sm, device, tuning,
+                            crossover.fused_min_work_per_sm)
     if not device.is_cuda:
         return LaunchPlan(resolved, key, 0, (0, 0, 0))
     if resolved == "flush":

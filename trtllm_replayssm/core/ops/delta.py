@@ -108,12 +108,12 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch, per_channel_gate)
     stored = layer.storage is not None
-    crossover = crossovers.entry("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch)
     other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
-                            stored or layer.state.dtype in REPLAY_STATE_DTYPES, crossover.min_work_per_sm, dev, tuning,
+                            stored or layer.state.dtype in REPLAY_STATE_DTYPES,
+                            crossovers.entry("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
+                            dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning),
-                            lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning),
-                            crossover.fused_min_work_per_sm)
+                            lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)

@@ -96,11 +96,10 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     dev = device or device_of(layer.state.device)
     key = replay_plan_key(layer, batch)
     replay_state = layer.storage is not None or layer.state.dtype in REPLAY_STATE_DTYPES
-    crossover = crossovers.entry("mamba2", layer.spec.label, dev.arch)
-    other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state, crossover.min_work_per_sm,
-                            dev, tuning, lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning),
-                            lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning),
-                            crossover.fused_min_work_per_sm)
+    other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state,
+                            crossovers.entry("mamba2", layer.spec.label, dev.arch), dev, tuning,
+                            lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning),
+                            lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning)
