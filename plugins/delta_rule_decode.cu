@@ -96,10 +96,19 @@ __host__ __device__ constexpr int fused_buffer_bytes(int L) {
 // non-flush step reads (dual mode's read copy, else the master). kStored: anything but plain round-to-nearest rows.
 constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
 constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
-// Launch bounds of stored modules: the state kernels ask for one CTA per SM at least (without a minimum ptxas
-// gives some stored state kernels few registers and spills), and a replay main kernel with stochastic rounding
-// and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning mirrors it).
-constexpr int kStateMinBlocks = kStored ? 1 : 0;
+// Launch bounds. The state kernels of stored modules, and on sm_100 and later every state kernel, ask for one CTA per
+// SM at least (without a minimum ptxas gives some of them few registers and spills). On sm_90 the plain baseline and
+// flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers, so that a
+// batch-8 grid of 32-row tiles runs in one wave (docs/decisions.md, decode row tiles). A replay main kernel with
+// stochastic rounding and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning
+// mirrors it).
+#if __CUDA_ARCH__ >= 1000
+constexpr int kStateMinBlocks = 1;
+constexpr int kFusedMinBlocks = 1;
+#else
+constexpr int kStateMinBlocks = kStored ? 1 : (kRows * kEpl <= (kPerChannel ? 16 : 32) ? 8 : 0);
+constexpr int kFusedMinBlocks = kStored ? 1 : 0;
+#endif
 constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
 using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, kK>;
@@ -544,6 +553,13 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
     if (w > 0) rssm::prefetch_l1(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head + (long long)(w - 1) * kK + col0);
   }
   const bool flushing = !kFused || w == p.L - 1;
+  // Thread 0's arrival (rssm::cta_arrival; -1: none), answered at the end of the step (advance).
+  int arrived_before = -1;
+  auto advance = [&] {
+    if (threadIdx.x == 0)
+      rssm::advance_if_last(arrived_before, p.cursor, p.arrive, slot, gridDim.x * gridDim.y, flushing ? 0 : w + 1,
+                            SR && flushing ? p.flushes : nullptr);
+  };
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
   auto fold_pending_ring = [&] {  // replay kinds; uniform per CTA (the cursor advances below)
     if constexpr (kFused) {
@@ -618,13 +634,10 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       return;
     }
     if constexpr (kFused) {  // every thread has read cursor and count (the staging barrier)
-      if (threadIdx.x == 0)
-        rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, flushing ? 0 : w + 1,
-                                 SR && flushing ? p.flushes : nullptr);
+      if (threadIdx.x == 0) arrived_before = rssm::cta_arrival(p.arrive, slot);
     } else if (w != 0 || SR) {  // SR: the last arrival counts the slot's checkpoint write
       if (SR && w == 0) __syncthreads();  // (w != 0: after the fold's barrier) every thread has read cursor and count
-      if (threadIdx.x == 0)
-        rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x * gridDim.y, 0, SR ? p.flushes : nullptr);
+      if (threadIdx.x == 0) arrived_before = rssm::cta_arrival(p.arrive, slot);
     }
   }
 
@@ -661,13 +674,15 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
         if (hv % group == 0) rssm::store_vec<kring_t, kEpl>(k_dst + col0, kn);  // one key per key head
       }
     }
+    advance();
     return;
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
-    else rssm::store_vec<state_t, kEpl>(tile + (wrow0 + r) * kK + col0, acc[r]);
+    else rssm::store_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
   }
+  if constexpr (kReplay) advance();
 }
 
 }  // namespace
@@ -687,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 // Small-batch replay in one launch (ring staged in shared memory, fused_buffer_bytes(L)): a non-flush step outputs
 // from its checkpoint rows and per-entry ring coefficients and appends its records; a flush (w = L - 1) folds the
 // ring into the rows and writes the state.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     delta_fused_decode_kernel(const DeltaParams p) {
   extern __shared__ __align__(16) unsigned char ring_buf[];
   delta_step<StepKind::kFused>(p, ring_buf);

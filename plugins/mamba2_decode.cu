@@ -426,9 +426,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
       zero_pad_output(p, t.b, t.head, t.row0);
       return;
     }
-    if (threadIdx.x == 0)
-      rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0, SR ? p.flushes : nullptr);
+    const int arrived_before = threadIdx.x == 0 ? rssm::cta_arrival(p.arrive, t.slot) : -1;
     fold_rows(p, t, raw, s_w, s_decay, w, st);
+    if (threadIdx.x == 0)  // the arrival's answer after the fold (rssm::cta_arrival)
+      rssm::advance_if_last(arrived_before, p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0,
+                            SR ? p.flushes : nullptr);
   }
   finish_output(p, t, st);
 }
@@ -506,9 +508,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     zero_pad_output(p, t.b, t.head, t.row0);
     return;
   }
-  if (threadIdx.x == 0)
-    rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, flush ? 0 : w + 1,
-                             SR && flush ? p.flushes : nullptr);
+  const int arrived_before = threadIdx.x == 0 ? rssm::cta_arrival(p.arrive, t.slot) : -1;  // answered at the end
   if (flush) {
     for (int i = threadIdx.x; i < (w + 1) * PT; i += rssm::kThreads) {
       const int j = i / PT, r = i % PT;
@@ -558,6 +558,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     }
   }
   finish_output(p, t, st);
+  if (threadIdx.x == 0)
+    rssm::advance_if_last(arrived_before, p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, flush ? 0 : w + 1,
+                          SR && flush ? p.flushes : nullptr);
 }
 
 #endif

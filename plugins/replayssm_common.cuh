@@ -120,8 +120,10 @@ __device__ __forceinline__ unsigned int narrow_word(const float* v) {
   else return bits16(from_float<T>(v[0])) | bits16(from_float<T>(v[1])) << 16;
 }
 
-// Narrows E floats to T and stores them (same alignment rule as load_vec).
-template <typename T, int E>
+// Narrows E floats to T and stores them (same alignment rule as load_vec). kGlobal (dst in global memory): every
+// 16- and 8-byte chunk is one vector store instruction; plain stores of fp32 rows may reach the SASS as four scalar
+// stores (docs/decisions.md, vector state stores).
+template <typename T, int E, bool kGlobal = false>
 __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src)[E]) {
   using VT = VecTraits<T, E>;
   using Raw = typename VT::Raw;
@@ -131,10 +133,16 @@ __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src
   for (int c = 0; c < VT::kChunks; ++c) {
     const float* v = src + c * VT::kPerChunk;
     if constexpr (sizeof(Raw) == 16) {
-      raw[c] = make_uint4(narrow_word<T>(v), narrow_word<T>(v + kWord), narrow_word<T>(v + 2 * kWord),
-                          narrow_word<T>(v + 3 * kWord));
+      const uint4 chunk = make_uint4(narrow_word<T>(v), narrow_word<T>(v + kWord), narrow_word<T>(v + 2 * kWord),
+                                     narrow_word<T>(v + 3 * kWord));
+      if constexpr (kGlobal)
+        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(raw + c), "r"(chunk.x), "r"(chunk.y),
+                     "r"(chunk.z), "r"(chunk.w));
+      else raw[c] = chunk;
     } else if constexpr (sizeof(Raw) == 8) {
-      raw[c] = make_uint2(narrow_word<T>(v), narrow_word<T>(v + kWord));
+      const uint2 chunk = make_uint2(narrow_word<T>(v), narrow_word<T>(v + kWord));
+      if constexpr (kGlobal) asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(raw + c), "r"(chunk.x), "r"(chunk.y));
+      else raw[c] = chunk;
     } else if constexpr (sizeof(Raw) == 4) {
       raw[c] = narrow_word<T>(v);
     } else {
@@ -254,20 +262,31 @@ __device__ __forceinline__ bool skipped_stage_row(int slot, int step, int pad_sl
 }
 
 // ---------------------------------------------------------------------------------------------- cursor advance
-// Called once per CTA (or warp) by one thread after every thread of it has read `cursor[slot]` (i.e. after a
-// __syncthreads / __syncwarp that follows the read). The arrival that comes last among `ctas_per_slot` writes the new
+// An arrival is made once per CTA (or warp) by one thread after every thread of it has read `cursor[slot]` (i.e. after
+// a __syncthreads / __syncwarp that follows the read). The arrival that comes last among `ctas_per_slot` writes the new
 // cursor (and, given `flushes`, counts the slot's checkpoint write) and re-arms the counter, so every reader of the
 // row sees the old cursor and the next launch sees the new one.
 // No fence: the only readers of what this launch writes (cursor, counter, ring entries) are later launches, ordered by
 // the kernel boundary (or griddepcontrol.wait). CUDA-graph safe, no host sync.
-__device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int* __restrict__ arrive, int slot,
-                                                   int ctas_per_slot, int new_cursor, int* flushes = nullptr) {
-  const int before = atomicAdd(arrive + slot, 1);
+// The arrival alone (one thread per CTA): how many of the slot's CTAs arrived before this one. A kernel with work
+// after its arrival keeps the answer and passes it to advance_if_last at its end, so that the atomic's round trip
+// overlaps the work instead of holding up the arriving warp.
+__device__ __forceinline__ int cta_arrival(int* __restrict__ arrive, int slot) { return atomicAdd(arrive + slot, 1); }
+
+// The last arrival (`before` == ctas_per_slot - 1) writes the new cursor, counts the slot's checkpoint write (given
+// `flushes`) and re-arms the counter.
+__device__ __forceinline__ void advance_if_last(int before, int* __restrict__ cursor, int* __restrict__ arrive,
+                                                int slot, int ctas_per_slot, int new_cursor, int* flushes = nullptr) {
   if (before == ctas_per_slot - 1) {
     cursor[slot] = new_cursor;
     if (flushes) flushes[slot] += 1;
     arrive[slot] = 0;
   }
+}
+
+__device__ __forceinline__ void arrive_and_advance(int* __restrict__ cursor, int* __restrict__ arrive, int slot,
+                                                   int ctas_per_slot, int new_cursor, int* flushes = nullptr) {
+  advance_if_last(cta_arrival(arrive, slot), cursor, arrive, slot, ctas_per_slot, new_cursor, flushes);
 }
 
 // ---------------------------------------------------------------------------------------------- speculative cursor

@@ -23,6 +23,8 @@ H200 = Device(132, 9)
 RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
 # recorded auto cases that the measured fp32 crossover entries send to another mode (14 shapes x 4 ring lengths)
 MOVED_BY_THE_FP32_CROSSOVERS = 56
+# recorded baseline and flush cases whose row tile the decode state kernels' rule (DECODE_MIN_CTAS_PER_SM) changed
+RETILED_BY_THE_DECODE_TILE_RULE = 768
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -60,7 +62,7 @@ def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
     monkeypatch.delenv(plans.ADAPTIVE_THRESHOLD_ENV, raising=False)
     cases = json.loads(gzip.open(RECORDED, "rt").read())["cases"]
     assert len(cases) == 1920
-    moved = 0
+    moved = retiled = 0
     for case in cases:
         dims = get_preset(case["model"]).ssm_dims
         sd, ad = DTYPES[case["state_dtype"]], DTYPES[case["act_dtype"]]
@@ -75,8 +77,14 @@ def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
             if case["mode"] == "auto" and plan.mode != recorded:
                 moved += 1
                 plan = fam.replay_plan(layer, case["batch"], recorded, device=H200)
+        if plan.mode != "replay":  # compared with the recorded tile (test_decode_state_tiles covers the rule)
+            tile = dims.rows // case["launches"][0]["grid"][0]
+            if plan.rows_per_cta != tile:
+                retiled += 1
+                plan = replace(plan, rows_per_cta=tile, grid=(dims.rows // tile, *plan.grid[1:]))
         assert _launches(dims, plan, sd, ad) == case["launches"], case
     assert moved == MOVED_BY_THE_FP32_CROSSOVERS
+    assert retiled == RETILED_BY_THE_DECODE_TILE_RULE
 
 
 def test_tuning_is_passed_in_not_patched():
@@ -151,21 +159,50 @@ def test_auto_runs_the_fused_band_a_crossover_gives(monkeypatch):
     assert pick(8 * 132, 1.0) is None  # the replay kernels
 
 
+# The decode state kernels' row tiles on the H200 (fp32 state, bf16 activations), batch -> (baseline and flush,
+# fused). The row-tile sweep (benchmarks/results/dev/decode-row-tiles-h200.json) timed each of them within 6% of the
+# fastest tile of its kernel for Qwen3.5-4B, Kimi-Linear and Super; Nano's 40- and 80-row tiles were not swept.
+DECODE_TILES = {
+    "qwen3.5-4b": {1: (16, 16), 4: (64, 64), 8: (64, 64), 64: (64, 64)},
+    "kimi-linear-48b": {1: (16, 16), 8: (64, 64)},
+    "nemotron-3-super-120b": {1: (32, 32), 4: (64, 64), 8: (64, 64)},
+    "nemotron-3-nano-4b": {1: (40, 40), 8: (80, 40)},
+}
+
+
+@pytest.mark.parametrize("model", sorted(DECODE_TILES))
+def test_decode_state_tiles(model):
+    """Baseline, flush and one-launch replay take the largest row tile whose grid gives every SM a CTA (the fused
+    kernel none above FUSED_MAX_ROWS_PER_CTA rows), which fits small batches in one wave of CTAs."""
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    layer = _layer(dims, torch.float32, torch.bfloat16, 16)
+    state = torch.empty(2, dims.heads, dims.rows, dims.cols)
+    for batch, (state_tile, fused_tile) in DECODE_TILES[model].items():
+        baseline = fam.state_update_plan(state, batch, torch.bfloat16, device=H200)
+        flush = fam.replay_plan(layer, batch, "flush", device=H200)
+        fused = fam.replay_plan(layer, batch, "fused", device=H200)
+        assert (baseline.rows_per_cta, flush.rows_per_cta, fused.rows_per_cta) == (state_tile, state_tile, fused_tile)
+        assert fused.grid == (dims.rows // fused_tile, dims.heads, batch)
+        assert (dims.rows // state_tile) * dims.heads * batch >= H200.sm_count or state_tile == min(
+            t for t in (4, 8, 16, 20, 32, 40, 64) if dims.rows % t == 0)
+
+
 @pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
 @pytest.mark.parametrize("L", [1, 16, 32])
 def test_fused_plans_run_the_state_grid_with_the_ring_buffer(model, L):
-    """mode='fused' on a GPU: the state kernels' grid with the largest row tile up to 32 rows at every batch (the
-    flush kernel's tile shrinks at small batch), GDN/KDA with their ring buffer's bytes (Mamba-2 stages its ring in
-    static shared memory); on a CPU the reference replay step (which the one-launch replay equals)."""
+    """mode='fused' on a GPU: the state kernels' grid (flush and fused heads and batch alike), GDN/KDA with their
+    ring buffer's bytes (Mamba-2 stages its ring in static shared memory); on a CPU the reference replay step (which
+    the one-launch replay equals)."""
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
     layer = _layer(dims, torch.float32, torch.bfloat16, L)
     for batch in (1, 8, 64):
         fused = fam.replay_plan(layer, batch, "fused", device=H200)
         flush = fam.replay_plan(layer, batch, "flush", device=H200)
-        assert fused.mode == "fused" and fused.rows_per_cta == plans.FUSED_MAX_ROWS_PER_CTA == 32
-        assert fused.grid == (dims.rows // 32, dims.heads, batch) and flush.grid[1:] == fused.grid[1:]
-        assert batch > 8 or flush.rows_per_cta < fused.rows_per_cta
+        assert fused.mode == "fused" and fused.rows_per_cta <= plans.FUSED_MAX_ROWS_PER_CTA
+        assert fused.grid == (dims.rows // fused.rows_per_cta, dims.heads, batch)
+        assert flush.grid[1:] == fused.grid[1:]
         tuned = fam.replay_plan(layer, batch, "fused", Tuning(rows_per_cta=8), device=H200)
         assert (tuned.rows_per_cta, tuned.grid) == (8, (dims.rows // 8, dims.heads, batch))
         if fam.name == "mamba2":

@@ -56,9 +56,11 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
     if impl == "baseline":
         if spec.stochastic_rounding:
             return None
-        calls = [lambda lay=lay, idx=idx: fam.state_update(
-            lay.checkpoint() if lay.storage is not None else lay.state, *args, **kwargs, state_batch_indices=idx,
-            out=out) for lay, idx, _ in layers]
+        states = [lay.checkpoint() if lay.storage is not None else lay.state for lay, _, _ in layers]
+        plans = [fam.state_update_plan(st, batch, torch.bfloat16, tuning) for st in states]
+        calls = [lambda st=st, idx=idx, plan=plan: fam.state_update(st, *args, **kwargs, state_batch_indices=idx,
+                                                                     out=out, plan=plan)
+                 for st, (_, idx, _), plan in zip(states, layers, plans)]
         mode, steps = "baseline", 1
         model_bytes = byte_model.baseline_bytes(shape.dims, spec, "bf16")
     else:
@@ -83,7 +85,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
     rec = {"family": fam.name, "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
            **spec.to_dict(), "state_dtype": spec.checkpoint_format.name, "phase": phase if impl == "replay" else "step",
-           "mode": mode, "rows_per_cta": plans[0].rows_per_cta if impl == "replay" else None,
+           "mode": mode, "rows_per_cta": plans[0].rows_per_cta,
            "tail_fraction": plans[0].record().get("tail_fraction") if impl == "replay" else None,
            "stages": plans[0].stages if impl == "replay" else None,
            "fold_bytes": plans[0].fold_bytes if impl == "replay" else None,
@@ -120,7 +122,7 @@ def main() -> int:
             for label in a.specs.split(","):
                 modes = [m for m in a.modes.split(",") if m] or [None]
                 runs = [("replay", ph, t, m) for ph in a.phases.split(",") for m in modes for t in tilings]
-                runs += [("baseline", "step", Tuning(), None)]
+                runs += [("baseline", "step", t, None) for t in tilings]
                 for impl, phase, tuning, mode in [r for r in runs if r[0] in a.impls.split(",")]:
                     try:
                         rec = measure(model, label, batch, phase, a.L, dev, gen, ceiling, impl, tuning, mode)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 PLAN_MODES = ("replay", "flush", "baseline", "grid", "fused")  # what a plan runs
 SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
 STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
-TARGET_CTAS_PER_SM = 24           # state kernels: enough CTAs to fill the GPU at small batch
-FUSED_MAX_ROWS_PER_CTA = 32       # one-launch replay: the largest row tile up to this, at every batch (measured)
+TARGET_CTAS_PER_SM = 24           # speculative state kernels: enough CTAs to fill the GPU at small batch
+DECODE_MIN_CTAS_PER_SM = 1        # decode state kernels: the largest tile that still gives every SM a CTA (measured)
+FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
 ADAPTIVE_THRESHOLD_ENV = "TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD"
@@ -243,19 +244,19 @@ def programmatic_prep(tuning: Tuning) -> bool:
     return env == "1"
 
 
-def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, fused: bool = False) -> int:
+def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, fused: bool = False,
+               min_ctas_per_sm: int = TARGET_CTAS_PER_SM) -> int:
     """Row tile of a state kernel for a (rows x cols) state per head (the tuning's ``rows_per_cta`` if set): the
-    baseline and flush kernels take enough CTAs for TARGET_CTAS_PER_SM per SM at small batch and the largest tile at
-    large batch; the one-launch replay (``fused``) the largest tile up to FUSED_MAX_ROWS_PER_CTA rows."""
+    largest tile whose grid has ``min_ctas_per_sm`` CTAs per SM (the decode state kernels: DECODE_MIN_CTAS_PER_SM),
+    else the smallest; the one-launch replay (``fused``) takes none above FUSED_MAX_ROWS_PER_CTA rows."""
     if tuning.rows_per_cta is not None:
         if tuning.rows_per_cta not in rows_per_cta_choices(rows):
             raise ValueError(f"rows_per_cta: expected one of {rows_per_cta_choices(rows)}, got {tuning.rows_per_cta}")
         return tuning.rows_per_cta
     choices = tile_choices(rows, cols)
     if fused:
-        fitting = [t for t in choices if t <= FUSED_MAX_ROWS_PER_CTA]
-    else:
-        fitting = [t for t in choices if work_items * (rows // t) >= TARGET_CTAS_PER_SM * device.sm_count]
+        choices = [t for t in choices if t <= FUSED_MAX_ROWS_PER_CTA] or [min(choices)]
+    fitting = [t for t in choices if work_items * (rows // t) >= min_ctas_per_sm * device.sm_count]
     return max(fitting) if fitting else min(choices)
 
 

@@ -23,10 +23,11 @@ from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (FOLD_FIRST_MIN_STAGES, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
-                                         checked_plan, device_of, fitting_tiles, non_replay_plan, persistent_plan,
-                                         persistent_verify_plan, programmatic_prep, replay_tuning,
-                                         resolved_tail_fraction, stages_for, state_tile)
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, TARGET_CTAS_PER_SM, Device,
+                                         Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan, device_of,
+                                         fitting_tiles, non_replay_plan, persistent_plan, persistent_verify_plan,
+                                         programmatic_prep, replay_tuning, resolved_tail_fraction, stages_for,
+                                         state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
@@ -146,7 +147,7 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 
 def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
-    tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused")
+    tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
     return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
 
 
@@ -161,8 +162,8 @@ def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, p
 
 
 def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning,
-              fused: bool = False) -> int:
-    tile = state_tile(value_dim, key_dim, work_items, dev, tuning, fused)
+              fused: bool = False, min_ctas_per_sm: int = TARGET_CTAS_PER_SM) -> int:
+    tile = state_tile(value_dim, key_dim, work_items, dev, tuning, fused, min_ctas_per_sm)
     if tile > MAX_ROWS_PER_CTA:
         raise ValueError(f"rows_per_cta: expected at most {MAX_ROWS_PER_CTA} rows per CTA, got {tile}")
     return tile

@@ -25,7 +25,8 @@ from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS,
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, checked_plan, device_of,
+                                         fitting_tiles,
                                          non_replay_plan, persistent_plan, programmatic_prep, replay_tuning,
                                          resolved_tail_fraction, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
@@ -151,7 +152,7 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 
 def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
-    tile = state_tile(P, N, batch * H, dev, tuning, fused=mode == "fused")
+    tile = state_tile(P, N, batch * H, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
     return LaunchPlan(mode, key, tile, (P // tile, H, batch))
 
 
