@@ -98,8 +98,8 @@ constexpr bool kDual = READ_FMT != rssm::kFmtPlain;
 constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // Launch bounds. The state kernels of stored modules, and on sm_100 and later every state kernel, ask for one CTA per
 // SM at least (without a minimum ptxas gives some of them few registers and spills). On sm_90 the plain baseline and
-// flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers, so that a
-// batch-8 grid of 32-row tiles runs in one wave (docs/decisions.md, decode row tiles). A replay main kernel with
+// flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers (ptxas chose
+// 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles). A replay main kernel with
 // stochastic rounding and a read copy runs 2 CTAs per SM (at 3 its 128 registers spill; core/plans.py replay_tuning
 // mirrors it).
 #if __CUDA_ARCH__ >= 1000
