@@ -151,28 +151,7 @@ def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> C
     if cubin_path.is_file() and not force:
         return CompiledKernel(config, arch, cubin_path, log_path.read_text() if log_path.is_file() else "")
 
-    nvrtc = _nvrtc()
-    source = plugin_dir() / config.source
-    headers = program_headers(config)
-    err, prog = nvrtc.nvrtcCreateProgram(program_source(config), str(source).encode(), len(headers),
-                                         list(headers.values()), list(headers))
-    _check(err, "nvrtcCreateProgram")
-    try:
-        opts = compile_options(config, arch) + [f"-I{plugin_dir()}", f"-I{_cuda_include_dir()}"]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\x00").decode(errors="replace").strip()
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelCompileError(f"{config.name} for {arch}: NVRTC compilation failed:\n{log}")
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-        _check(err, "nvrtcGetCUBIN")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    cubin, log = _nvrtc_compile(config, arch, compile_options(config, arch), "CUBIN")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # Atomic write: concurrent processes may compile the same config.
@@ -181,6 +160,41 @@ def compile_config(config: KernelConfig, arch: str, *, force: bool = False) -> C
     os.replace(tmp.name, cubin_path)
     log_path.write_text(log)
     return CompiledKernel(config, arch, cubin_path, log)
+
+
+def compile_ptx(config: KernelConfig, arch: str) -> str:
+    """The PTX NVRTC generates for ``config`` on ``arch`` (e.g. ``sm_90a``), not cached: for checks of the code the
+    front end emits (the vector width of loads and stores) before ptxas."""
+    virtual = arch.replace("sm_", "compute_")
+    opts = [o.replace(arch, virtual) for o in compile_options(config, arch) if not o.startswith("-Xptxas")]
+    return _nvrtc_compile(config, arch, opts, "PTX")[0].rstrip(b"\x00").decode()
+
+
+def _nvrtc_compile(config: KernelConfig, arch: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile ``config`` for ``arch`` with NVRTC ``options``; return the ``output`` ("CUBIN" or "PTX") and the log."""
+    nvrtc = _nvrtc()
+    source = plugin_dir() / config.source
+    headers = program_headers(config)
+    err, prog = nvrtc.nvrtcCreateProgram(program_source(config), str(source).encode(), len(headers),
+                                         list(headers.values()), list(headers))
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = options + [f"-I{plugin_dir()}", f"-I{_cuda_include_dir()}"]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\x00").decode(errors="replace").strip()
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelCompileError(f"{config.name} for {arch}: NVRTC compilation failed:\n{log}")
+        err, size = getattr(nvrtc, f"nvrtcGet{output}Size")(prog)
+        _check(err, f"nvrtcGet{output}Size")
+        out = b" " * size
+        (err,) = getattr(nvrtc, f"nvrtcGet{output}")(prog, out)
+        _check(err, f"nvrtcGet{output}")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return out, log
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,28 @@
+"""CPU: what the NVRTC front end emits for the state kernels (PTX), where ptxas does not always repair it: the GDN/KDA
+baseline, flush and one-launch replay kernels write each warp's fp32 state rows with one 16-byte vector store per
+lane and row (docs/decisions.md, vector state stores: scalar stores cost the flush kernel 2.4x the ideal L2 sectors)."""
+import re
+
+import pytest
+import torch
+
+from trtllm_replayssm.core.jit.compiler import compile_ptx
+from trtllm_replayssm.core.limits import NUM_WARPS
+from trtllm_replayssm.core.ops import delta
+
+
+def _entry(ptx: str, name: str) -> str:
+    """The PTX body of entry ``name``."""
+    start = ptx.index(f".entry {name}(")
+    end = re.compile(r"^}", re.M).search(ptx, start).start()
+    return ptx[start:end]
+
+
+@pytest.mark.parametrize(("per_channel_gate", "rows_per_cta"), [(False, 64), (True, 32)])
+def test_delta_state_kernels_store_rows_in_16_byte_vectors(per_channel_gate, rows_per_cta):
+    config = delta.kernel_config(per_channel_gate, 128, 128, torch.float32, torch.bfloat16, rows_per_cta)
+    ptx = compile_ptx(config, "sm_90a")
+    rows_per_warp = rows_per_cta // NUM_WARPS  # K = 128: one 16-byte chunk of 4 fp32 per lane and row
+    for kind in ("state", "flush", "fused"):
+        body = _entry(ptx, delta.DECODE_KERNELS[kind])
+        assert body.count("st.global.v4.u32") >= rows_per_warp, kind
