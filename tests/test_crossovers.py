@@ -25,12 +25,12 @@ def test_the_shipped_table_parses_and_covers_every_family_on_hopper():
 
 
 def test_the_most_specific_entry_wins():
-    assert crossovers.min_work_per_sm("mamba2", "bf16", "sm_90", TABLE) == 20
-    assert crossovers.min_work_per_sm("mamba2", "fp32", "sm_90", TABLE) == 8
-    assert crossovers.min_work_per_sm("mamba2", "fp32", "sm_100", TABLE) == 3
-    assert crossovers.min_work_per_sm("gdn", "fp32", "sm_100", TABLE) == 5
-    assert crossovers.min_work_per_sm("gdn", "bf16", "sm_90", TABLE) == crossovers.DEFAULT_MIN_WORK_PER_SM
-    assert crossovers.min_work_per_sm("kda", "fp32", "sm_90", TABLE) == crossovers.DEFAULT_MIN_WORK_PER_SM
+    assert crossovers.entry("mamba2", "bf16", "sm_90", TABLE).min_work_per_sm == 20
+    assert crossovers.entry("mamba2", "fp32", "sm_90", TABLE).min_work_per_sm == 8
+    assert crossovers.entry("mamba2", "fp32", "sm_100", TABLE).min_work_per_sm == 3
+    assert crossovers.entry("gdn", "fp32", "sm_100", TABLE).min_work_per_sm == 5
+    assert crossovers.entry("gdn", "bf16", "sm_90", TABLE).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
+    assert crossovers.entry("kda", "fp32", "sm_90", TABLE).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
 
 
 def test_an_entry_may_add_a_fused_band():
@@ -72,7 +72,7 @@ def test_the_planner_switches_where_the_table_says(monkeypatch):
         first_fused = math.ceil(entry.fused_min_work_per_sm * 132 / 96)
         assert fam.replay_plan(layer, first_fused - 1, "auto", device=h200).mode == "flush"
         assert fam.replay_plan(layer, first_fused, "auto", device=h200).mode == "fused"
-    assert crossovers.min_work_per_sm("mamba2", "fp32", Device(148, 10, 0).arch) == crossovers.DEFAULT_MIN_WORK_PER_SM
+    assert crossovers.entry("mamba2", "fp32", Device(148, 10, 0).arch).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
 
 
 def test_the_sweep_finds_the_first_batch_replay_keeps_winning():

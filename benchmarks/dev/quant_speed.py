@@ -57,7 +57,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
         if spec.stochastic_rounding:
             return None
         states = [lay.checkpoint() if lay.storage is not None else lay.state for lay, _, _ in layers]
-        plans = [fam.state_update_plan(st, batch, torch.bfloat16, tuning) for st in states]
+        plans = [fam.state_update_plan(st, batch, args[0].dtype, tuning) for st in states]
         calls = [lambda st=st, idx=idx, plan=plan: fam.state_update(st, *args, **kwargs, state_batch_indices=idx,
                                                                      out=out, plan=plan)
                  for st, (_, idx, _), plan in zip(states, layers, plans)]

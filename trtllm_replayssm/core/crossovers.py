@@ -67,8 +67,3 @@ def entry(family: str, state: str, arch: str, table: tuple[Crossover, ...] | Non
     if not matches:
         return Crossover(family, "*", "*", DEFAULT_MIN_WORK_PER_SM)
     return max(matches, key=lambda m: m[0])[1]
-
-
-def min_work_per_sm(family: str, state: str, arch: str, table: tuple[Crossover, ...] | None = None) -> int:
-    """Work items per SM from which ``auto`` replays for ``family`` with state spec label ``state`` on ``arch``."""
-    return entry(family, state, arch, table).min_work_per_sm
