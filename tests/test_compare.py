@@ -10,6 +10,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from trtllm_replayssm.lab import compare
 from trtllm_replayssm.lab.compare import CompareSettings, run_compare, speedups, trtllm_bench_commands
 
 TINY = {
@@ -50,6 +51,28 @@ def test_run_compare_writes_records_checks_and_plot(tmp_path, tiny_config) -> No
     assert len(speedups(recs)) == 2
     png = (tmp_path / "out" / "compare_speedup.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_implementation_runs_twice_in_mirrored_order(tmp_path, tiny_config, monkeypatch) -> None:
+    """A B B A per batch: the progress events name the runs in that order, each run decodes every step."""
+    settings = CompareSettings(batches=(2,), steps=6, buffer_len=2, prompt_len=3, device="cpu")
+    model, _ = compare.load_model(str(tiny_config), settings)
+    seen: list[tuple[int, str]] = []
+    steps_run: dict[str, int] = {}
+    decode = compare._decode
+
+    def counting_decode(*args, **kwargs):
+        run, time_ssm = decode(*args, **kwargs)
+        steps_run[args[1]] = steps_run.get(args[1], 0) + len(run.step_us)
+        return run, time_ssm
+
+    monkeypatch.setattr(compare, "_decode", counting_decode)
+    records, checks = compare.measure_batch(
+        model, 2, settings, lambda run, impl, phase, done: seen.append((run, impl)) if phase == "ssm timing" else None)
+    assert seen == [(0, "baseline"), (1, "replay"), (2, "replay"), (3, "baseline")]
+    assert compare.mirrored(("a", "b", "c")) == ("a", "b", "c", "c", "b", "a")
+    assert steps_run == {"baseline": 12, "replay": 12}
+    assert [r["impl"] for r in records] == ["baseline", "replay"] and checks[0]["tokens_equal"]
 
 
 def test_settings_validation() -> None:

@@ -1,7 +1,7 @@
 """Model-level decode-step comparison, baseline SSM op vs ReplaySSM, on the reference hybrid decoders.
 
-Per batch size: prefill a random prompt, run ``steps`` greedy decode steps with each SSM implementation (a captured
-CUDA graph per batch on CUDA, wall clock on CPU), take the median step latency, the SSM share of a step (the SSM ops
+Per batch size: prefill a random prompt, run ``steps`` greedy decode steps with each SSM implementation, twice, in the
+order A B B A (a captured CUDA graph per run on CUDA, wall clock on CPU), take the median step latency of both runs, the SSM share of a step (the SSM ops
 alone, timed the same way, over the step), check that greedy tokens agree (asserted for fp32 state) and report the
 largest logit difference. Results: ``decode_step`` records in a JSON file and a speed-up plot.
 
@@ -20,7 +20,7 @@ import platform
 import shutil
 import statistics
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,8 +50,8 @@ class TokenMismatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` (the
-    ``impl_index``-th of ``impls``) and its ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps,
+    """Where a compare run is: ``model``, ``batch`` (the ``batch_index``-th of ``batches``), ``impl`` in the
+    ``impl_index``-th of the batch's ``impls`` runs (measure_batch) and its ``phase`` (``load``, ``decode`` with ``done`` of ``steps`` steps,
     ``ssm timing``, ``batch done``)."""
 
     model: str
@@ -63,7 +63,7 @@ class ProgressEvent:
     done: int = 0
     steps: int = 0
     impl_index: int = 0
-    impls: int = 2
+    impls: int = 4
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -239,25 +239,36 @@ def _record(model: HybridLM, impl: str, settings: CompareSettings, run: DecodeRu
     }
 
 
+def mirrored(impls: tuple[str, ...]) -> tuple[str, ...]:
+    """The order a batch runs its implementations in: each twice, the second time in reverse (A B B A), so that a
+    drift over the batch's runs (clocks, allocator state) weighs on every implementation alike."""
+    return impls + impls[::-1]
+
+
 def measure_batch(model: HybridLM, batch: int, settings: CompareSettings,
-                  progress: Callable[[str, str, int], None] | None = None) -> tuple[list[dict], list[dict]]:
-    """Decode ``batch`` sequences with every implementation of :func:`compare_impls`; returns (one decode_step record
-    each, token checks: baseline vs replay decode and, speculative, per-draft vs replay verify).
-    ``progress(impl, phase, steps_done)`` reports each step and the SSM-only timing."""
+                  progress: Callable[[int, str, str, int], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """Decode ``batch`` sequences with every implementation of :func:`compare_impls`, each twice in the order of
+    :func:`mirrored`; returns (one decode_step record each, its step and SSM-only times pooled over both runs; token
+    checks of the first runs: baseline vs replay decode and, speculative, per-draft vs replay verify).
+    ``progress(run, impl, phase, steps_done)`` reports each step and the SSM-only timing of the ``run``-th run."""
     gen = torch.Generator().manual_seed(settings.seed + batch)
     prompt = torch.randint(0, model.cfg.vocab_size, (batch, settings.prompt_len), generator=gen)
     spec = SpecWindows.draw(settings, model.cfg.vocab_size, batch, gen) if settings.spec_tokens else None
-    runs, records = {}, []
-    for impl in compare_impls(settings):
-        on_step = (lambda done, _steps, impl=impl: progress(impl, "decode", done)) if progress else None
+    impls = compare_impls(settings)
+    runs: dict[str, DecodeRun] = {}
+    ssm_times: dict[str, list[float]] = {impl: [] for impl in impls}
+    for k, impl in enumerate(mirrored(impls)):
+        on_step = (lambda done, _steps, k=k, impl=impl: progress(k, impl, "decode", done)) if progress else None
         run, time_ssm = _decode(model, impl, prompt, settings, spec, on_step)
         if progress:
-            progress(impl, "ssm timing", settings.steps)
-        ssm_us = statistics.median(time_ssm(max(settings.steps // 2, 5)))
-        records.append(_record(model, impl, settings, run, ssm_us, spec))
-        runs[impl] = run
+            progress(k, impl, "ssm timing", settings.steps)
+        ssm_times[impl] += time_ssm(max(settings.steps // 2, 5))
+        # the first run's tokens and logits; the step times of both
+        runs[impl] = replace(runs[impl], step_us=runs[impl].step_us + run.step_us) if impl in runs else run
         del time_ssm  # and with it the decode state
         _free()
+    records = [_record(model, impl, settings, runs[impl], statistics.median(ssm_times[impl]), spec)
+               for impl in impls]
     pairs = [("baseline", "replay", 1)]
     if spec:
         pairs.append(("per_draft_verify", "replay_verify", settings.spec_tokens))
@@ -308,19 +319,18 @@ def run_model(model: str, settings: CompareSettings, progress: ProgressCallback 
         progress(ProgressEvent(model, "load"))
     m, notes = load_model(model, settings)
     result = ModelResult(m.cfg.name, m.cfg.layers_label, notes)
-    n, impls = len(settings.batches), compare_impls(settings)
+    n, runs = len(settings.batches), len(mirrored(compare_impls(settings)))
     for i, batch in enumerate(settings.batches):
-        def step(impl: str, phase: str, done: int, batch: int = batch, i: int = i) -> None:
+        def step(run: int, impl: str, phase: str, done: int, batch: int = batch, i: int = i) -> None:
             if progress:
-                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps,
-                                       impls.index(impl), len(impls)))
+                progress(ProgressEvent(result.model, phase, batch, i, n, impl, done, settings.steps, run, runs))
 
         recs, checks = measure_batch(m, batch, settings, step if progress else None)
         result.records += recs
         result.checks += checks
         if progress:
             progress(ProgressEvent(result.model, "batch done", batch, i, n, "", settings.steps, settings.steps,
-                                   len(impls) - 1, len(impls)))
+                                   runs - 1, runs))
         if on_batch:
             on_batch(result)
     del m
