@@ -8,6 +8,12 @@ mixed prefill + decode steps run eagerly and generation-only steps as CUDA graph
 rows repeat one dummy request's block, eager warm-up before capture, and GDN's decode rows in mixed batches going
 through the chunked kernel (stood in for by the baseline step on the live state, which is what that kernel computes).
 Requests arrive, finish and their blocks are reused by requests with other prompts.
+
+With ``spec_tokens`` N (MTP), every decode row verifies a window of N + 1 tokens per step (``ModelReplayCache.verify``)
+and, after the forward, keeps a random accepted count (1 .. N + 1: only the bonus token, every draft, and between)
+through ``ModelReplayCache.commit``, as TensorRT-LLM's ``update_mamba_states`` would after sampling; each request's
+float64 recurrence checks every window token's output and advances by the accepted tokens only. GDN is not run
+this way (its mixed batches go through upstream's chunked kernel, which the loop stands in for with one token).
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import torch
 
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
 from trtllm_replayssm.core.families import Family, get_family
-from trtllm_replayssm.core.samples import step_rows, with_constants
+from trtllm_replayssm.core.samples import step_rows, window_token, with_constants
 from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots, split_batch
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
@@ -46,6 +52,7 @@ class Report:
     worst_rel_err: float = 0.0
     graph_eager_checks: int = 0
     pad_rows: int = 0
+    accepted_counts: set[int] = field(default_factory=set)  # the accepted counts the commits saw (MTP)
     first_mixed_step: int | None = None  # index of the first step with context and decode rows
     memory: list[int] = field(default_factory=list)
 
@@ -62,7 +69,7 @@ def dims_for(family: str, device: str) -> SSMDims:
 
 class ServingLoop:
     def __init__(self, family: str, device: str, buffer_len: int, blocks: int = 16, max_running: int = 6,
-                 max_length: int = 40, seed: int = 0, graphs: bool = False) -> None:
+                 max_length: int = 40, seed: int = 0, graphs: bool = False, spec_tokens: int | None = None) -> None:
         self.fam: Family = get_family(family)
         self.dims = dims_for(family, device)
         self.device = torch.device(device)
@@ -73,7 +80,11 @@ class ServingLoop:
         state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
         self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, torch.float32, conv_bytes=3 * 16 * 64,
                                 device=self.device)
-        self.cache = ModelReplayCache(family, self.layer_ids, self.dims.key_heads, buffer_len, self.act)
+        if spec_tokens and (graphs or family == "gdn"):
+            raise ValueError("spec_tokens: the MTP schedule runs eagerly, for Mamba-2 and KDA")
+        self.window = 1 + (spec_tokens or 0)
+        self.cache = ModelReplayCache(family, self.layer_ids, self.dims.key_heads, buffer_len, self.act,
+                                      spec_tokens=spec_tokens)
         self.constants = [self.fam.random_step(self.dims, 1, self.gen, self.device, self.act) for _ in self.layer_ids]
         self.state_indices = torch.zeros(max(PADDED_SIZES), dtype=torch.int32, device=self.device)
         self.dummy_block = blocks - 1  # the CUDA-graph padding dummy's own block
@@ -110,6 +121,10 @@ class ServingLoop:
                     gdn_materialize_slots(layer, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
                     continue
+                if self.window > 1:
+                    cache.verify(layer_id, self.pool.get_ssm_states(layer_id), decode_idx, *args, out=outs[i],
+                                 **kwargs)
+                    continue
                 layer = cache.layer(layer_id, self.pool.get_ssm_states(layer_id))
                 self.fam.replay_decode(layer, *args, state_batch_indices=cache.decode_slots(decode_idx),
                                        out=outs[i], **kwargs)
@@ -118,18 +133,34 @@ class ServingLoop:
 
     # ------------------------------------------------------------------ schedule
     def _draw(self, batch: int) -> list:
-        return [with_constants(self.fam.random_step(self.dims, batch, self.gen, self.device, self.act), c)
-                for c in self.constants]
+        """Each layer's decode inputs: per row one token, or a window of ``self.window`` ([b, T, ...])."""
+        T = self.window
+        steps = [with_constants(self.fam.random_step(self.dims, batch * T, self.gen, self.device, self.act), c)
+                 for c in self.constants]
+        if T == 1:
+            return steps
+        return [replace(st, **{name: t.reshape(batch, T, *t.shape[1:]) for name, t in vars(st).items()
+                               if name not in st.per_head_fields}) for st in steps]
 
     def _out(self, batch: int) -> list[torch.Tensor]:
-        shape = (batch, self.dims.heads, self.dims.rows)
+        shape = (batch, *((self.window,) if self.window > 1 else ()), self.dims.heads, self.dims.rows)
         return [torch.full(shape, float("nan"), dtype=self.act, device=self.device) for _ in self.layer_ids]
+
+    def _commit(self, num_contexts: int, num_seqs: int, accepted: list[int]) -> None:
+        """After a forward with decode rows (MTP): every decode row's accepted count, padding rows 1."""
+        rows = num_seqs - num_contexts
+        counts = torch.tensor(accepted + [1] * (rows - len(accepted)), dtype=torch.int32, device=self.device)
+        decode_idx = split_batch(self.state_indices, num_contexts, num_seqs).decode_slots
+        self.cache.commit(counts, decode_idx)
+        self.report.accepted_counts.update(accepted)
 
     def warm_up_and_capture(self) -> None:
         """TensorRT-LLM's order: eager warm-up steps (which bind the rings), then one graph per padded size."""
         self.state_indices.fill_(self.dummy_block)
         for size in PADDED_SIZES:
             self.forward(0, size, self._draw(size), self._out(size))
+            if self.window > 1:
+                self._commit(0, size, [])
             if self.graphs:
                 steps, outs = self._draw(size), self._out(size)
                 graph = torch.cuda.CUDAGraph()
@@ -170,14 +201,17 @@ class ServingLoop:
             for c, req in enumerate(contexts):  # the float64 references live on the CPU
                 req.states = [p[c].double().cpu() for p in prefill]
         steps, outs = self._draw(padded), self._out(padded)
+        accepted = [self._accepted_count() for _ in decodes]
         if num_contexts or not self.graphs:
             self.forward(num_contexts, num_seqs, steps, outs, prefill)
+            if self.window > 1 and padded:
+                self._commit(num_contexts, num_seqs, accepted)
             if num_contexts and n_dec and rep.first_mixed_step is None:
                 rep.first_mixed_step = rep.steps
             rep.mixed_steps += num_contexts > 0
         else:
             self._replay_graph(padded, steps, outs)
-        self._check(decodes, steps, outs, padded)
+        self._check(decodes, steps, outs, accepted)
         for r in decodes:
             r.remaining -= 1
         self.running.extend(contexts)
@@ -219,17 +253,31 @@ class ServingLoop:
         for t, s in zip(self._tensors(), saved):
             t.copy_(s)
 
-    def _check(self, decodes: list[Request], steps: list, outs: list, padded: int) -> None:
+    def _accepted_count(self) -> int:
+        """A row's accepted count after a verify (1 without speculation): the bonus token only, every draft, or
+        between."""
+        T = self.window
+        return T if T == 1 else self.rng.choice([1, T, self.rng.randint(1, T)])
+
+    def _check(self, decodes: list[Request], steps: list, outs: list, accepted: list[int]) -> None:
+        """Every decode row's outputs (every window token's) against its float64 recurrence, which then keeps the
+        state after the row's accepted tokens."""
         rep = self.report
+        T = self.window
         for i in range(len(self.layer_ids)):
             for row, req in enumerate(decodes):
-                row_step = step_rows(steps[i], [row])
-                row_step = replace(row_step, **{name: t.cpu() for name, t in vars(row_step).items()})
-                out_ref, new_state = self.fam.reference_step(req.states[i][None], row_step)
-                req.states[i] = new_state[0]
-                got = outs[i][row].double().cpu()
-                err = float((got - out_ref[0]).norm() / out_ref[0].norm().clamp_min(1e-30))
-                rep.worst_rel_err = max(rep.worst_rel_err, err)
+                state = req.states[i]
+                for t in range(T):
+                    token = window_token(steps[i], t) if T > 1 else steps[i]
+                    row_step = step_rows(token, [row])
+                    row_step = replace(row_step, **{name: v.cpu() for name, v in vars(row_step).items()})
+                    out_ref, new_state = self.fam.reference_step(state[None], row_step)
+                    state = new_state[0]
+                    if t < accepted[row]:
+                        req.states[i] = state
+                    got = (outs[i][row, t] if T > 1 else outs[i][row]).double().cpu()
+                    err = float((got - out_ref[0]).norm() / out_ref[0].norm().clamp_min(1e-30))
+                    rep.worst_rel_err = max(rep.worst_rel_err, err)
             # padding rows: the first computes against the dummy's block, every repeat is a pad row (zeros)
             pad = outs[i][len(decodes):]
             assert torch.isfinite(pad).all() and (pad[1:] == 0).all(), "padding rows must be finite, repeats zero"
@@ -238,8 +286,9 @@ class ServingLoop:
 
 
 def run(family: str, device: str, buffer_len: int, steps: int, graphs: bool, max_length: int = 40,
-        seed: int = 0) -> Report:
-    loop = ServingLoop(family, device, buffer_len, max_length=max_length, seed=seed, graphs=graphs)
+        seed: int = 0, spec_tokens: int | None = None) -> Report:
+    loop = ServingLoop(family, device, buffer_len, max_length=max_length, seed=seed, graphs=graphs,
+                       spec_tokens=spec_tokens)
     loop.warm_up_and_capture()
     for _ in range(steps):
         loop.step()

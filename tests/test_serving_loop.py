@@ -30,3 +30,13 @@ def test_serving_loop_gpu_graphs(family):
     # allocate its cuBLAS workspace once
     steady = rep.memory[rep.first_mixed_step + 1:]
     assert len(steady) > 150 and len(set(steady)) == 1, f"memory not flat across the steps: {sorted(set(steady))}"
+
+
+@pytest.mark.parametrize("family", ["mamba2", "kda"])
+def test_serving_loop_mtp_cpu(family):
+    """MTP: every decode step verifies windows of 3 tokens, then commits random accepted counts (1, 3 and 2)."""
+    rep = run(family, "cpu", buffer_len=6, steps=40, graphs=False, max_length=10, seed=5, spec_tokens=2)
+    print(rep)
+    assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
+    assert rep.pad_rows >= 4 and rep.accepted_counts == {1, 2, 3}
+    assert rep.worst_rel_err < 1e-4

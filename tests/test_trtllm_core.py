@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, check_trtllm_version, decode_slot_ids,
-                                                  gdn_materialize_slots, gdn_split_qkv, is_single_token_decode,
-                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, per_head, split_batch)
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, check_trtllm_version, commit_conv_windows,
+                                                  decode_slot_ids, gdn_materialize_slots, gdn_split_qkv,
+                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
+                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
+                                                  split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 
@@ -179,3 +180,22 @@ def test_decode_slot_ids_takes_int64_indices():
     idx = torch.tensor([5, 2, 2], dtype=torch.int64)
     out = decode_slot_ids(idx, num_slots=8)
     assert out.dtype == torch.int32 and out.tolist() == [5, 2, PAD_SLOT_ID]
+
+
+def test_commit_conv_windows_takes_each_rows_accepted_window():
+    gen = torch.Generator().manual_seed(0)
+    conv = torch.randn(6, 5, 3, generator=gen)
+    windows = torch.randn(4, 3, 5, 3, generator=gen)  # [rows, T, conv_dim, W-1]; the last row is spare
+    before = conv.clone()
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    accepted = torch.tensor([1, 3, 2], dtype=torch.int32)
+    commit_conv_windows(conv, windows, accepted, idx)
+    for b, (slot, a) in enumerate(zip(idx.tolist(), accepted.tolist())):
+        assert torch.equal(conv[slot], windows[b, a - 1])
+    untouched = [s for s in range(6) if s not in idx.tolist()]
+    assert torch.equal(conv[untouched], before[untouched])
+    with pytest.raises(ValueError, match=r"^accepted: expected shape \(3,\)"):
+        commit_conv_windows(conv, windows, accepted[:2], idx)
+    with pytest.raises(ValueError, match=r"^windows: expected \[>= 3, T, 5, 3\]"):
+        commit_conv_windows(conv, windows[:, :, :4], accepted, idx)
+

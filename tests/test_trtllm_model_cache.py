@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.serving.trtllm.core import refusals_from_cache_manager, refusals_from_llm_args
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
@@ -374,3 +375,26 @@ def test_stored_state_refusals():
     with pytest.raises(RuntimeError, match="SSM pool is torch.float32, the bundle's fp8/dual/fp16 state needs its "
                                            "master in torch.float16"):
         cache.layer(2, _unified().get_ssm_states(2))
+
+
+def test_speculative_cache_rings_and_refusals():
+    pool = _unified()
+    cache = ModelReplayCache("mamba2", [2, 5, 7], num_k_heads=2, buffer_len=6, act_dtype=torch.float32, spec_tokens=2)
+    assert (cache.window, cache.ring_len) == (3, 8)
+    assert cache.layer(2, pool.get_ssm_states(2)).x_ring.shape[2] == 8  # L + N records
+    with pytest.raises(RuntimeError, match="commit without a verify"):
+        cache.commit(torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    cache.begin_step()
+    x = torch.zeros(1, 4, 4, 16)  # a window of 4 > 3 tokens
+    with pytest.raises(ValueError, match=r"^step_args: expected windows of 1 to 3 tokens"):
+        cache.verify(2, pool.get_ssm_states(2), torch.zeros(1, dtype=torch.int32), x, out=torch.empty(0))
+    with pytest.raises(ValueError, match=r"^buffer_len: windows of 8 tokens need rings of 16 records, L \+ N = 11"):
+        ModelReplayCache("mamba2", [2], num_k_heads=2, buffer_len=4, act_dtype=torch.float32, spec_tokens=7)
+    with pytest.raises(ValueError, match=r"^state: speculative verify reads plain checkpoints"):
+        ModelReplayCache("mamba2", [2], num_k_heads=2, buffer_len=6, act_dtype=torch.float32,
+                         state=parse_state_label("fp8/dual/fp32"), spec_tokens=2)
+    standard = ModelReplayCache("mamba2", [2], num_k_heads=2, buffer_len=4, act_dtype=torch.float32)
+    standard.begin_step()
+    with pytest.raises(RuntimeError, match="verify on a cache built without spec_tokens"):
+        standard.verify(2, pool.get_ssm_states(2), torch.zeros(1, dtype=torch.int32), x, out=torch.empty(0))
+

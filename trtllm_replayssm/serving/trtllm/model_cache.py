@@ -14,6 +14,13 @@ With a stored spec (a dual read copy, stochastic rounding: Mamba-2) TensorRT-LLM
 (read copy, flush counts) lives here beside the rings; after upstream's prefill wrote a request's state,
 :meth:`prefill_written` encodes the read copy from it (the write rule of a flush). A shared fp8/nvfp4 checkpoint
 cannot live in TensorRT-LLM's pool (fp32/fp16/bf16 only) and is refused.
+
+Speculative decoding (``spec_tokens`` N, MTP): rings of ``serving.speculative.ring_len`` records; every decode step
+is a verify (:meth:`verify`, windows of 1 to N + 1 tokens per row, nothing committed) followed by :meth:`commit` of
+each row's accepted count (the bonus token counted), once for all layers, as TensorRT-LLM's ``update_mamba_states``
+does after sampling. A slot's cursor then holds the speculative word (``core/spec_cursor.py``), so such a cache runs
+the verify op only, never the standard replay op. Plain checkpoints only (the verify kernels read fp32, fp16 or bf16
+states).
 """
 from __future__ import annotations
 
@@ -23,12 +30,15 @@ from typing import Sequence
 
 import torch
 
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.limits import check_buffer_len
-from trtllm_replayssm.serving.trtllm.core import decode_slot_ids
+from trtllm_replayssm.core.ops import spec
+from trtllm_replayssm.serving.speculative import check_spec_tokens, ring_len
+from trtllm_replayssm.serving.trtllm.core import PAD_SLOT_ID, decode_slot_ids
 
 _log = logging.getLogger("trtllm_replayssm")
 
@@ -52,13 +62,15 @@ class ModelReplayCache:
     """Replay state of one model's SSM layers of one family (``layer_ids``: TensorRT-LLM's global layer indices).
 
     ``num_k_heads``: TP-local group count (Mamba-2 ``n_groups``, GDN key heads; KDA ignores it). ``state``: the
-    bundle's checkpoint spec (None: plain, in the pool's dtype). Per model forward: :meth:`begin_step`, then per
-    layer :meth:`layer` and :meth:`decode_slots` (and :meth:`prefill_written` after a prefill), and :meth:`end_step`.
+    bundle's checkpoint spec (None: plain, in the pool's dtype). ``spec_tokens``: MTP draft tokens (None: standard
+    decode; module docstring). Per model forward: :meth:`begin_step`, then per layer :meth:`layer` and
+    :meth:`decode_slots` (and :meth:`prefill_written` after a prefill), and :meth:`end_step`; with ``spec_tokens``
+    :meth:`verify` per layer and :meth:`commit` after the forward.
     """
 
     def __init__(self, family: str, layer_ids: Sequence[int], num_k_heads: int, buffer_len: int,
                  act_dtype: torch.dtype, planned: tuple[int, int] | None = None,
-                 state: StateSpec | None = None) -> None:
+                 state: StateSpec | None = None, spec_tokens: int | None = None) -> None:
         ids = tuple(int(i) for i in layer_ids)
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"layer_ids: expected distinct layer indices, got {list(layer_ids)}")
@@ -77,6 +89,16 @@ class ModelReplayCache:
             if state.checkpoint_format.quantized:
                 raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
                                  "cannot be it")
+        self.window = 1 + (check_spec_tokens(spec_tokens) or 0)  # the longest verify window (1: standard decode)
+        self.ring_len = ring_len(self.buffer_len, spec_tokens)
+        if spec_tokens is not None:
+            if state is not None and state.stored:
+                raise ValueError(f"state: speculative verify reads plain checkpoints (fp32, fp16, bf16), the bundle's "
+                                 f"is {state.label}")
+            if self.ring_len < spec_cursor.min_ring_len(self.window):
+                raise ValueError(f"buffer_len: windows of {self.window} tokens need rings of "
+                                 f"{spec_cursor.min_ring_len(self.window)} records, L + N = {self.ring_len}")
+        self._verified = 0  # the window of this step's verifies (0: none since the last commit)
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
         self._pools: dict[int, PoolKey] = {}
@@ -107,7 +129,7 @@ class ModelReplayCache:
                                f"{self.state.checkpoint_format.storage_dtype} (mamba_ssm_cache_dtype in the bundle's "
                                "YAML)")
         dims = self.family.dims.of_state(tuple(state.shape), self.num_k_heads)
-        self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.buffer_len,
+        self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.ring_len,
                                            state_dtype=self.state or state.dtype, act_dtype=self.act_dtype,
                                            device=state.device, checkpoints=False)
         self._pools.clear()
@@ -174,3 +196,38 @@ class ModelReplayCache:
         if self._step_slots is None:
             self._step_slots = decode_slot_ids(decode_state_indices, self.cache.slots)
         return self._step_slots
+
+    # ------------------------------------------------------------------ speculative decoding
+    def verify(self, layer_id: int, state: torch.Tensor, decode_state_indices: torch.Tensor, *step_args: object,
+               out: torch.Tensor, **step_kwargs: object) -> torch.Tensor:
+        """A verify of the decode rows' windows on layer ``layer_id`` with this call's ``state`` view: the family's
+        verify op on ``step_args`` ``[b, T, ...]`` (1 <= T <= the longest window; the same T in every layer of a
+        step), ``out [b, T, ...]`` gets every window token's output; each row's window is written past its committed
+        history and nothing is committed until :meth:`commit`."""
+        self._check_in_step("verify")
+        if self.window == 1:
+            raise RuntimeError("trtllm-replayssm: verify on a cache built without spec_tokens")
+        x = step_args[0]
+        T = x.shape[1] if isinstance(x, torch.Tensor) and x.dim() >= 2 else 0
+        if not 1 <= T <= self.window or (self._verified and T != self._verified):
+            raise ValueError(f"step_args: expected windows of 1 to {self.window} tokens [b, T, ...], the same in every "
+                             f"layer of a step (this step's: {self._verified or 'none yet'}), got shape "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        layer = self.layer(layer_id, state)
+        self.family.verify_step(layer, *step_args, state_batch_indices=self.decode_slots(decode_state_indices),
+                                pad_slot_id=PAD_SLOT_ID, out=out, **step_kwargs)
+        self._verified = T
+        return out
+
+    def commit(self, accepted: torch.Tensor, decode_state_indices: torch.Tensor) -> None:
+        """After the verifies of a step: decode row ``b`` keeps its first ``accepted[b]`` window tokens (1..T, the
+        bonus token counted) in every layer, a cursor move (``core/ops/spec.py``: on CUDA a count outside 1..T
+        keeps the row's cursor, the CPU reference raises). ``decode_state_indices``: the rows' slots as
+        :meth:`decode_slots` takes them (a repeated slot, a padding row, is skipped). Device-side, no host sync."""
+        if not self._verified:
+            raise RuntimeError("trtllm-replayssm: commit without a verify since the last commit")
+        slots = decode_slot_ids(decode_state_indices, self.cache.slots)
+        counts = accepted.to(device=self.cache.cursor.device, dtype=torch.int32)
+        for i in range(self.cache.num_layers):
+            spec.commit(self.cache.layer(i), counts, slots, PAD_SLOT_ID, window=self._verified)
+        self._verified = 0
