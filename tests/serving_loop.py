@@ -11,14 +11,18 @@ Requests arrive, finish and their blocks are reused by requests with other promp
 
 With ``spec_tokens`` N (MTP), every decode row verifies a window of N + 1 tokens per step (``ModelReplayCache.verify``)
 and, after the forward, keeps a random accepted count (1 .. N + 1: only the bonus token, every draft, and between)
-through ``ModelReplayCache.commit``, as TensorRT-LLM's ``update_mamba_states`` would after sampling; each request's
-float64 recurrence checks every window token's output and advances by the accepted tokens only. GDN is not run
-this way (its mixed batches go through upstream's chunked kernel, which the loop stands in for with one token).
+through ``ModelReplayCache.update_mamba_states`` (the module's replacement of the cache manager's, called as upstream
+calls it after sampling) on the Python cache manager's speculative layout (``SpeculativePythonPool``: the pool MTP
+needs), whose verify conv windows the loop fills with random values in place of upstream's conv kernel; each
+request's float64 recurrence checks every window token's output and advances by the accepted tokens only, and its
+conv state must be the window of its accepted count. GDN is not run this way (its mixed batches go through
+upstream's chunked kernel, which the loop stands in for with one token).
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import torch
 
@@ -28,7 +32,7 @@ from trtllm_replayssm.core.samples import step_rows, window_token, with_constant
 from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots, split_batch
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
-from upstream_pools import UnifiedPool
+from upstream_pools import SpeculativePythonPool, UnifiedPool
 
 PADDED_SIZES = (1, 2, 4, 8)
 
@@ -78,11 +82,15 @@ class ServingLoop:
         self.gen = torch.Generator().manual_seed(seed)
         self.act = torch.float32
         state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
-        self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, torch.float32, conv_bytes=3 * 16 * 64,
-                                device=self.device)
         if spec_tokens and (graphs or family == "gdn"):
             raise ValueError("spec_tokens: the MTP schedule runs eagerly, for Mamba-2 and KDA")
         self.window = 1 + (spec_tokens or 0)
+        if spec_tokens:
+            self.pool = SpeculativePythonPool(self.layer_ids, blocks, state_shape, torch.float32, conv_shape=(6, 3),
+                                              window=self.window, max_batch=max(PADDED_SIZES), device=self.device)
+        else:
+            self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, torch.float32, conv_bytes=3 * 16 * 64,
+                                    device=self.device)
         self.cache = ModelReplayCache(family, self.layer_ids, self.dims.key_heads, buffer_len, self.act,
                                       spec_tokens=spec_tokens)
         self.constants = [self.fam.random_step(self.dims, 1, self.gen, self.device, self.act) for _ in self.layer_ids]
@@ -121,7 +129,9 @@ class ServingLoop:
                     gdn_materialize_slots(layer, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
                     continue
-                if self.window > 1:
+                if self.window > 1:  # upstream's verify conv writes each row's windows, then the SSU call
+                    windows = self.pool.mamba_layer_cache(layer_id).intermediate_conv_window
+                    windows.copy_(torch.randn(windows.shape, generator=self.gen).to(self.device))
                     cache.verify(layer_id, self.pool.get_ssm_states(layer_id), decode_idx, *args, out=outs[i],
                                  **kwargs)
                     continue
@@ -147,11 +157,19 @@ class ServingLoop:
         return [torch.full(shape, float("nan"), dtype=self.act, device=self.device) for _ in self.layer_ids]
 
     def _commit(self, num_contexts: int, num_seqs: int, accepted: list[int]) -> None:
-        """After a forward with decode rows (MTP): every decode row's accepted count, padding rows 1."""
+        """After a forward with decode rows (MTP), as upstream after sampling: ``update_mamba_states`` with every
+        row's accepted count (context rows and padding rows 1); the real rows' conv states must then hold the windows
+        of their counts."""
         rows = num_seqs - num_contexts
-        counts = torch.tensor(accepted + [1] * (rows - len(accepted)), dtype=torch.int32, device=self.device)
-        decode_idx = split_batch(self.state_indices, num_contexts, num_seqs).decode_slots
-        self.cache.commit(counts, decode_idx)
+        counts = torch.tensor([1] * num_contexts + accepted + [1] * (rows - len(accepted)), dtype=torch.int32,
+                              device=self.device)
+        self.cache.update_mamba_states(self.pool, SimpleNamespace(num_contexts=num_contexts, num_seqs=num_seqs),
+                                       counts, self.state_indices)
+        for layer_id in self.layer_ids:
+            layer = self.pool.mamba_layer_cache(layer_id)
+            for row, a in enumerate(accepted):
+                slot = int(self.state_indices[num_contexts + row])
+                assert torch.equal(layer.conv[slot], layer.intermediate_conv_window[row, a - 1]), "conv not committed"
         self.report.accepted_counts.update(accepted)
 
     def warm_up_and_capture(self) -> None:

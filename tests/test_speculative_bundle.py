@@ -112,14 +112,17 @@ def test_spec_bundle_manifest_yaml_and_inspect(tmp_path):
     assert r.exit_code == 0 and "WARNING" not in r.output, r.output
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec_tokens"] == 2 and m["memory"]["ring_len"] == 18
+    from trtllm_replayssm.serving.trtllm import load_settings
+    assert load_settings(out / "manifest.json").spec_tokens == 2  # what the module sizes its rings by
     s = m["speculative"]
-    assert (s["spec_tokens"], s["window_tokens"], s["ring_len"], s["served_by"]) == (2, 3, 18, "upstream MTP")
-    assert s["upstream_mtp_hazard"] is None and "keeps upstream kernels in every SSM layer" in s["note"]
+    assert (s["spec_tokens"], s["window_tokens"], s["ring_len"], s["served_by"]) == (2, 3, 18, "ReplaySSM MTP verify")
+    assert s["upstream_mtp_hazard"] is None and "verifies each MTP window from checkpoint + ring" in s["note"]
     assert s["speculative_config"] == yaml.safe_load((out / "trtllm-serve.yaml").read_text())["speculative_config"]
     per = m["memory"]["per_layer_per_seq"]
     assert per["ring"] == 18 * memory_plan.plan(get_preset(TINY), "h100").layer.record
     table = run("inspect", str(out)).output
-    assert "MTP, 2 draft tokens" in table and "upstream MTP" in table and "WARNING" not in table
+    assert "MTP, 2 draft tokens" in table and "ReplaySSM MTP verify" in table and "WARNING" not in table
+    assert speculative.served_by(get_preset("qwen3.5-4b"))[0] == "upstream MTP"
 
 
 def test_plain_bundle_records_no_speculation(tmp_path):

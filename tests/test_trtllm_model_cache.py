@@ -9,7 +9,8 @@ import torch
 
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.formats import parse_state_label
-from trtllm_replayssm.serving.trtllm.core import refusals_from_cache_manager, refusals_from_llm_args
+from trtllm_replayssm.serving.trtllm.core import (MTP_CUSTOM_OP_ENV, refusals_from_cache_manager,
+                                                  refusals_from_llm_args, speculative_refusals)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
@@ -167,6 +168,28 @@ def test_refusals_keep_or_restore_upstream_as_a_whole(caplog):
     assert any("speculative_config" in line for line in lines) and any("enable_block_reuse" in line for line in lines)
 
 
+def test_speculative_install_takes_over_the_managers_commit():
+    model = Toy([1, 3])
+    replay = ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 6, torch.float32,
+                                 spec_tokens=2)
+    assert replay.cache.window == 3
+    manager = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: True,
+                              use_replay_state_update=False, mamba_layer_cache=lambda i: None,
+                              update_mamba_states=lambda *a, **k: None)
+    assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    replay.end_step()
+    bound = manager.update_mamba_states
+    assert bound.func == replay.cache.update_mamba_states and bound.args == (manager,)
+    # TensorRT-LLM's own MTP replay bypasses the hooked SSU: the model falls back as a whole, the manager untouched
+    model = Toy([1, 3])
+    replay = ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 6, torch.float32,
+                                 spec_tokens=2)
+    upstream_commit = manager.update_mamba_states = (lambda *a, **k: None)
+    manager.use_replay_state_update = True
+    assert not replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    assert manager.update_mamba_states is upstream_commit and all(type(m) is Upstream for m in model.layers[:2])
+
+
 def test_no_matching_mixer_or_no_hook_point_is_an_error():
     with pytest.raises(RuntimeError, match="has no Upstream layer"):
         _install(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -186,11 +209,31 @@ def test_refusals_from_llm_args():
     assert refusals_from_llm_args(ok) == []
     bad = SimpleNamespace(kv_cache_config=SimpleNamespace(use_kv_cache_manager_v2=True),
                           cache_transceiver_config=object(), kv_connector_config=object(), max_beam_width=4,
-                          speculative_config=object())
+                          speculative_config=object())  # speculative decoding: speculative_refusals decides
     reasons = refusals_from_llm_args(bad)
-    for key in ("use_kv_cache_manager_v2", "cache_transceiver_config", "kv_connector_config", "max_beam_width",
-                "speculative_config"):
+    assert len(reasons) == 4
+    for key in ("use_kv_cache_manager_v2", "cache_transceiver_config", "kv_connector_config", "max_beam_width"):
         assert sum(key in r for r in reasons) == 1, key
+
+
+def test_speculative_refusals(monkeypatch):
+    monkeypatch.delenv(MTP_CUSTOM_OP_ENV, raising=False)
+    mtp = SimpleNamespace(decoding_type="MTP", max_draft_len=3, max_total_draft_tokens=3)
+    assert speculative_refusals("mamba2", None, None, True, True) == []  # nothing configured, nothing refused
+    assert speculative_refusals("mamba2", mtp, 3, False, False) == []
+    assert speculative_refusals("mamba2", SimpleNamespace(num_nextn_predict_layers=3), 3, False, False) == []
+    cases = [("gdn", mtp, 3, False, False, "Mamba-2 models only"),
+             ("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, False, "MTP windows only"),
+             ("mamba2", SimpleNamespace(max_draft_len=3, max_total_draft_tokens=9), 3, False, False, "a tree"),
+             ("mamba2", mtp, None, False, False, "without --spec-tokens: rebuild it with --spec-tokens 3"),
+             ("mamba2", mtp, 2, False, False, "sized for 2: rebuild it with --spec-tokens 3"),
+             ("mamba2", mtp, 3, True, False, "plain fp32/fp16/bf16 checkpoints"),
+             ("mamba2", mtp, 3, False, True, "mamba_ssm_stochastic_rounding")]
+    for family, config, bundle, stored, sr, match in cases:
+        reasons = speculative_refusals(family, config, bundle, stored, sr)
+        assert len(reasons) == 1 and match in reasons[0], (match, reasons)
+    monkeypatch.setenv(MTP_CUSTOM_OP_ENV, "1")
+    assert MTP_CUSTOM_OP_ENV in speculative_refusals("mamba2", mtp, 3, False, False)[0]
 
 
 def test_refusals_from_cache_manager():
@@ -203,6 +246,15 @@ def test_refusals_from_cache_manager():
     assert len(refusals_from_cache_manager(MambaHybridCacheManagerV2(), 1)) == 1
     bad = SimpleNamespace(enable_block_reuse=True, kv_connector_manager=object(), is_speculative=lambda: True)
     assert len(refusals_from_cache_manager(bad, 2)) == 4
+    spec_ok = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: True,
+                              use_replay_state_update=False, mamba_layer_cache=lambda i: None,
+                              update_mamba_states=lambda *a, **k: None)
+    assert refusals_from_cache_manager(spec_ok, 1, speculative=True) == []
+    assert len(refusals_from_cache_manager(spec_ok, 1)) == 1  # a speculative manager, no served speculation
+    spec_bad = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False,
+                               use_replay_state_update=True)
+    reasons = refusals_from_cache_manager(spec_bad, 1, speculative=True)
+    assert len(reasons) == 3 and "use_replay_state_update" in reasons[1] and "mamba_layer_cache" in reasons[2]
 
 
 def test_checkpointless_cache_factories():
@@ -238,6 +290,7 @@ def test_settings_from_a_bundle_manifest(tmp_path, monkeypatch):
     settings = load_settings(path)
     assert (settings.family, settings.buffer_len, settings.act_dtype) == ("gdn", 8, "bf16")
     assert (settings.planned_ring_bytes, settings.planned_slots) == (mp.ring_bytes_per_gpu, 65)
+    assert settings.spec_tokens is None  # built without --spec-tokens
     monkeypatch.delenv(MANIFEST_ENV, raising=False)
     with pytest.raises(RuntimeError, match="TRTLLM_REPLAYSSM_MANIFEST is not set"):
         settings_from_env()

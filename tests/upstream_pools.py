@@ -9,10 +9,16 @@ reproduced; no TensorRT-LLM behaviour beyond that is claimed.
   call. Slot ids are block ids; the block count is the pool's, not the batch size.
 * ``PythonPool``: ``PythonMambaCacheManager``: contiguous ``[layers, slots, H, P, N]``; ``at_layer_idx`` builds a new
   view per call.
+* ``SpeculativePythonPool``: ``PythonMambaCacheManager`` with speculative decoding (``SpeculativeState``): besides
+  ``temporal`` (the SSM states, as ``PythonPool``), ``conv [layers, slots, conv_dim, W-1]`` and
+  ``intermediate_conv_window [layers, max_batch, T, conv_dim, W-1]`` (the verify conv's window after each window
+  token, row b of the generation rows at index b); ``mamba_layer_cache(layer_idx)`` gives one layer's views. The
+  per-draft SSM buffer (``intermediate_ssm``) is left out: nothing on the replay path reads or writes it.
 """
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -42,3 +48,23 @@ class PythonPool:
 
     def get_ssm_states(self, layer_idx: int) -> torch.Tensor:
         return self.ssm_states[self.offsets[layer_idx]]
+
+
+class SpeculativePythonPool:
+    def __init__(self, layer_ids: list[int], slots: int, state_shape: tuple[int, ...], state_dtype: torch.dtype,
+                 conv_shape: tuple[int, int], window: int, max_batch: int, device: torch.device | str) -> None:
+        self.offsets = {layer_id: i for i, layer_id in enumerate(layer_ids)}
+        n = len(layer_ids)
+        self.all_ssm_states = torch.zeros(n, slots, *state_shape, dtype=state_dtype, device=device)
+        self.conv = torch.zeros(n, slots, *conv_shape, dtype=torch.float32, device=device)
+        self.intermediate_conv_window = torch.zeros(n, max_batch, window, *conv_shape, dtype=torch.float32,
+                                                    device=device)
+
+    def get_ssm_states(self, layer_idx: int) -> torch.Tensor:
+        return self.all_ssm_states[self.offsets[layer_idx]]
+
+    def mamba_layer_cache(self, layer_idx: int) -> SimpleNamespace:
+        i = self.offsets[layer_idx]
+        return SimpleNamespace(temporal=self.all_ssm_states[i], conv=self.conv[i],
+                               intermediate_conv_window=self.intermediate_conv_window[i])
+

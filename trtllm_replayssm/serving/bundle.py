@@ -17,7 +17,7 @@ from typing import Callable
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.serving.memory_plan import MemoryPlan
 from trtllm_replayssm.serving.presets import ModelSpec
-from trtllm_replayssm.serving.speculative import FALLBACK_NOTE, speculative_config, upstream_mtp_hazard
+from trtllm_replayssm.serving.speculative import served_by, speculative_config, upstream_mtp_hazard
 from trtllm_replayssm.serving.trtllm.core import SUPPORTED_TRTLLM_VERSIONS
 
 MANIFEST = "manifest.json"
@@ -58,13 +58,14 @@ def _state_dict(mp: MemoryPlan) -> dict:
 
 
 def _speculative_dict(spec: ModelSpec, mp: MemoryPlan) -> dict | None:
-    """The manifest's ``speculative``: the draft tokens, window, ring size and YAML config, how it is served today
+    """The manifest's ``speculative``: the draft tokens, window, ring size and YAML config, who serves it and how
     and, where upstream's MTP replay is not safe for the model, the hazard; None without speculative decoding."""
     if mp.spec_tokens is None:
         return None
+    by, note = served_by(spec)
     return {"spec_tokens": mp.spec_tokens, "window_tokens": mp.spec_tokens + 1, "ring_len": mp.ring_len,
-            "speculative_config": speculative_config(mp.spec_tokens), "served_by": "upstream MTP",
-            "note": FALLBACK_NOTE, "upstream_mtp_hazard": upstream_mtp_hazard(spec)}
+            "speculative_config": speculative_config(mp.spec_tokens), "served_by": by, "note": note,
+            "upstream_mtp_hazard": upstream_mtp_hazard(spec)}
 
 
 def _byte_model_text(state: StateSpec) -> str:
@@ -156,13 +157,13 @@ kv_cache_config:
 def _speculative_yaml(mp: MemoryPlan) -> str:
     """The YAML's ``speculative_config`` (MTP with ``mp.spec_tokens`` drafts), or a comment that none is set."""
     if mp.spec_tokens is None:
-        return ("# Speculative decoding (speculative_config) is not used by ReplaySSM yet: if set, the module falls "
-                "back to\n# upstream kernels for the whole model and logs a warning.\n")
+        return ("# Speculative decoding (speculative_config) needs a bundle built with --spec-tokens: set here, the "
+                "module falls\n# back to upstream kernels for the whole model and logs a warning.\n")
     body = "".join(f"  {k}: {v}\n" for k, v in speculative_config(mp.spec_tokens).items())
     return (f"# MTP with {mp.spec_tokens} draft tokens (verify windows of {mp.spec_tokens + 1}). max_draft_len is the "
             f"draft count in\n# TensorRT-LLM's llm_args.py @00043967, where num_nextn_predict_layers is its deprecated "
-            f"alias; older\n# releases read num_nextn_predict_layers. Until ReplaySSM verify kernels exist, the module "
-            f"sees this\n# config and keeps upstream kernels (its MTP path) for the whole model.\n"
+            f"alias; older\n# releases read num_nextn_predict_layers. The module verifies these windows in Mamba-2 "
+            f"models; GDN/KDA\n# models keep upstream kernels (its MTP path) for the whole model.\n"
             f"speculative_config:\n{body}")
 
 

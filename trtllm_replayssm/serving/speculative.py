@@ -1,5 +1,6 @@
 """Speculative decoding (MTP) in a serving bundle: the draft-token count, the ring a window needs, the
-``speculative_config`` TensorRT-LLM reads, and why serving it falls back to upstream kernels today.
+``speculative_config`` TensorRT-LLM reads, and who serves it: the module's MTP verify in Mamba-2 models, upstream's
+MTP path in GDN/KDA models and wherever the module refuses the configuration at start-up.
 
 Upstream (TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py`` @00043967): ``MTPDecodingConfig`` has
 ``decoding_type: Literal["MTP"]``; the draft count is ``DecodingBaseConfig.max_draft_len`` (> 0 for MTP), and a
@@ -23,10 +24,22 @@ MAX_SPEC_TOKENS = 7  # windows of T = N + 1 <= 8 tokens (issue 24's verify bound
 TMA_TILE_ROWS = 32  # row tile of upstream's TMA state stores in its Mamba-2 MTP replay (issue 24)
 ALLOW_FLAG = "--allow-upstream-mtp"
 
+VERIFY_NOTE = ("the module verifies each MTP window from checkpoint + ring in every Mamba-2 layer (no per-draft "
+               "state) and commits the accepted counts in place of TensorRT-LLM's update_mamba_states; a configuration "
+               "it refuses at start-up (logged: another decoding type, a draft count other than the bundle's, "
+               "TensorRT-LLM's own MTP replay switched on, ...) runs upstream's MTP path in every SSM layer. Not yet "
+               "run inside TensorRT-LLM")
 FALLBACK_NOTE = ("speculative decoding runs upstream TensorRT-LLM's MTP path: at start-up the module sees "
                  "speculative_config, logs one warning and keeps upstream kernels in every SSM layer (ReplaySSM off "
-                 "for the whole model) until our verify kernels replace it; the rings priced for windows of T tokens "
-                 "are not allocated meanwhile")
+                 "for the whole model) until our verify is hooked for this family; the rings priced for windows of T "
+                 "tokens are not allocated meanwhile")
+
+
+def served_by(spec: ModelSpec) -> tuple[str, str]:
+    """Who serves ``spec``'s speculative decoding in TensorRT-LLM, and the note that says how."""
+    if isinstance(spec.ssm_dims, Mamba2Dims):
+        return "ReplaySSM MTP verify", VERIFY_NOTE
+    return "upstream MTP", FALLBACK_NOTE
 
 
 def check_spec_tokens(spec_tokens: int | None) -> int | None:
@@ -62,7 +75,8 @@ def upstream_mtp_hazard(spec: ModelSpec) -> str | None:
     if not isinstance(dims, Mamba2Dims) or dims.head_dim % TMA_TILE_ROWS == 0:
         return None
     return (f"{spec.name} has Mamba-2 head_dim {dims.head_dim}, not a multiple of {TMA_TILE_ROWS}: upstream "
-            f"TensorRT-LLM's Mamba-2 MTP replay, which serves speculative decoding for now, stores state in "
+            f"TensorRT-LLM's Mamba-2 MTP replay (what serves speculative decoding where the module refuses the "
+            f"configuration at start-up; the module's own verify has not run inside TensorRT-LLM yet) stores state in "
             f"{TMA_TILE_ROWS}-row TMA tiles without a row mask and overwrites rows of the next head (measured with "
             f"head_dim 80 and fp32 state: outputs off by ~0.19 relative after 24 verify steps; other state dtypes "
             f"not measured)")

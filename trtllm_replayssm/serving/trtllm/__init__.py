@@ -34,6 +34,7 @@ class ReplaySettings:
     planned_ring_bytes: int  # rings + cursors of every SSM layer for planned_slots slots (the manifest's plan)
     planned_slots: int
     state: str = "fp32"  # the checkpoint spec's label (StateSpec.label): plain, or a master in the pool + our state
+    spec_tokens: int | None = None  # MTP draft tokens the rings were sized for (build --spec-tokens)
 
 
 def load_settings(manifest_path: str | Path) -> ReplaySettings:
@@ -47,7 +48,8 @@ def load_settings(manifest_path: str | Path) -> ReplaySettings:
         return ReplaySettings(buffer_len=check_buffer_len(data["buffer_len"]), act_dtype=data["dtypes"]["activation"],
                               family=data["plan"]["family"],
                               planned_ring_bytes=int(data["memory"]["ring_bytes_per_gpu"]),
-                              planned_slots=int(data["memory"]["max_batch_size"]) + 1, state=data["state"]["label"])
+                              planned_slots=int(data["memory"]["max_batch_size"]) + 1, state=data["state"]["label"],
+                              spec_tokens=data.get("spec_tokens"))
     except KeyError as exc:
         raise ValueError(f"manifest_path: {path} lacks field {exc}") from None
 

@@ -18,6 +18,8 @@ from trtllm_replayssm.core.reference import gdn as gdn_ref
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
 DISABLE_ENV = "TRTLLM_REPLAYSSM_DISABLE"
+# Mamba2Mixer's MTP verify through TensorRT-LLM's CUDA custom op instead of the SSU attribute the module hooks
+MTP_CUSTOM_OP_ENV = "TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP"
 PAD_SLOT_ID = -1
 
 _log = logging.getLogger("trtllm_replayssm")
@@ -133,14 +135,52 @@ def refusals_from_llm_args(llm_args: Any) -> list[str]:
         reasons.append("kv_connector_config is set: a KV connector may restore a slot without a local prefill")
     if (getattr(llm_args, "max_beam_width", 1) or 1) > 1:
         reasons.append(f"max_beam_width is {llm_args.max_beam_width}: beams share one SSM slot per request")
-    if getattr(llm_args, "speculative_config", None) is not None:
-        reasons.append("speculative_config is set: speculative decoding with ReplaySSM is not implemented yet")
     return reasons
 
 
-def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int) -> list[str]:
+def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None, stored_state: bool,
+                         stochastic_rounding: bool) -> list[str]:
+    """Why ReplaySSM cannot serve the speculative decoding the model's ``spec_config`` configures (None: none), one
+    line each: it verifies linear MTP windows of Mamba-2 models, with the draft count the bundle's rings were sized
+    for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
+    stochastic rounding, through the SSU call it hooks."""
+    if spec_config is None:
+        return []
+    reasons = []
+    if family != "mamba2":
+        reasons.append(f"speculative decoding is configured: ReplaySSM verifies MTP windows of Mamba-2 models only, "
+                       f"not yet of {family} layers")
+    decoding = getattr(spec_config, "decoding_type", "MTP")
+    if decoding != "MTP":
+        reasons.append(f"speculative_config.decoding_type is {decoding!r}: ReplaySSM verifies MTP windows only")
+    drafts = getattr(spec_config, "max_draft_len", None) or getattr(spec_config, "num_nextn_predict_layers", None)
+    total = getattr(spec_config, "max_total_draft_tokens", None)
+    if drafts is not None and total is not None and total != drafts:
+        reasons.append(f"speculative_config drafts a tree ({total} draft tokens for {drafts} steps): ReplaySSM "
+                       "verifies linear windows only")
+    if bundle_spec_tokens is None:
+        reasons.append(f"speculative decoding is configured ({drafts} draft tokens) but the bundle was built without "
+                       f"--spec-tokens: rebuild it with --spec-tokens {drafts}")
+    elif drafts != bundle_spec_tokens:
+        reasons.append(f"speculative_config has {drafts} draft tokens, the bundle's rings were sized for "
+                       f"{bundle_spec_tokens}: rebuild it with --spec-tokens {drafts}")
+    if stored_state:
+        reasons.append("speculative decoding with a stored (quantized or dual-copy) checkpoint: the verify kernels "
+                       "read plain fp32/fp16/bf16 checkpoints")
+    if stochastic_rounding:
+        reasons.append("quant_config.mamba_ssm_stochastic_rounding is set: the verify path has no stochastic "
+                       "rounding")
+    if os.environ.get(MTP_CUSTOM_OP_ENV) == "1":
+        reasons.append(f"{MTP_CUSTOM_OP_ENV}=1: the mixers verify through TensorRT-LLM's custom op, not the SSU "
+                       "call the module hooks")
+    return reasons
+
+
+def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculative: bool = False) -> list[str]:
     """What the live cache manager (``attn_metadata.kv_cache_manager``) and beam width show that ReplaySSM cannot
-    serve yet, one line each (checked on the first forward, an eager warm-up step)."""
+    serve yet, one line each (checked on the first forward, an eager warm-up step). ``speculative``: the model
+    verifies MTP windows (speculative_refusals passed), which needs the Python Mamba cache's speculative state
+    without TensorRT-LLM's own MTP replay."""
     reasons = []
     if getattr(kv_cache_manager, "enable_block_reuse", False):
         reasons.append("kv_cache_config.enable_block_reuse is true: prefix-cache blocks would hold a checkpoint, "
@@ -151,8 +191,20 @@ def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int) -> list[
         reasons.append("the V2 cache manager is in use: it may move a live request to another slot, which its "
                        "rings would not follow")
     is_speculative = getattr(kv_cache_manager, "is_speculative", None)
-    if callable(is_speculative) and is_speculative():
-        reasons.append("the cache manager is speculative: speculative decoding with ReplaySSM is not implemented yet")
+    manager_speculative = callable(is_speculative) and is_speculative()
+    if manager_speculative and not speculative:
+        reasons.append("the cache manager is speculative, the model has no speculative configuration ReplaySSM "
+                       "serves")
+    if speculative:
+        if not manager_speculative:
+            reasons.append("speculative decoding is configured but the cache manager is not speculative")
+        if getattr(kv_cache_manager, "use_replay_state_update", False):
+            reasons.append("the cache manager runs TensorRT-LLM's own Mamba-2 MTP replay (use_replay_state_update): "
+                           "its mixers call that kernel, not the SSU call the module hooks")
+        if not all(callable(getattr(kv_cache_manager, name, None))
+                   for name in ("mamba_layer_cache", "update_mamba_states")):
+            reasons.append("the cache manager has no mamba_layer_cache / update_mamba_states (the Python Mamba "
+                           "cache's speculative state, which MTP verify needs)")
     if beam_width > 1:
         reasons.append(f"beam width {beam_width}: beams share one SSM slot per request")
     return reasons

@@ -7,6 +7,7 @@ is an error: the TensorRT-LLM revision differs from the one the module was writt
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -50,11 +51,13 @@ class ReplayModel:
     @classmethod
     def install(cls, model: torch.nn.Module, arch: str, family: str, swap_classes: Mapping[type, type],
                 buffer_len: int, act_dtype: torch.dtype, refusals: Sequence[str] = (),
-                planned: tuple[int, int] | None = None, state: StateSpec | None = None) -> "ReplayModel | None":
+                planned: tuple[int, int] | None = None, state: StateSpec | None = None,
+                spec_tokens: int | None = None) -> "ReplayModel | None":
         """Swap every mixer of ``model`` whose exact class is a key of ``swap_classes``; None (upstream kernels,
         one warning per reason) when ``refusals`` is not empty; ``planned``: (bytes, slots) of the bundle's ring
         plan, to warn when TensorRT-LLM's pool needs more; ``state``: the bundle's checkpoint spec
-        (:class:`ModelReplayCache`). Every upstream mixer needs a ``layer_idx``; replay mixer
+        (:class:`ModelReplayCache`); ``spec_tokens``: MTP draft tokens whose windows the mixers verify (None:
+        standard decode). Every upstream mixer needs a ``layer_idx``; replay mixer
         classes provide ``_rs_num_k_heads()`` and ``_rs_setup(cache)``, optionally ``_rs_cannot_hook(module) -> str |
         None`` (what an upstream mixer lacks) and ``_rs_teardown()`` (undo ``_rs_setup`` beyond the class swap)."""
         if refusals:
@@ -74,7 +77,7 @@ class ReplayModel:
         for s in swaps:
             s.module.__class__ = swap_classes[s.original]
         cache = ModelReplayCache(family, [m.layer_idx for m in found], found[0]._rs_num_k_heads(), buffer_len,
-                                 act_dtype, planned, state)
+                                 act_dtype, planned, state, spec_tokens)
         for m in found:
             m._rs_setup(cache)
         _log.info("trtllm-replayssm: %s: %d %s layers run ReplaySSM decode (L=%d)", arch, len(found), family,
@@ -96,14 +99,19 @@ class ReplayModel:
 
     def begin_step(self, attn_metadata: Any) -> bool:
         """Before each model forward; the first one checks the live cache manager (an eager warm-up step, before
-        any replay step and any graph capture) and falls back as a whole if it shows what replay cannot serve.
-        Returns whether replay runs this step."""
+        any replay step and any graph capture) and falls back as a whole if it shows what replay cannot serve; a
+        model that verifies MTP windows then takes over the manager's ``update_mamba_states`` (its commit after
+        sampling: :meth:`ModelReplayCache.update_mamba_states`). Returns whether replay runs this step."""
         if not self.checked:
             self.checked = True
-            reasons = refusals_from_cache_manager(getattr(attn_metadata, "kv_cache_manager", None),
-                                                  int(getattr(attn_metadata, "beam_width", 1) or 1))
+            manager = getattr(attn_metadata, "kv_cache_manager", None)
+            speculative = self.cache.window > 1
+            reasons = refusals_from_cache_manager(manager, int(getattr(attn_metadata, "beam_width", 1) or 1),
+                                                  speculative)
             if reasons:
                 self.uninstall(reasons)
+            elif speculative:
+                manager.update_mamba_states = functools.partial(self.cache.update_mamba_states, manager)
         if self.active:
             self.cache.begin_step()
         return self.active

@@ -11,7 +11,11 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   the replay step (``ReplayModel.begin_step`` / ``end_step``).
 * Mamba-2: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
   ``_stp_ssu_func`` in some revisions); ours points it at ``_replay_ssu``, which routes single-token decode calls to
-  ``ops.mamba2.replay_decode`` and every other call to the upstream function.
+  ``ops.mamba2.replay_decode`` and every other call to the upstream function. With MTP (the bundle's
+  ``--spec-tokens``) the mixers' verify call (4-D inputs, ``disable_state_update``, per-draft state buffers) goes to
+  ``ModelReplayCache.verify`` instead, which writes no per-draft state, and the cache manager's
+  ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit + the
+  accepted conv windows).
 * GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
   chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first.
 * KDA (Kimi-Linear, where TensorRT-LLM has it): ``KimiKDALinearAttention.forward_decode`` (the decode rows of every
@@ -40,7 +44,8 @@ from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_fro
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_split_qkv,
                                                   is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
-                                                  refusals_from_llm_args, replay_disabled, split_batch)
+                                                  refusals_from_llm_args, replay_disabled, speculative_refusals,
+                                                  split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 
 try:
@@ -88,6 +93,16 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
     def _replay_ssu(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
                     B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, **kw: Any) -> Any:  # noqa: N803
+        if self._rs_cache.window > 1:  # every decode step of an MTP model is a verify
+            if x.dim() != 4 or not kw.get("disable_state_update") or kw.get("rand_seed") is not None:
+                raise RuntimeError(f"trtllm-replayssm: a Mamba-2 SSU call that is not an MTP verify (x "
+                                   f"{tuple(x.shape)}, disable_state_update={kw.get('disable_state_update')}) in a "
+                                   "model that verifies MTP windows: this TensorRT-LLM decodes in a way the module "
+                                   "does not support (TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
+            return self._rs_cache.verify(self.layer_idx, state, kw["state_batch_indices"], x, per_head(dt, 3, "dt"),
+                                         per_head(A, 1, "A"), B, C, D=per_head(D, 1, "D"), z=kw.get("z"),
+                                         dt_bias=per_head(kw.get("dt_bias"), 1, "dt_bias"),
+                                         dt_softplus=kw.get("dt_softplus", True), out=kw["out"])
         if not is_single_token_decode(x, kw) or kw.get("rand_seed") is not None:
             return self._rs_upstream_ssu(state, x, dt, A, B, C, D, **kw)
         layer = self._rs_cache.layer(self.layer_idx, state)
@@ -255,13 +270,16 @@ def _install(model: Any, model_config: Any) -> ReplayModel | None:
     if settings.family != model._rs_family:
         raise RuntimeError(f"trtllm-replayssm: the bundle was built for a {settings.family} model, this is {arch} "
                            f"({model._rs_family}): build a bundle for this model")
+    state = parse_state_label(settings.state, arg="state")
+    spec_config = getattr(model_config, "spec_config", None)
+    quant_config = getattr(model_config, "quant_config", None)
     refusals = list(_LLM_ARGS_REFUSALS.get(type(model).__name__, []))
-    if getattr(model_config, "spec_config", None) is not None and not any("speculative" in r for r in refusals):
-        refusals.append("speculative decoding is configured: speculative decoding with ReplaySSM is not implemented yet")
+    refusals += speculative_refusals(model._rs_family, spec_config, settings.spec_tokens, state.stored,
+                                     bool(getattr(quant_config, "mamba_ssm_stochastic_rounding", False)))
     return ReplayModel.install(model, arch, model._rs_family, model._rs_swaps, settings.buffer_len,
                                torch_dtype(settings.act_dtype, "act_dtype"), refusals,
-                               (settings.planned_ring_bytes, settings.planned_slots),
-                               parse_state_label(settings.state, arg="state"))
+                               (settings.planned_ring_bytes, settings.planned_slots), state,
+                               settings.spec_tokens if spec_config is not None else None)
 
 
 _MAMBA2 = {Mamba2Mixer: ReplayMamba2Mixer}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.ops import spec
 from trtllm_replayssm.serving.speculative import check_spec_tokens, ring_len
-from trtllm_replayssm.serving.trtllm.core import PAD_SLOT_ID, decode_slot_ids
+from trtllm_replayssm.serving.trtllm.core import PAD_SLOT_ID, commit_conv_windows, decode_slot_ids
 
 _log = logging.getLogger("trtllm_replayssm")
 
@@ -231,3 +231,30 @@ class ModelReplayCache:
         for i in range(self.cache.num_layers):
             spec.commit(self.cache.layer(i), counts, slots, PAD_SLOT_ID, window=self._verified)
         self._verified = 0
+
+    def update_mamba_states(self, kv_cache_manager: Any, attn_metadata: Any, num_accepted_tokens: torch.Tensor,
+                            state_indices: torch.Tensor | None = None,
+                            accepted_leaf_positions: torch.Tensor | None = None) -> None:
+        """TensorRT-LLM's ``update_mamba_states`` after sampling, for a model whose SSM layers all verify here
+        (bound to ``kv_cache_manager`` in its place): the generation rows (after ``attn_metadata.num_contexts``
+        context rows, ``attn_metadata.num_seqs`` rows in all) keep their accepted counts (:meth:`commit`) and
+        their conv states take the windows of those counts (``commit_conv_windows`` on each layer's
+        ``kv_cache_manager.mamba_layer_cache(layer).conv`` / ``.intermediate_conv_window``). Upstream's copy of
+        per-draft SSM states is not made: the verify wrote none. Device-side, no host sync."""
+        if state_indices is None:
+            raise RuntimeError("trtllm-replayssm: update_mamba_states without state_indices: this TensorRT-LLM "
+                               "commits speculative state in a way the module was not written against")
+        if accepted_leaf_positions is not None:
+            raise RuntimeError("trtllm-replayssm: update_mamba_states with tree positions: ReplaySSM verifies linear "
+                               "MTP windows only")
+        num_contexts = int(attn_metadata.num_contexts)
+        num_gens = int(attn_metadata.num_seqs) - num_contexts
+        if num_gens == 0:
+            return
+        accepted = num_accepted_tokens[num_contexts:num_contexts + num_gens]
+        slots = state_indices[num_contexts:num_contexts + num_gens]
+        self.commit(accepted, slots)
+        for layer_id in self.layer_ids:
+            layer = kv_cache_manager.mamba_layer_cache(layer_id)
+            commit_conv_windows(layer.conv, layer.intermediate_conv_window, accepted, slots)
+
