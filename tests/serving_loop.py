@@ -10,7 +10,8 @@ through the chunked kernel (stood in for by the baseline step on the live state,
 Requests arrive, finish and their blocks are reused by requests with other prompts.
 
 With ``spec_tokens`` N (MTP), every decode row verifies a window of N + 1 tokens per step (``ModelReplayCache.verify``)
-and, after the forward, keeps a random accepted count (1 .. N + 1: only the bonus token, every draft, and between)
+and, after the forward (in the same CUDA graph on graph steps), keeps a random accepted count (1 .. N + 1: only the
+bonus token, every draft, and between)
 through ``ModelReplayCache.update_mamba_states`` (the module's replacement of the cache manager's, called as upstream
 calls it after sampling) on the Python cache manager's speculative layout (``SpeculativePythonPool``: the pool MTP
 needs), whose verify conv windows the loop fills with random values in place of upstream's conv kernel; each
@@ -82,8 +83,8 @@ class ServingLoop:
         self.gen = torch.Generator().manual_seed(seed)
         self.act = torch.float32
         state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
-        if spec_tokens and (graphs or family == "gdn"):
-            raise ValueError("spec_tokens: the MTP schedule runs eagerly, for Mamba-2 and KDA")
+        if spec_tokens and family == "gdn":
+            raise ValueError("spec_tokens: the MTP schedule runs Mamba-2 and KDA")
         self.window = 1 + (spec_tokens or 0)
         if spec_tokens:
             self.pool = SpeculativePythonPool(self.layer_ids, blocks, state_shape, torch.float32, conv_shape=(6, 3),
@@ -95,6 +96,8 @@ class ServingLoop:
                                       spec_tokens=spec_tokens)
         self.constants = [self.fam.random_step(self.dims, 1, self.gen, self.device, self.act) for _ in self.layer_ids]
         self.state_indices = torch.zeros(max(PADDED_SIZES), dtype=torch.int32, device=self.device)
+        # MTP: every row's accepted count, one persistent buffer in batch order as upstream's (contexts first)
+        self.counts = torch.ones(max(PADDED_SIZES), dtype=torch.int32, device=self.device)
         self.dummy_block = blocks - 1  # the CUDA-graph padding dummy's own block
         self.free = list(range(blocks - 1))
         self.used_before: set[int] = set()
@@ -129,9 +132,7 @@ class ServingLoop:
                     gdn_materialize_slots(layer, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
                     continue
-                if self.window > 1:  # upstream's verify conv writes each row's windows, then the SSU call
-                    windows = self.pool.mamba_layer_cache(layer_id).intermediate_conv_window
-                    windows.copy_(torch.randn(windows.shape, generator=self.gen).to(self.device))
+                if self.window > 1:  # after upstream's verify conv wrote the rows' windows (_fill_windows)
                     cache.verify(layer_id, self.pool.get_ssm_states(layer_id), decode_idx, *args, out=outs[i],
                                  **kwargs)
                     continue
@@ -156,15 +157,29 @@ class ServingLoop:
         shape = (batch, *((self.window,) if self.window > 1 else ()), self.dims.heads, self.dims.rows)
         return [torch.full(shape, float("nan"), dtype=self.act, device=self.device) for _ in self.layer_ids]
 
-    def _commit(self, num_contexts: int, num_seqs: int, accepted: list[int]) -> None:
-        """After a forward with decode rows (MTP), as upstream after sampling: ``update_mamba_states`` with every
-        row's accepted count (context rows and padding rows 1); the real rows' conv states must then hold the windows
-        of their counts."""
-        rows = num_seqs - num_contexts
-        counts = torch.tensor([1] * num_contexts + accepted + [1] * (rows - len(accepted)), dtype=torch.int32,
-                              device=self.device)
-        self.cache.update_mamba_states(self.pool, SimpleNamespace(num_contexts=num_contexts, num_seqs=num_seqs),
-                                       counts, self.state_indices)
+    def forward_and_commit(self, num_contexts: int, num_seqs: int, steps: list, outs: list,
+                           prefill_states: list | None = None) -> None:
+        """A model forward and, with MTP decode rows, upstream's commit after sampling: ``update_mamba_states``
+        with ``self.counts`` (captured together in a graph step, as TensorRT-LLM's MTP worker runs inside the
+        captured forward)."""
+        self.forward(num_contexts, num_seqs, steps, outs, prefill_states)
+        if self.window > 1 and num_seqs > num_contexts:
+            self.cache.update_mamba_states(self.pool, SimpleNamespace(num_contexts=num_contexts, num_seqs=num_seqs),
+                                           self.counts, self.state_indices)
+
+    def _fill_windows(self) -> None:
+        """MTP: upstream's verify conv writes every row's window after each window token (random stand-ins)."""
+        for layer_id in self.layer_ids:
+            windows = self.pool.mamba_layer_cache(layer_id).intermediate_conv_window
+            windows.copy_(torch.randn(windows.shape, generator=self.gen).to(self.device))
+
+    def _set_counts(self, num_contexts: int, num_seqs: int, accepted: list[int]) -> None:
+        """The step's accepted counts: context rows and padding rows 1."""
+        counts = [1] * num_contexts + accepted + [1] * (num_seqs - num_contexts - len(accepted))
+        self.counts[:num_seqs].copy_(torch.tensor(counts, dtype=torch.int32))
+
+    def _check_conv(self, num_contexts: int, accepted: list[int]) -> None:
+        """After an MTP commit: each real decode row's conv state is the window of its accepted count."""
         for layer_id in self.layer_ids:
             layer = self.pool.mamba_layer_cache(layer_id)
             for row, a in enumerate(accepted):
@@ -175,15 +190,14 @@ class ServingLoop:
     def warm_up_and_capture(self) -> None:
         """TensorRT-LLM's order: eager warm-up steps (which bind the rings), then one graph per padded size."""
         self.state_indices.fill_(self.dummy_block)
+        self.counts.fill_(1)
         for size in PADDED_SIZES:
-            self.forward(0, size, self._draw(size), self._out(size))
-            if self.window > 1:
-                self._commit(0, size, [])
+            self.forward_and_commit(0, size, self._draw(size), self._out(size))
             if self.graphs:
                 steps, outs = self._draw(size), self._out(size)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    self.forward(0, size, steps, outs)
+                    self.forward_and_commit(0, size, steps, outs)
                 self.captured[size] = (graph, steps, outs)
         if self.graphs:
             torch.cuda.synchronize()
@@ -220,16 +234,19 @@ class ServingLoop:
                 req.states = [p[c].double().cpu() for p in prefill]
         steps, outs = self._draw(padded), self._out(padded)
         accepted = [self._accepted_count() for _ in decodes]
+        if self.window > 1:
+            self._fill_windows()
+            self._set_counts(num_contexts, num_seqs, accepted)
         if num_contexts or not self.graphs:
-            self.forward(num_contexts, num_seqs, steps, outs, prefill)
-            if self.window > 1 and padded:
-                self._commit(num_contexts, num_seqs, accepted)
+            self.forward_and_commit(num_contexts, num_seqs, steps, outs, prefill)
             if num_contexts and n_dec and rep.first_mixed_step is None:
                 rep.first_mixed_step = rep.steps
             rep.mixed_steps += num_contexts > 0
         else:
             self._replay_graph(padded, steps, outs)
         self._check(decodes, steps, outs, accepted)
+        if self.window > 1:
+            self._check_conv(num_contexts, accepted)
         for r in decodes:
             r.remaining -= 1
         self.running.extend(contexts)
@@ -243,7 +260,7 @@ class ServingLoop:
         if self.report.graph_eager_checks < len(PADDED_SIZES):  # graph replay equals the eager step, bit for bit
             saved = self._snapshot()
             eager_outs = self._out(size)
-            self.forward(0, size, static_steps, eager_outs)
+            self.forward_and_commit(0, size, static_steps, eager_outs)
             eager_after = self._snapshot()
             self._restore(saved)
             graph.replay()
@@ -259,7 +276,8 @@ class ServingLoop:
     def _tensors(self) -> list[torch.Tensor]:
         """Everything a step writes: the pool, the cursors, every layer's rings and the scratch."""
         cache = self.cache.cache
-        tensors = [self.pool.pool, cache.cursor, cache.arrive]
+        pool = ([self.pool.all_ssm_states, self.pool.conv] if self.window > 1 else [self.pool.pool])
+        tensors = [*pool, cache.cursor, cache.arrive]
         for i in range(cache.num_layers):
             tensors += [t for name, t in cache.layer(i).tensors().items() if name not in ("cursor", "arrive")]
         return tensors

@@ -40,3 +40,18 @@ def test_serving_loop_mtp_cpu(family):
     assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
     assert rep.pad_rows >= 4 and rep.accepted_counts == {1, 2, 3}
     assert rep.worst_rel_err < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mamba2", "kda"])
+def test_serving_loop_mtp_gpu_graphs(family):
+    """The MTP schedule on the verify and commit kernels, generation-only steps (verify + update_mamba_states) as
+    CUDA graphs per padded batch size, each checked once against the eager step."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rep = run(family, "cuda", buffer_len=16, steps=200, graphs=True, seed=6, spec_tokens=3)
+    print(rep)
+    assert rep.decode_rows > 200 * 2 and rep.finished >= 5 and rep.reused_blocks >= 3 and rep.mixed_steps >= 5
+    assert rep.graph_steps >= 50 and rep.graph_eager_checks == 4 and rep.pad_rows >= 20
+    assert rep.accepted_counts == {1, 2, 3, 4}
+    assert rep.worst_rel_err < 1e-4
