@@ -5,6 +5,8 @@ mixed), early flushes, a pad row and (Mamba-2) slot reuse; the checkpoint after 
 state."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -226,3 +228,28 @@ def test_conv_window_equals_sequential_conv_of_the_accepted_tokens(T, width):
         assert torch.equal(state, seq_state)
     with pytest.raises(ValueError, match=r"^accepted: expected 1..3 per row"):
         layers_ref.conv1d_commit_(state, torch.zeros(batch, 3, C), torch.zeros(batch, dtype=torch.long))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_commit_of_every_layer_at_once_equals_a_commit_per_layer(device):
+    """spec.commit_layers (one launch for a cache's [layers, slots] cursors) moves each layer's cursors as
+    spec.commit of that layer does; pad rows move nothing."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trtllm_replayssm.core.ops import spec
+
+    gen = torch.Generator().manual_seed(3)
+    T, R, layers, slots = 3, 8, 4, 6
+    cursor = torch.tensor([[spec_cursor.pack(int(o), int(c)) for o, c in zip(
+        torch.randint(0, R, (slots,), generator=gen), torch.randint(0, R - T + 1, (slots,), generator=gen))]
+        for _ in range(layers)], dtype=torch.int32, device=device)
+    idx = torch.tensor([4, PAD, 0, 2], dtype=torch.int32, device=device)
+    accepted = torch.tensor([1, 2, 3, 2], dtype=torch.int32, device=device)
+    before, expected = cursor.clone(), cursor.clone()
+    for i in range(layers):
+        spec.commit(SimpleNamespace(cursor=expected[i], buffer_len=R), accepted, idx, PAD, window=T)
+    spec.commit_layers(cursor, R, accepted, idx, PAD, window=T)
+    assert torch.equal(cursor, expected)
+    committed, untouched = [4, 0, 2], [1, 3, 5]
+    assert (cursor[:, committed] != before[:, committed]).all()
+    assert torch.equal(cursor[:, untouched], before[:, untouched])

@@ -189,13 +189,13 @@ def test_commit_conv_windows_takes_each_rows_accepted_window():
     before = conv.clone()
     idx = torch.tensor([4, 0, 2], dtype=torch.int32)
     accepted = torch.tensor([1, 3, 2], dtype=torch.int32)
-    commit_conv_windows(conv, windows, accepted, idx)
+    commit_conv_windows([(conv, windows)], accepted, idx)
     for b, (slot, a) in enumerate(zip(idx.tolist(), accepted.tolist())):
         assert torch.equal(conv[slot], windows[b, a - 1])
     untouched = [s for s in range(6) if s not in idx.tolist()]
     assert torch.equal(conv[untouched], before[untouched])
     with pytest.raises(ValueError, match=r"^accepted: expected shape \(3,\)"):
-        commit_conv_windows(conv, windows, accepted[:2], idx)
+        commit_conv_windows([(conv, windows)], accepted[:2], idx)
     with pytest.raises(ValueError, match=r"^windows: expected \[>= 3, T, 5, 3\]"):
-        commit_conv_windows(conv, windows[:, :, :4], accepted, idx)
+        commit_conv_windows([(conv, windows[:, :, :4])], accepted, idx)
 

@@ -63,3 +63,18 @@ def commit(layer: object, accepted: torch.Tensor, state_batch_indices: torch.Ten
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[0],
                            pad_slot_id, cursor.device)
     _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len)
+
+
+def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
+                  state_batch_indices: torch.Tensor, pad_slot_id: int = -1, window: int = 1) -> None:
+    """:func:`commit` of every layer of a cache in one launch: ``cursor`` [layers, slots] (``ReplayStateCache.cursor``,
+    rings of ``ring_len`` records), each row's slot in every layer; the cursor rows are one flat row of slots, the
+    row ids offset by layer (pad rows stay pad rows)."""
+    check_window(window, ring_len)
+    layers, slots = cursor.shape
+    chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], slots, pad_slot_id,
+                           cursor.device)
+    offsets = torch.arange(0, layers * slots, slots, dtype=torch.int32, device=cursor.device)[:, None]
+    flat = torch.where(idx == pad_slot_id, -1, idx + offsets).reshape(-1)
+    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -79,22 +79,29 @@ def decode_slot_ids(decode_slots: torch.Tensor, num_slots: int, pad_slot_id: int
     return torch.where(keep, idx, torch.full_like(idx, pad_slot_id)).to(torch.int32)
 
 
-def commit_conv_windows(conv_states: torch.Tensor, windows: torch.Tensor, accepted: torch.Tensor,
+def commit_conv_windows(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], accepted: torch.Tensor,
                         state_indices: torch.Tensor) -> None:
-    """MTP's conv-state commit of one layer after a verify: decode row ``b`` (slot ``state_indices[b]``) takes the
-    conv window its ``accepted[b]``-th window token left, ``conv_states[state_indices[b]] = windows[b, accepted[b] -
-    1]``: ``windows`` [rows >= b, T, ...] as TensorRT-LLM's verify conv leaves them in ``intermediate_conv_window``
-    (row b at its decode position), ``accepted`` 1..T (the bonus token counted). Rows that repeat a slot (CUDA-graph
-    padding rows on the dummy's slot, which nothing reads) each write it, as in upstream's promotion. Device-side, no
-    host sync."""
+    """MTP's conv-state commit after a verify, for each layer's ``(conv_states, windows)``: decode row ``b`` (slot
+    ``state_indices[b]``) takes the conv window its ``accepted[b]``-th window token left, ``conv_states[
+    state_indices[b]] = windows[b, accepted[b] - 1]``: ``windows`` [rows >= b, T, ...] as TensorRT-LLM's verify conv
+    leaves them in ``intermediate_conv_window`` (row b at its decode position), ``accepted`` 1..T (the bonus token
+    counted). Rows that repeat a slot (CUDA-graph padding rows on the dummy's slot, which nothing reads) each write
+    it, as in upstream's promotion. The indices are built once for all layers. Device-side, no host sync."""
     n = state_indices.shape[0]
     if accepted.shape != (n,):
         raise ValueError(f"accepted: expected shape ({n},) (one count per decode row), got {tuple(accepted.shape)}")
-    if windows.dim() != conv_states.dim() + 1 or windows.shape[0] < n or windows.shape[2:] != conv_states.shape[1:]:
-        raise ValueError(f"windows: expected [>= {n}, T, {', '.join(map(str, conv_states.shape[1:]))}], got shape "
-                         f"{tuple(windows.shape)}")
-    rows = torch.arange(n, device=windows.device)
-    conv_states[state_indices.to(torch.long)] = windows[rows, accepted.to(device=windows.device, dtype=torch.long) - 1]
+    for conv_states, windows in layers:
+        if (windows.dim() != conv_states.dim() + 1 or windows.shape[0] < n
+                or windows.shape[2:] != conv_states.shape[1:]):
+            raise ValueError(f"windows: expected [>= {n}, T, {', '.join(map(str, conv_states.shape[1:]))}], got "
+                             f"shape {tuple(windows.shape)}")
+    if not layers:
+        return
+    dev = layers[0][1].device
+    rows, dst = torch.arange(n, device=dev), state_indices.to(device=dev, dtype=torch.long)
+    src = accepted.to(device=dev, dtype=torch.long) - 1
+    for conv_states, windows in layers:
+        conv_states[dst] = windows[rows, src]
 
 
 def per_head(t: torch.Tensor | None, lead: int, name: str) -> torch.Tensor | None:

@@ -221,15 +221,15 @@ class ModelReplayCache:
 
     def commit(self, accepted: torch.Tensor, decode_state_indices: torch.Tensor) -> None:
         """After the verifies of a step: decode row ``b`` keeps its first ``accepted[b]`` window tokens (1..T, the
-        bonus token counted) in every layer, a cursor move (``core/ops/spec.py``: on CUDA a count outside 1..T
-        keeps the row's cursor, the CPU reference raises). ``decode_state_indices``: the rows' slots as
+        bonus token counted) in every layer, a cursor move in one launch (``core/ops/spec.py`` commit_layers: on
+        CUDA a count outside 1..T keeps the row's cursor, the CPU reference raises). ``decode_state_indices``: the
+        rows' slots as
         :meth:`decode_slots` takes them (a repeated slot, a padding row, is skipped). Device-side, no host sync."""
         if not self._verified:
             raise RuntimeError("trtllm-replayssm: commit without a verify since the last commit")
         slots = decode_slot_ids(decode_state_indices, self.cache.slots)
         counts = accepted.to(device=self.cache.cursor.device, dtype=torch.int32)
-        for i in range(self.cache.num_layers):
-            spec.commit(self.cache.layer(i), counts, slots, PAD_SLOT_ID, window=self._verified)
+        spec.commit_layers(self.cache.cursor, self.cache.buffer_len, counts, slots, PAD_SLOT_ID, window=self._verified)
         self._verified = 0
 
     def update_mamba_states(self, kv_cache_manager: Any, attn_metadata: Any, num_accepted_tokens: torch.Tensor,
@@ -254,7 +254,6 @@ class ModelReplayCache:
         accepted = num_accepted_tokens[num_contexts:num_contexts + num_gens]
         slots = state_indices[num_contexts:num_contexts + num_gens]
         self.commit(accepted, slots)
-        for layer_id in self.layer_ids:
-            layer = kv_cache_manager.mamba_layer_cache(layer_id)
-            commit_conv_windows(layer.conv, layer.intermediate_conv_window, accepted, slots)
+        layers = [kv_cache_manager.mamba_layer_cache(layer_id) for layer_id in self.layer_ids]
+        commit_conv_windows([(layer.conv, layer.intermediate_conv_window) for layer in layers], accepted, slots)
 
