@@ -26,7 +26,8 @@
 // (a warp per (batch row, key head) for GDN, per (batch row, value head) for KDA: each value head's record of ring
 // coefficients kd_j·q~, kd_j·k and scalars into a per-row scratch, the row's step, appends k and the gate) and
 // `delta_replay_main_kernel` (persistent, warp-specialised, a programmatic dependent launch: streams the checkpoint
-// tiles and their inputs through shared-memory stages, advances each row's cursor; flush tiles fold).
+// tiles and their inputs through shared-memory stages, advances each row's cursor; flush tiles fold), and where the
+// plan keeps flush rows apart `delta_replay_flush_kernel` after it (the main kernel skips them).
 #include "state_formats.cuh"
 
 #ifndef MASTER_FMT
@@ -466,8 +467,17 @@ __device__ __forceinline__ float nonflush_output(const float (&acc)[kRows][kEpl]
 // The state kernels' step kinds: the baseline (no ring, no cursor); the adaptive-mode flush (every row folds the ring
 // entries it still holds, none in the steady state, and writes its state); the one-launch replay (a non-flush step
 // outputs from the checkpoint rows and per-entry ring coefficients, appends its records and writes no state; a flush
-// at w = L - 1 folds the ring into the rows in registers and writes them).
-enum class StepKind { kBaseline, kFlush, kFused };
+// at w = L - 1 folds the ring into the rows in registers and writes them); the replay's flush rows kept apart from its
+// persistent kernel (a flush at the cursor w of the prep kernel's step word, which also counted the write; the
+// cursor is reset by the caller).
+enum class StepKind { kBaseline, kFlush, kFused, kApart };
+
+// A state kernel's tile: batch row, value head, first state row (the grid's by default).
+struct StepTile {
+  int b, hv, row0;
+};
+
+__device__ __forceinline__ StepTile grid_tile() { return {int(blockIdx.z), int(blockIdx.y), int(blockIdx.x) * kTile}; }
 
 // The one-launch replay's ring staging: ring keys, GDN gates (the fold buffer's layout) and the u rows of the CTA's
 // row tile, at every position a fold can read (j < L - 1), copied to shared memory by every thread without waiting
@@ -499,14 +509,17 @@ __device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int h
   rssm::cp_async_commit();
 }
 
-// One decode step of this CTA's row tile, the state read once into registers (StepKind).
+// One decode step of a CTA's row tile `at`, the state read once into registers (StepKind; kApart: at cursor
+// `apart_w`).
 template <StepKind kKind>
-__device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* ring_buf = nullptr) {
-  constexpr bool kReplay = kKind != StepKind::kBaseline, kFused = kKind == StepKind::kFused;
-  const int b = blockIdx.z;
+__device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* ring_buf, StepTile at,
+                                           int apart_w = 0) {
+  constexpr bool kApart = kKind == StepKind::kApart;
+  constexpr bool kReplay = kKind != StepKind::kBaseline && !kApart, kFused = kKind == StepKind::kFused;
+  const int b = at.b;
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
-  const int hv = blockIdx.y, group = p.num_v_heads / p.num_k_heads, h = hv / group;
-  const int row0 = blockIdx.x * kTile;
+  const int hv = at.hv, group = p.num_v_heads / p.num_k_heads, h = hv / group;
+  const int row0 = at.row0;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int col0 = lane * kEpl, wrow0 = warp * kRows;  // wrow0: first tile row of this warp
   auto zero_output = [&] {  // a skipped row's outputs are zeros; its state, ring and cursor are not touched
@@ -519,12 +532,13 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   }
   state_t* tile = static_cast<state_t*>(p.state) + slot * p.s_state_slot + hv * p.s_state_head + (long long)row0 * kK;
   const CheckpointRows ckpt = checkpoint_rows(p, slot, hv, row0 + wrow0);
-  const unsigned flushes = SR && p.flushes ? p.flushes[slot] : 0u;  // this write's key (counted at the arrival)
+  // This write's key: counted at the arrival, or (kApart) by the prep kernel.
+  const unsigned flushes = SR && p.flushes ? p.flushes[slot] - (kApart ? 1u : 0u) : 0u;
 
   // rssm::row_slot, replay kinds only (the baseline reads no cursor and does not detect repeated ids: docs/decisions.md,
   // rows a step skips): a skipped row is computed like one with an empty ring (every read in its slot) and tested
   // before the first write, so that no branch separates the state loads from the input loads.
-  int w = 0;
+  int w = apart_w;
   bool bad_cursor = false;
   auto read_cursor = [&] {
     w = p.cursor[slot];
@@ -581,7 +595,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   // faster order for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel). The
   // one-launch replay folds (a flush) or computes its ring coefficients (otherwise) after them: its inputs load while
   // the staged ring lands.
-  constexpr bool kFoldFirst = kKind == StepKind::kFlush && !kPerChannel;
+  constexpr bool kFoldFirst = (kKind == StepKind::kFlush || kApart) && !kPerChannel;
   if constexpr (kFoldFirst) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
@@ -624,7 +638,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       }
     }
     ring_coefs = coefs;
-  } else if constexpr (kReplay && !kFoldFirst) {
+  } else if constexpr ((kReplay || kApart) && !kFoldFirst) {
     fold_pending_ring();
   }
   if constexpr (kReplay) {
@@ -690,13 +704,13 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
 // Baseline: u = beta (v - S Diag(alpha) k), S = S Diag(alpha) + u kᵀ, o = S q~. Reads and writes the state every step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     delta_state_update_kernel(const DeltaParams p) {
-  delta_step<StepKind::kBaseline>(p);
+  delta_step<StepKind::kBaseline>(p, nullptr, grid_tile());
 }
 
 // Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     delta_flush_decode_kernel(const DeltaParams p) {
-  delta_step<StepKind::kFlush>(p);
+  delta_step<StepKind::kFlush>(p, nullptr, grid_tile());
 }
 
 // Small-batch replay in one launch (ring staged in shared memory, fused_buffer_bytes(L)): a non-flush step outputs
@@ -705,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     delta_fused_decode_kernel(const DeltaParams p) {
   extern __shared__ __align__(16) unsigned char ring_buf[];
-  delta_step<StepKind::kFused>(p, ring_buf);
+  delta_step<StepKind::kFused>(p, ring_buf, grid_tile());
 }
 
 // The prep kernel's record per (batch row, value head), in floats: ring coefficients kd_j·q~ (j < L) and kd_j·k,
@@ -993,10 +1007,10 @@ __device__ __forceinline__ void produce(const DeltaParams& p, rssm::TilePipe& pi
     }
   };
   auto coord = [&](int t) { return tile_coord(p, t); };
-  if constexpr (kTailClaims) {
+  if constexpr (kTailClaims) {  // flush rows apart (p.flush_apart): core/ops/delta.py plans them with claims only
     rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
                                       p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
-                                      copy_inputs);
+                                      copy_inputs, p.flush_apart != 0);
   } else {
     rssm::produce_tiles(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx, p.step,
                         p.pad_slot_id, p.slots, coord, state_src, copy_inputs);
@@ -1094,6 +1108,10 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     if (lane < kRows)
       static_cast<act_t*>(p.out)[c.b * p.s_out_b + c.hv * p.s_out_h + c.row0 + warp * kRows + lane] =
           rssm::from_float<act_t>(0.f);
+    return;
+  }
+  if (p.flush_apart && info < 0) {  // the flush-rows kernel's row
+    rssm::release_stage(pipe, s);
     return;
   }
   const bool flush = info < 0;
@@ -1212,6 +1230,22 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
                                      [&](int t, unsigned char* stage, int s, const unsigned char* fold_buf,
                                          int& folds) { replay_tile(p, tile_coord(p, t), stage, pipe, s, fold_buf, folds); });
 #endif
+}
+
+// Replay step 3 where the plan keeps flush rows apart (p.flush_apart: the main kernel skips them): each row tile
+// (batch row, value head, VTILE rows) whose row flushes folds the row's ring and token into its checkpoint rows,
+// stores them and writes its outputs (a flush step at the prep kernel's cursor, StepKind::kApart); the row's cursor
+// goes back to 0. A programmatic dependent of the main kernel. One CTA per SM at least in its launch bounds (the
+// state kernels' 8 on sm_90 spill here, and without a minimum ptxas gives it too few registers on sm_100 and later).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_replay_flush_kernel(const DeltaParams p) {
+  constexpr int kRowTiles = kV / kTile;
+  rssm::for_each_flush_item(p.step, p.slot_idx, p.pad_slot_id, p.slots, p.batch, p.num_v_heads * kRowTiles,
+                            [&](int item, int b, int slot, int w) {
+                              const int t = item - b * p.num_v_heads * kRowTiles;
+                              if (t == 0 && threadIdx.x == 0) p.cursor[slot] = 0;  // its only reader has finished
+                              delta_step<StepKind::kApart>(p, nullptr, {b, t / kRowTiles, (t % kRowTiles) * kTile},
+                                                           w);
+                            });
 }
 
 #if MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: plain checkpoints

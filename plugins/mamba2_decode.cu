@@ -14,7 +14,8 @@
 // The replay is two launches: `prep` (grid (batch, ngroups)) computes the per-head weights into a per-batch-row
 // scratch, appends Δ/B, advances the cursor; `main` is persistent and warp-specialised: a producer warp streams each
 // (PT x N) checkpoint tile (PT a multiple of P: PT / P adjacent heads) with a bulk copy and the tile's inputs with
-// bulk or async copies into shared-memory stages, four consumer warps compute the rows from shared memory.
+// bulk or async copies into shared-memory stages, four consumer warps compute the rows from shared memory. Where the
+// plan keeps flush rows apart, `main` skips them and a third launch, `replay_flush`, folds them per (row, head).
 // `flush_decode` (adaptive small-batch mode) is the baseline step with a fold of any pending ring entries.
 #include "state_formats.cuh"
 
@@ -1098,7 +1099,7 @@ __device__ __forceinline__ void produce(const Mamba2Params& p, rssm::TilePipe& p
   };
   rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
                                     p.step, p.pad_slot_id, p.slots, p.tail_start, p.step - 1, coord, state_src,
-                                    copy_inputs);
+                                    copy_inputs, p.flush_apart != 0);
 }
 
 // A consumer warp's rows of a tile: its head, its first row among that head's rows in the tile and among the
@@ -1209,6 +1210,10 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     if (lane < kRowsPerWarp) out[lane] = rssm::from_float<act_t>(0.f);
     return;
   }
+  if (p.flush_apart && info < 0) {  // the flush-rows kernel's row
+    rssm::release_stage(pipe, s);
+    return;
+  }
   const int hl = rows_of_warp.head - c.head;
   const float d_h = p.D ? reinterpret_cast<const float*>(stage + lay.D)[hl] : 0.f;
   const float* coef = reinterpret_cast<const float*>(stage + lay.coef) + hl * (p.L + 1);
@@ -1302,6 +1307,101 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
                                             reinterpret_cast<const act_t*>(fold_buf), folds);
                               });
 #endif
+}
+
+namespace {
+// Checkpoint rows a flush-rows warp folds at once (registers): 4, or 2 with two stochastically rounded encodes per row.
+constexpr int kFlushRows = SR && kDual && MASTER_FMT != rssm::kFmtPlain ? 2 : 4;
+
+// The flush of one (batch row, head) at cursor w with the prep kernel's weights `coef` (s_0..s_w, decay at L): the
+// ring's B rows and the token's B, and s_j x_j of the head's rows, staged; each warp folds its quarter of the head's
+// rows kFlushRows at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ), stores them and writes y = (S·C + D x) · gate.
+// Every thread of the CTA calls it (it synchronises).
+__device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slot, int h, int w, act_t (*s_B)[N],
+                                           float (*s_xs)[P]) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  constexpr int kWarpRows = P / rssm::kNumWarps;
+  const int row0 = warp * kWarpRows;
+  const MasterRows master = master_rows(p, slot, h, row0);
+  // The warp's checkpoint rows head for L2 while the ring stages: their loads below wait on L2, not on DRAM.
+  rssm::prefetch_l2(master.data, kWarpRows * MasterRows::kDataBytes);
+  if constexpr (MasterRows::kBlockBytes > 0) rssm::prefetch_l2(master.block, kWarpRows * MasterRows::kBlockBytes);
+  if constexpr (MasterRows::kScaleBytes > 0) rssm::prefetch_l2(master.scale, kWarpRows * MasterRows::kScaleBytes);
+  const int g = h / (p.nheads / p.ngroups);
+  const float* coef = p.coef + b * p.s_coef_row + (long long)h * (p.L + 1);
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, b, g);
+  const act_t* x_ring = x_ring_at(p, slot, h);
+  const act_t* x_cur = static_cast<const act_t*>(p.x) + b * p.s_x_b + h * p.s_x_h;
+  __syncthreads();  // the previous head's reads of s_B and s_xs are done
+  for (int i = threadIdx.x; i < (w + 1) * N; i += rssm::kThreads) {
+    const int j = i / N, n = i % N;
+    s_B[j][n] = j < w ? B_ring[(long long)j * N + n] : B_cur[n];
+  }
+  for (int i = threadIdx.x; i < (w + 1) * P; i += rssm::kThreads) {
+    const int j = i / P, r = i % P;
+    s_xs[j][r] = coef[j] * rssm::to_float(j < w ? x_ring[(long long)j * P + r] : x_cur[r]);
+  }
+  float cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
+  const float decay = coef[p.L];
+  const float d_h = p.D ? p.D[h] : 0.f;
+  const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
+  const CheckpointRows ckpt = checkpoint_rows(p, slot, h, row0);
+  act_t* out = static_cast<act_t*>(p.out) + b * p.s_out_b + h * p.s_out_h + row0;
+  const act_t* z = p.z ? static_cast<const act_t*>(p.z) + b * p.s_z_b + h * p.s_z_h + row0 : nullptr;
+  __syncthreads();
+  for (int r0 = 0; r0 < kWarpRows; r0 += kFlushRows) {
+    float acc[kFlushRows][kEpl];
+#pragma unroll
+    for (int r = 0; r < kFlushRows; ++r) {
+      if (r0 + r >= kWarpRows) break;
+      master.decode(r0 + r, lane, acc[r]);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
+    }
+    for (int j = 0; j <= w; ++j) {
+      float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>(&s_B[j][lane * kEpl], bv);
+#pragma unroll
+      for (int r = 0; r < kFlushRows; ++r) {
+        if (r0 + r >= kWarpRows) break;
+        const float xs = s_xs[j][row0 + r0 + r];
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(xs, bv[e], acc[r][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kFlushRows; ++r) {
+      if (r0 + r >= kWarpRows) break;
+      if constexpr (kStored) ckpt.store(r0 + r, acc[r], flushes, p.seed);
+      else rssm::store_vec<state_t, kEpl>(reinterpret_cast<state_t*>(master.data) + (r0 + r) * N + lane * kEpl, acc[r]);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(acc[r][e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == 0) {
+        const int row = r0 + r;
+        const float gate = z ? rssm::siluf(rssm::to_float(z[row])) : 1.f;
+        out[row] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + row])) * gate);
+      }
+    }
+  }
+}
+}  // namespace
+
+// Replay step 3 where the plan keeps flush rows apart (p.flush_apart: the main kernel skips them): each (batch row,
+// head) whose row flushes folds its ring and token into a new checkpoint, stores it and writes its outputs
+// (flush_head). A flush tile costs the persistent kernel several non-flush ones and holds up the stages behind it;
+// here flush heads run side by side on every SM. A programmatic dependent of the main kernel. One CTA per SM at least
+// in its launch bounds: without a minimum ptxas gives it too few registers on sm_100 and later (spills).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_replay_flush_kernel(const Mamba2Params p) {
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
+  __shared__ __align__(16) float s_xs[rssm::kMaxL][P];
+  rssm::for_each_flush_item(p.step, p.slot_idx, p.pad_slot_id, p.slots, p.batch, p.nheads,
+                            [&](int item, int b, int slot, int w) {
+                              flush_head(p, b, slot, item - b * p.nheads, w, s_B, s_xs);
+                            });
 }
 
 #if PT <= P && MASTER_FMT == 0 && READ_FMT == 0 && !SR  // speculative decoding: the persistent verify

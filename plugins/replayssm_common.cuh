@@ -587,13 +587,16 @@ __device__ __forceinline__ void consume_tiles(TilePipe& pipe, unsigned char* sta
 
 // produce_tiles with a claimed tail: tiles t < tail_start are the CTA's round-robin share as there; the rest are
 // claimed from `*claims` (zeroed by the prep kernel), each claim made one tile ahead; a claimed tile's index goes into
-// its stage's tile word, and a last stage with -1 there ends the consumers' loop (consume_tiles_claiming_tail).
+// its stage's tile word, and a last stage with -1 there ends the consumers' loop (consume_tiles_claiming_tail). With
+// `flush_rows_apart` a tile whose step word marks a flush (< 0) is left to another kernel: its stage gets the slot and
+// step words only (a preloaded one keeps its state copy), and the consumers skip it.
 template <class CoordFn, class StateSrcFn, class InputsFn>
 __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsigned char* stage_mem, int stages,
                                                             int stage_bytes, int num_tiles, int tile_bytes,
                                                             const int* slot_idx, const int* step, int pad_slot_id,
                                                             int slots, int tail_start, int* claims, CoordFn coord,
-                                                            StateSrcFn state_src, InputsFn copy_inputs) {
+                                                            StateSrcFn state_src, InputsFn copy_inputs,
+                                                            bool flush_rows_apart = false) {
   const int lane = threadIdx.x % kWarpSize, stride = gridDim.x;
   const int static_end = min(tail_start, num_tiles);
   auto lane_slot = [&](int base) {
@@ -645,12 +648,14 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
     }
     const auto c = coord(t);
     unsigned char* stage = stage_mem + (long long)at.s * stage_bytes;
+    const bool apart = flush_rows_apart && info < 0;  // a flush row another kernel folds: slot and step words only
     if (at.i >= preloaded) {
       at.wait_empty(pipe);
       if (claimed && lane == 0) *stage_tile_word(stage, tile_bytes) = t;  // published by the arrive below
-      stage_state_copy(pipe, at.s, stage, state_src(slot, c), tile_bytes);
+      stage_state_copy(pipe, at.s, stage, apart ? decltype(state_src(slot, c)){} : state_src(slot, c), tile_bytes);
     }
-    stage_tile_inputs(pipe, at.s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, info, copy_inputs);
+    stage_tile_inputs(pipe, at.s, stage, tile_bytes, slot_idx, step, pad_slot_id, c, slot, apart ? kSkipStep : info,
+                      copy_inputs);
   }
   at.wait_empty(pipe);  // no tile left: a stage with tile index -1
   unsigned char* last = stage_mem + (long long)at.s * stage_bytes;
@@ -736,5 +741,39 @@ __device__ __forceinline__ void fold_buffer_release(TilePipe& pipe) {  // consum
   if (threadIdx.x % kWarpSize == 0) mbar_arrive(&pipe.fold_empty);
 }
 #endif  // __CUDA_ARCH__ >= 900
+
+// Flush-rows kernels (plans that keep flush rows apart: the persistent main kernel skips them): `items_per_row` items
+// per batch row, a CTA's items every gridDim.x-th of them, blockIdx.x first. Its threads test kThreads items at once
+// (one load latency per round, not per item) and the CTA then calls `fn(item, b, slot, w)` for each item whose row's
+// step word marks a flush at cursor w (every thread calls it; the ones in between synchronise the CTA). Waits for the
+// kernel before it (the main kernel, which never triggers early).
+template <class ItemFn>
+__device__ __forceinline__ void for_each_flush_item(const int* step, const int* slot_idx, int pad_slot_id, int slots,
+                                                    int batch, int items_per_row, ItemFn fn) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  __shared__ int s_items[kThreads];
+  __shared__ int s_count;
+  const long long items = (long long)batch * items_per_row;
+  for (long long round = 0; blockIdx.x + round * kThreads * gridDim.x < items; ++round) {
+    const long long item = blockIdx.x + (round * kThreads + threadIdx.x) * gridDim.x;
+    bool flush = false;
+    if (item < items) {  // not a non-flush or skipped row (kSkipStep), nor a pad row (its step word is stale)
+      const int b = static_cast<int>(item / items_per_row);
+      flush = step[b] < 0 && row_slot(slot_idx, b, pad_slot_id, slots) != pad_slot_id;
+    }
+    if (threadIdx.x == 0) s_count = 0;
+    __syncthreads();
+    if (flush) s_items[atomicAdd(&s_count, 1)] = static_cast<int>(item);
+    __syncthreads();
+    const int count = s_count;
+    for (int k = 0; k < count; ++k) {
+      const int it = s_items[k], b = it / items_per_row;
+      fn(it, b, slot_idx[b], -step[b] - 1);
+    }
+    __syncthreads();  // s_items and s_count are read before the next round rewrites them
+  }
+}
 
 }  // namespace rssm

@@ -13,6 +13,7 @@ from trtllm_replayssm.core import plans
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.crossovers import Crossover
 from trtllm_replayssm.core.families import FAMILIES, family_of
+from trtllm_replayssm.core.formats import parse_state_label, state_spec
 from trtllm_replayssm.core.layouts import (delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
                                            delta_verify_stage_bytes, key_ring_dtype)
 from trtllm_replayssm.core.ops import delta, launch, mamba2
@@ -295,10 +296,56 @@ def test_plan_words_round_trip():
     plan = FAMILIES["gdn"].replay_plan(layer, 256, "replay", device=H200)
     back = plans.Launch.from_words(plan.words)
     assert (back.mode, back.rows_per_cta, back.grid, back.stages, back.stage_bytes, back.fold_bytes,
-            back.tail_start, back.prep_grid, back.prep_threads, back.programmatic_prep) == (
+            back.tail_start, back.prep_grid, back.prep_threads, back.programmatic_prep, back.flush_ctas) == (
         plan.mode, plan.rows_per_cta, plan.grid, plan.stages, plan.stage_bytes, plan.fold_bytes, plan.tail_start,
-        plan.prep_grid, plan.prep_threads, plan.programmatic_prep)
+        plan.prep_grid, plan.prep_threads, plan.programmatic_prep, plan.flush_ctas)
     assert plan.record()["mode"] == "replay" and "key" not in plan.record()
+    apart = mamba2.replay_plan(_layer(get_preset("nemotron-3-super-120b").ssm_dims, state_spec("nvfp4"),
+                                      torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
+    assert apart.flush_ctas and plans.Launch.from_words(apart.words).flush_ctas == apart.flush_ctas
+
+
+@pytest.mark.parametrize("label", ["nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16+sr", "bf16+sr", "fp32", "bf16"])
+def test_mamba2_stored_checkpoints_keep_flush_rows_apart(label):
+    """Stored checkpoints: the persistent kernel leaves flush rows to the flush-rows kernel (the tuning's CTAs per
+    SM, at most one per (row, head)), keeps no fold buffer and claims only the plain states' tail; plain checkpoints
+    fold flush rows in the persistent kernel. A tuning chooses either way."""
+    dims = get_preset("nemotron-3-super-120b").ssm_dims
+    spec = parse_state_label(label)
+    layer = _layer(dims, spec, torch.bfloat16, 16, slots=257)
+    plan = mamba2.replay_plan(layer, 256, "replay", device=H200)
+    if spec.stored:
+        assert plan.flush_ctas == Tuning().flush_ctas_per_sm * H200.sm_count
+        assert plan.fold_bytes == 0 and plan.tail_fraction == mamba2.TAIL_FRACTION
+        assert mamba2.replay_plan(layer, 1, "replay", device=H200).flush_ctas == dims.nheads  # one CTA per head
+    else:
+        assert plan.flush_ctas == 0 and plan.fold_bytes > 0
+    flipped = mamba2.replay_plan(layer, 256, "replay", Tuning(flush_apart=not spec.stored), device=H200)
+    assert bool(flipped.flush_ctas) is not spec.stored
+    if spec.stored:
+        assert flipped.tail_fraction == mamba2.STORED_TAIL_FRACTION
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
+def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
+    """GDN/KDA as Mamba-2: stored checkpoints but shared FP8 leave flush rows to the flush-rows kernel (a CTA per
+    row tile at most), plain ones fold them in the persistent kernel; 16-bit plain states, whose main kernel hands
+    tiles out round-robin only, refuse flush rows apart."""
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    stored = fam.replay_plan(_layer(dims, state_spec("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
+                             device=H200)
+    assert stored.flush_ctas == Tuning().flush_ctas_per_sm * H200.sm_count and stored.fold_bytes == 0
+    assert stored.tail_fraction == delta.TAIL_FRACTION
+    small = fam.replay_plan(_layer(dims, state_spec("nvfp4"), torch.bfloat16, 16), 1, "replay", device=H200)
+    assert small.flush_ctas == small.num_tiles
+    plain = fam.replay_plan(_layer(dims, torch.float32, torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
+    assert plain.flush_ctas == 0
+    fp8 = fam.replay_plan(_layer(dims, state_spec("fp8"), torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
+    assert fp8.flush_ctas == 0 and fp8.tail_fraction == delta.STORED_TAIL_FRACTION  # shared FP8: measured faster
+    with pytest.raises(ValueError, match="flush_apart"):
+        fam.replay_plan(_layer(dims, torch.bfloat16, torch.bfloat16, 16, slots=257), 256, "replay",
+                        Tuning(flush_apart=True), device=H200)
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])

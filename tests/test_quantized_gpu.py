@@ -153,6 +153,39 @@ def test_two_head_tiles_follow_the_reference(name):
     _check_steps(SPECS.get(name) or state_spec(name), torch.Generator().manual_seed(21), "replay", plan_of)
 
 
+@pytest.mark.parametrize("tile", ["one head", "two heads"])
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("name", ["fp8", "nvfp4", "nvfp4-dual-fp16", "nvfp4-dual-fp8-sr", "bf16-sr", "fp32"])
+def test_flush_rows_apart_or_in_the_persistent_kernel_follow_the_reference(name, apart, tile):
+    """Flush rows folded by the flush-rows kernel after the persistent kernel (the planner's choice for stored
+    checkpoints) or inside it (plain ones), with tiles of one head or two: both step like the reference."""
+    from trtllm_replayssm.core.plans import Tuning
+
+    rows = {"rows_per_cta": 2 * DIMS.head_dim} if tile == "two heads" else {}
+
+    def plan_of(layer):
+        plan = FAM.replay_plan(layer, len(SLOT_IDS), "replay", Tuning(flush_apart=apart, ctas_per_sm=1, **rows))
+        assert bool(plan.flush_ctas) is apart and plan.mode == "replay"
+        return plan
+
+    _check_steps(SPECS.get(name) or state_spec(name), torch.Generator().manual_seed(23), "replay", plan_of)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-dual-fp16", "nvfp4-dual-fp8-sr", "bf16-sr", "fp32"])
+def test_delta_flush_rows_apart_or_in_the_persistent_kernel_follow_the_reference(name, apart, family):
+    """GDN and KDA flush rows folded by the flush-rows kernel (StepKind::kApart) or inside the persistent kernel."""
+    from trtllm_replayssm.core.plans import Tuning
+
+    def plan_of(layer):
+        plan = get_family(family).replay_plan(layer, len(SLOT_IDS), "replay", Tuning(flush_apart=apart))
+        assert bool(plan.flush_ctas) is apart and plan.mode == "replay"
+        return plan
+
+    _check_steps(SPECS.get(name) or state_spec(name), torch.Generator().manual_seed(29), "replay", plan_of, family)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["fp8", "nvfp4-dual-fp16", "fp8-dual-fp32"])
 def test_baseline_kernel_reads_and_writes_the_master(name, family):

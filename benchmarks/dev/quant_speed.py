@@ -89,6 +89,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
            "tail_fraction": plans[0].record().get("tail_fraction") if impl == "replay" else None,
            "stages": plans[0].stages if impl == "replay" else None,
            "fold_bytes": plans[0].fold_bytes if impl == "replay" else None,
+           "flush_ctas": plans[0].flush_ctas if impl == "replay" else None,
            "device": torch.cuda.get_device_name(dev)}
     del layers, calls
     torch.cuda.empty_cache()
@@ -105,6 +106,9 @@ def main() -> int:
     ap.add_argument("--rows-per-cta", default="", help="row tiles to try besides the planner's, e.g. 32,64")
     ap.add_argument("--tail-fractions", default="", help="claimed-tail shares to try besides the planner's, e.g. 0.5,1")
     ap.add_argument("--stages", default="", help="shared-memory stage counts to try besides the planner's, e.g. 4")
+    ap.add_argument("--flush-apart", default="", help="Mamba-2 flush rows apart (1) or in the persistent kernel (0) "
+                                                      "to try besides the planner's choice, e.g. 0,1")
+    ap.add_argument("--flush-ctas", default="", help="flush-rows kernel CTAs per SM to try besides the default, e.g. 4")
     ap.add_argument("--impls", default="replay,baseline")
     ap.add_argument("--phases", default="cycle,nonflush", help="replay phases to time")
     ap.add_argument("--modes", default="", help="replay op modes to time (e.g. fused,flush); default: replay from 8 "
@@ -117,6 +121,8 @@ def main() -> int:
     tilings = [Tuning()] + [Tuning(rows_per_cta=int(t)) for t in a.rows_per_cta.split(",") if t]
     tilings += [Tuning(tail_fraction=float(f)) for f in a.tail_fractions.split(",") if f]
     tilings += [Tuning(stages=int(n)) for n in a.stages.split(",") if n]
+    tilings += [Tuning(flush_apart=v == "1") for v in a.flush_apart.split(",") if v]
+    tilings += [Tuning(flush_ctas_per_sm=int(n)) for n in a.flush_ctas.split(",") if n]
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
             for label in a.specs.split(","):
@@ -134,6 +140,7 @@ def main() -> int:
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
                           f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} st{rec['stages']} fold{rec['fold_bytes']} "
+                          f"apart{rec['flush_ctas']} "
                           f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)

@@ -131,7 +131,8 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   int window;             // tokens per row of the step: T of a verify, else 1
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
-  int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)""")
+  int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)
+  int flush_apart;          // persistent main kernel: 1 = flush rows left to the flush-rows kernel""")
 
 # plugins/spec_commit.cu: the speculative commit of every family
 SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [slots] rssm::SpecCursor words
@@ -178,7 +179,8 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   int window;      // speculative kernels: tokens T of a verify window
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
-  int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)""")
+  int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)
+  int flush_apart;  // persistent main kernel: 1 = flush rows left to the flush-rows kernel""")
 
 
 # plugins/state_formats.cuh: the kernels' code of each checkpoint format (MASTER_FMT / READ_FMT)

@@ -81,7 +81,9 @@ class Tuning:
     ``rows_per_cta``: the row tile (None: the heuristic); ``ctas_per_sm`` and ``stages``: the persistent replay
     kernels' CTAs per SM and shared-memory stages (None: as many as fit); ``tail_fraction``: the share of the
     persistent kernels' tiles claimed at run time (None: all round-robin; DEFAULT: the family's);
-    ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``programmatic_prep``: launch the
+    ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``flush_apart``: the persistent
+    replay kernel leaves flush rows to a flush-rows kernel launched after it (None: the family's choice for the
+    checkpoint spec) on ``flush_ctas_per_sm`` CTAs per SM; ``programmatic_prep``: launch the
     prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``adaptive_threshold``:
     work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2 speculative verify runs
     its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x SMs)."""
@@ -91,12 +93,16 @@ class Tuning:
     stages: int | None = None
     tail_fraction: float | None | str = DEFAULT
     fold_buffer: bool = True
+    flush_apart: bool | None = None
+    flush_ctas_per_sm: int = 8
     programmatic_prep: bool | None = None
     adaptive_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm: expected >= 1, got {self.ctas_per_sm}")
+        if self.flush_ctas_per_sm < 1:
+            raise ValueError(f"flush_ctas_per_sm: expected >= 1, got {self.flush_ctas_per_sm}")
         if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages: expected 2..{MAX_STAGES}, got {self.stages}")
         frac = self.tail_fraction
@@ -114,7 +120,8 @@ class LaunchPlan:
 
     State kernels (fused, flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
     ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
-    ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time."""
+    ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time; with
+    ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs."""
 
     mode: str
     key: tuple
@@ -129,6 +136,7 @@ class LaunchPlan:
     programmatic_prep: bool = False
     tail_fraction: float | None = None
     num_tiles: int = 0
+    flush_ctas: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in PLAN_MODES:
@@ -138,7 +146,8 @@ class LaunchPlan:
     def words(self) -> list[int]:
         """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
         return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
-                self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep)]
+                self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
+                self.flush_ctas]
 
     @property
     def shared_bytes(self) -> int:
@@ -166,14 +175,15 @@ class Launch:
     prep_grid: tuple[int, int, int]
     prep_threads: int
     programmatic_prep: bool
+    flush_ctas: int
 
     @classmethod
     def from_words(cls, words: list[int]) -> "Launch":
         w = list(words)
-        if len(w) != 14:
-            raise ValueError(f"plan: expected 14 words (LaunchPlan.words), got {len(w)}")
+        if len(w) != 15:
+            raise ValueError(f"plan: expected 15 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
-                   bool(w[13]))
+                   bool(w[13]), w[14])
 
 
 # ---------------------------------------------------------------------------------------------- shared steps
@@ -291,6 +301,18 @@ class Persistent:
     fold_bytes: int
     tail_start: int
     tail_fraction: float | None
+
+
+def flush_rows_apart(tuning: Tuning, family_default: bool) -> bool:
+    """Whether a replay's persistent kernel leaves flush rows to the flush-rows kernel: the tuning's choice, else the
+    family's for the checkpoint spec (docs/decisions.md, flush rows apart)."""
+    return tuning.flush_apart if tuning.flush_apart is not None else family_default
+
+
+def flush_ctas(items: int, apart: bool, device: Device, tuning: Tuning) -> int:
+    """CTAs of the flush-rows kernel over ``items`` (row, head or row tile) items: the tuning's per SM, at most one
+    per item; 0 where flush rows stay in the persistent kernel."""
+    return min(items, tuning.flush_ctas_per_sm * device.sm_count) if apart else 0
 
 
 def replay_tuning(spec: StateSpec, tuning: Tuning) -> Tuning:

@@ -25,14 +25,15 @@ from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, TARGET_CTAS_PER_SM, Device,
                                          Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan, device_of,
-                                         fitting_tiles, non_replay_plan, persistent_plan, persistent_verify_plan,
-                                         programmatic_prep, replay_tuning, resolved_tail_fraction, stages_for,
-                                         state_tile)
+                                         fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
+                                         persistent_verify_plan, programmatic_prep, replay_tuning,
+                                         resolved_tail_fraction, stages_for, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
                   "fused": "delta_fused_decode_kernel",
-                  "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel"}
+                  "prep": "delta_replay_prep_kernel", "main": "delta_replay_main_kernel",
+                  "flush_rows": "delta_replay_flush_kernel"}
 KERNELS = {**DECODE_KERNELS, "verify": "delta_verify_kernel", "verify_prep": "delta_verify_prep_kernel",
            "verify_main": "delta_verify_main_kernel",
            "per_draft_verify": "delta_per_draft_verify_kernel", "per_draft_commit": "delta_per_draft_commit_kernel"}
@@ -45,6 +46,12 @@ REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster 
 TAIL_FRACTION = 0.1
 STORED_TAIL_FRACTION = 1.0
 DEFAULT_TUNING = Tuning()
+
+
+def flush_apart_default(spec: StateSpec) -> bool:
+    """Whether the replay leaves flush rows to the flush-rows kernel by default: for stored checkpoints but a shared
+    FP8 one, whose 64-row flush tiles the persistent kernel folds faster (docs/decisions.md, flush rows apart)."""
+    return spec.stored and not (spec.mode == "shared" and spec.format == "fp8")
 
 
 def claims_tail(state_dtype: torch.dtype | StateSpec) -> bool:
@@ -124,14 +131,21 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     if tuning.rows_per_cta is None:
         tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
     num_tiles = batch * HV * (V // tile)
-    fraction = (resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored else TAIL_FRACTION)
+    apart = flush_rows_apart(tuning, flush_apart_default(layer.spec))
+    if apart and not claims_tail(layer.spec):
+        raise ValueError(f"flush_apart: flush rows apart need a main kernel that claims its tail tiles (4-byte or "
+                         f"stored checkpoints), not {layer.spec.label}")
+    # Flush tiles in the persistent kernel: stored checkpoints claim every tile (a flush tile costs several others).
+    fraction = (resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored and not apart else TAIL_FRACTION)
                 if claims_tail(layer.spec) else None)
-    main = persistent_plan(delta_stage_bytes(L, tile, K, row_bytes, act_elem, per_channel_gate), num_tiles,
-                           delta_fold_bytes(L, K, key_elem, per_channel_gate), per_channel_gate, fraction, dev, tuning)
+    fold = 0 if apart else delta_fold_bytes(L, K, key_elem, per_channel_gate)
+    main = persistent_plan(delta_stage_bytes(L, tile, K, row_bytes, act_elem, per_channel_gate), num_tiles, fold,
+                           per_channel_gate, fraction, dev, tuning)
     items = batch * layer.k_ring.shape[1]  # a prep warp per (row, key head) for GDN, per (row, value head) for KDA
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
-                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
+                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
+                      flush_ctas=flush_ctas(num_tiles, apart, dev, tuning))
 
 
 def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,
@@ -213,7 +227,7 @@ def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g
         pad_slot_id=pad_slot_id, slots=state.shape[0], gate_is_f32=int(gate is not None and gate.dtype == torch.float32),
         beta_is_f32=int(beta is not None and beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
         force_flush=int(force_flush), window=window, batch=idx.shape[0], stages=0, stage_bytes=0, fold_bytes=0,
-        tail_start=0)
+        tail_start=0, flush_apart=0)
 
 
 def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v,

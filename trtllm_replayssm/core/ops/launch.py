@@ -54,12 +54,13 @@ def step_rows(step: torch.Tensor | None) -> int:
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
              device: torch.device, prep_carveout: bool) -> None:
     """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``fused``,
-    ``prep``, ``main`` and ``grid`` to kernel names (those the plan's modes use); ``fused`` runs the state kernels'
-    grid with the plan's ``fold_bytes`` of dynamic shared memory. Replay: prep (programmatic dependent of the
-    kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory carveout),
-    then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold buffer and
-    tail start written into ``params``. Grid: prep where the plan has one (``prep_threads``), then the ``grid`` kernel
-    over the plan's state-kernel grid."""
+    ``prep``, ``main``, ``flush_rows`` and ``grid`` to kernel names (those the plan's modes use); ``fused`` runs the
+    state kernels' grid with the plan's ``fold_bytes`` of dynamic shared memory. Replay: prep (programmatic dependent
+    of the kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory
+    carveout), then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold
+    buffer and tail start written into ``params``, and, where the plan keeps flush rows apart (``flush_ctas``),
+    ``flush_rows`` (a programmatic dependent of the main kernel). Grid: prep where the plan has one
+    (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid."""
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params)
@@ -82,6 +83,11 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     main = get_kernel(config, names["main"], device)
     params.stages, params.stage_bytes, params.fold_bytes = plan.stages, plan.stage_bytes, plan.fold_bytes
     params.tail_start = plan.tail_start
+    if plan.flush_ctas:
+        params.flush_apart = 1
     shared = plan.stages * plan.stage_bytes + plan.fold_bytes
     allow_dynamic_shared(main, shared)
     launch(main, plan.grid, PERSISTENT_BLOCK, params, shared_bytes=shared, programmatic=True)
+    if plan.flush_ctas:
+        launch(get_kernel(config, names["flush_rows"], device), (plan.flush_ctas, 1, 1), STATE_BLOCK, params,
+               programmatic=True)

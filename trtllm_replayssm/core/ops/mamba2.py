@@ -26,13 +26,14 @@ from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, checked_plan,
-                                         device_of, fitting_tiles, non_replay_plan, persistent_plan, programmatic_prep,
-                                         replay_tuning, resolved_tail_fraction, state_tile)
+                                         device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan,
+                                         persistent_plan, programmatic_prep, replay_tuning, resolved_tail_fraction,
+                                         state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
            "fused": "mamba2_fused_decode_kernel", "prep": "mamba2_replay_prep_kernel",
-           "main": "mamba2_replay_main_kernel"}
+           "main": "mamba2_replay_main_kernel", "flush_rows": "mamba2_replay_flush_kernel"}
 SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
                 **{f"verify_main_t{t}": f"mamba2_verify_main_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 **{f"verify_grid_t{t}": f"mamba2_verify_grid_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
@@ -54,7 +55,7 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
     spec = state_spec(state_dtype, arg="state_dtype")
     # A tile of more rows than a head has spans heads: the persistent replay kernels only (plugins/mamba2_decode.cu);
     # the speculative kernels take plain checkpoints.
-    kernels = tuple(KERNELS[k] for k in (("prep", "main") if rows_per_cta > head_dim else KERNELS))
+    kernels = tuple(KERNELS[k] for k in (("prep", "main", "flush_rows") if rows_per_cta > head_dim else KERNELS))
     if rows_per_cta <= head_dim and not spec.stored:
         kernels += tuple(SPEC_KERNELS.values())
     return KernelConfig(
@@ -117,14 +118,17 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
                                  two_heads_ok and layer.spec.read_format.quantized)
     num_tiles = batch * H * P // tile
     stored = layer.storage is not None
-    fraction = resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored else TAIL_FRACTION)
+    apart = flush_rows_apart(tuning, layer.spec.stored)
+    # Flush tiles in the persistent kernel: stored checkpoints claim every tile (a flush tile costs several others).
+    fraction = resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored and not apart else TAIL_FRACTION)
     # Tiles of two heads keep the fold buffer at the cost of a stage (H200, Super, batch 256, NVFP4 cycles: 302.0 ->
     # 278.0 µs; docs/decisions.md, the persistent producer bounds small tiles).
     main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem, P), num_tiles,
-                           mamba2_fold_bytes(L, N, act_elem), tile > P, fraction, dev, tuning)
+                           0 if apart else mamba2_fold_bytes(L, N, act_elem), tile > P, fraction, dev, tuning)
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(batch, G, 1), prep_threads=32 * _prep_warps(batch * G, H // G, dev),
-                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles)
+                      programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
+                      flush_ctas=flush_ctas(batch * H, apart, dev, tuning))
 
 
 def replay_plan_key(layer: Mamba2LayerCache, batch: int) -> tuple:
@@ -213,7 +217,8 @@ def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A
         nheads=x.shape[-2], ngroups=B.shape[-2], L=x_ring.shape[2] if x_ring is not None else 1,
         pad_slot_id=pad_slot_id, slots=state.shape[0], dt_softplus=int(dt_softplus),
         dt_is_f32=int(dt.dtype == torch.float32), window=x.shape[1] if windowed else 1,
-        force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
+        force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0,
+        flush_apart=0)
 
 
 def _launch(spec: torch.dtype | StateSpec, plan: list[int], params, x: torch.Tensor, d_state: int) -> None:
