@@ -328,9 +328,9 @@ def test_mamba2_stored_checkpoints_keep_flush_rows_apart(label):
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
-    """GDN/KDA as Mamba-2: stored checkpoints but shared FP8 leave flush rows to the flush-rows kernel (a CTA per
-    row tile at most), plain ones fold them in the persistent kernel; 16-bit plain states, whose main kernel hands
-    tiles out round-robin only, refuse flush rows apart."""
+    """GDN/KDA as Mamba-2: stored checkpoints leave flush rows to the flush-rows kernel (a CTA per row tile at most),
+    a shared FP8 one only where it streams whole heads; plain ones fold them in the persistent kernel; 16-bit plain
+    states, whose main kernel hands tiles out round-robin only, refuse flush rows apart."""
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
     stored = fam.replay_plan(_layer(dims, state_spec("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
@@ -342,7 +342,16 @@ def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
     plain = fam.replay_plan(_layer(dims, torch.float32, torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
     assert plain.flush_ctas == 0
     fp8 = fam.replay_plan(_layer(dims, state_spec("fp8"), torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
-    assert fp8.flush_ctas == 0 and fp8.tail_fraction == delta.STORED_TAIL_FRACTION  # shared FP8: measured faster
+    assert fp8.flush_ctas > 0 and fp8.rows_per_cta == delta.WHOLE_HEAD_ROWS  # whole heads: apart measured faster
+    fp8_64 = fam.replay_plan(_layer(dims, state_spec("fp8"), torch.bfloat16, 16, slots=257), 256, "replay",
+                             Tuning(rows_per_cta=64), device=H200)
+    assert fp8_64.flush_ctas > 0  # a forced tile keeps the shape's default
+    assert not delta.flush_apart_default(state_spec("fp8"), 128, 256, H200)
+    assert delta.flush_apart_default(state_spec("nvfp4"), 128, 256, H200)
+    if fam.name == "gdn":  # 256 key channels: no whole-head tiles, shared FP8 folds in the persistent kernel
+        wide_keys = fam.replay_plan(_layer(replace(dims, head_k_dim=256), state_spec("fp8"), torch.bfloat16, 16,
+                                           slots=257), 256, "replay", device=H200)
+        assert wide_keys.flush_ctas == 0 and wide_keys.tail_fraction == delta.STORED_TAIL_FRACTION
     with pytest.raises(ValueError, match="flush_apart"):
         fam.replay_plan(_layer(dims, torch.bfloat16, torch.bfloat16, 16, slots=257), 256, "replay",
                         Tuning(flush_apart=True), device=H200)
@@ -393,6 +402,46 @@ def test_replay_of_a_stochastically_rounded_read_copy_runs_two_ctas_per_sm(model
     for label, ctas in (("nvfp4/dual/fp16+sr", 2), ("fp8/dual/fp32+sr", 2), ("nvfp4/dual/fp16", 3), ("fp8+sr", 3),
                         ("fp32", 3)):
         spec = parse_state_label(label)
-        plan = fam.replay_plan(_layer(dims, spec, torch.bfloat16, 16, slots=513), 512, "replay", device=H200)
+        forced = None if label == "fp32" else plans.Tuning(rows_per_cta=64)  # below GDN/KDA whole-head tiles
+        plan = fam.replay_plan(_layer(dims, spec, torch.bfloat16, 16, slots=513), 512, "replay",
+                               *([forced] if forced else []), device=H200)
         assert plan.grid[0] == ctas * H200.sm_count, label
         assert plans.replay_tuning(spec, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
+def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
+    """On sm_90, with flush rows apart, a stored checkpoint's replay takes tiles of a whole 128-row head where the
+    heuristic takes its largest tile, on 2 CTAs per SM (the 128-row main kernel's launch bounds), but an NVFP4 read
+    copy beside a master (measured no faster); smaller batches keep the heuristic's tile, and every whole-head module
+    is among the layer's kernel configs."""
+    from trtllm_replayssm.core.formats import parse_state_label
+
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    for label, whole in (("fp8", True), ("nvfp4", True), ("fp8/dual/fp32", True), ("fp8+sr", True),
+                         ("nvfp4/dual/fp16", False), ("nvfp4/dual/fp8+sr", False), ("fp32", False)):
+        spec = parse_state_label(label)
+        layer = _layer(dims, spec, torch.bfloat16, 16, slots=257)
+        V, K = layer.checkpoint().shape[2:]
+        plan = fam.replay_plan(layer, 256, "replay", device=H200)
+        assert (plan.rows_per_cta == delta.WHOLE_HEAD_ROWS) == whole, label
+        if whole:
+            assert plan.grid[0] == 2 * H200.sm_count and plan.flush_ctas > 0, label
+        shipped = delta.kernel_configs(fam.name == "kda", K, V, spec, torch.bfloat16)
+        wide = [c for c in shipped if c.family == fam.name and c.param("vtile") == delta.WHOLE_HEAD_ROWS]
+        assert bool(wide) == whole, label
+    small = fam.replay_plan(_layer(dims, parse_state_label("fp8"), torch.bfloat16, 16, slots=9), 8, "replay",
+                            device=H200)
+    assert small.rows_per_cta < delta.WHOLE_HEAD_ROWS
+    assert delta.whole_head_tuning(True, 128, H200, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
+    # sm_100 and later (not measured there): 64-row tiles, shared FP8 flush rows in the persistent kernel, and a
+    # forced whole-head tile on one CTA per SM (the kernel's launch bounds there)
+    b200 = plans.Device(148, 10, 0)
+    for label in ("fp8", "nvfp4", "fp8/dual/fp32"):
+        plan = fam.replay_plan(_layer(dims, parse_state_label(label), torch.bfloat16, 16, slots=257), 256, "replay",
+                               device=b200)
+        assert plan.rows_per_cta < delta.WHOLE_HEAD_ROWS and bool(plan.flush_ctas) is (label != "fp8"), label
+    forced = fam.replay_plan(_layer(dims, parse_state_label("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
+                             plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=b200)
+    assert forced.grid[0] == b200.sm_count

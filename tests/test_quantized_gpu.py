@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 DIMS_OF = {"mamba2": Mamba2Dims(nheads=8, head_dim=64, d_state=128, n_groups=2),
            "gdn": GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=64),
-           "kda": KDADims(num_heads=4, head_dim=128)}
-FAMILIES = list(DIMS_OF)
+           "kda": KDADims(num_heads=4, head_dim=128),
+           "gdn-v128": GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128)}  # whole-head tiles
+FAMILIES = ["mamba2", "gdn", "kda"]
 FAM = get_family("mamba2")
 DIMS = DIMS_OF["mamba2"]
 SPECS = {"fp8": state_spec("fp8"), "nvfp4": state_spec("nvfp4"), "fp8-dual-fp32": state_spec("fp8", "dual"),
@@ -40,7 +41,7 @@ SLOT_IDS = [3, -1, 0, 5, 7, 8]  # a pad row; slots 1, 2, 4, 6 are never touched
 
 def _twins(spec, gen: torch.Generator, family: str = "mamba2"):
     """A GPU layer and a CPU layer with the same stored checkpoints, rings and staggered cursors."""
-    fam, dims = get_family(family), DIMS_OF[family]
+    fam, dims = get_family(family.split("-")[0]), DIMS_OF[family]
     layers = [fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device=d).layer(0) for d in ("cpu", "cuda")]
     cpu, gpu = layers
     cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, dims, "fp32", gen, "cpu"))
@@ -52,7 +53,7 @@ def _twins(spec, gen: torch.Generator, family: str = "mamba2"):
 
 def _step(gen: torch.Generator, batch: int, identity: bool = False, family: str = "mamba2"):
     """Random step inputs; ``identity``: ones under which a flush rewrites the checkpoint it read."""
-    step = get_family(family).random_step(DIMS_OF[family], batch, gen, "cpu")
+    step = get_family(family.split("-")[0]).random_step(DIMS_OF[family], batch, gen, "cpu")
     if identity and family == "mamba2":
         step.x.zero_()
         step.A.zero_()
@@ -184,6 +185,26 @@ def test_delta_flush_rows_apart_or_in_the_persistent_kernel_follow_the_reference
         return plan
 
     _check_steps(SPECS.get(name) or state_spec(name), torch.Generator().manual_seed(29), "replay", plan_of, family)
+
+
+@pytest.mark.parametrize("family", ["gdn-v128", "kda"])
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("name", ["fp8", "nvfp4", "fp8-dual-fp32", "fp8-sr", "nvfp4-dual-fp16", "nvfp4-dual-fp8-sr"])
+def test_delta_whole_head_tiles_follow_the_reference(name, apart, family):
+    """GDN/KDA persistent tiles of a whole 128-row head on 2 CTAs per SM (the planner's choice for stored checkpoints
+    with flush rows apart at large batch), flush rows apart or in the persistent kernel."""
+    from trtllm_replayssm.core.ops.delta import WHOLE_HEAD_ROWS
+    from trtllm_replayssm.core.plans import Tuning
+
+    def plan_of(layer):
+        plan = get_family(family.split("-")[0]).replay_plan(
+            layer, len(SLOT_IDS), "replay", Tuning(rows_per_cta=WHOLE_HEAD_ROWS, flush_apart=apart))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert plan.rows_per_cta == WHOLE_HEAD_ROWS and plan.grid[0] == min(plan.num_tiles, 2 * sms)
+        assert bool(plan.flush_ctas) is apart
+        return plan
+
+    _check_steps(SPECS[name], torch.Generator().manual_seed(31), "replay", plan_of, family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

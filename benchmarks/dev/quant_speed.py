@@ -90,6 +90,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
            "stages": plans[0].stages if impl == "replay" else None,
            "fold_bytes": plans[0].fold_bytes if impl == "replay" else None,
            "flush_ctas": plans[0].flush_ctas if impl == "replay" else None,
+           "grid": plans[0].grid[0] if impl == "replay" else None,
            "device": torch.cuda.get_device_name(dev)}
     del layers, calls
     torch.cuda.empty_cache()

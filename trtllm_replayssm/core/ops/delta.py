@@ -45,13 +45,34 @@ REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster 
 # every tile, as Mamba-2's (a flush tile's encode costs several non-flush tiles).
 TAIL_FRACTION = 0.1
 STORED_TAIL_FRACTION = 1.0
+# Stored checkpoints whose flush rows run apart stream whole heads of this many rows per persistent-kernel tile (the
+# producer warp's per-tile work bounds small tiles); those modules run 2 CTAs per SM (kReplayCtasPerSm: at 3 the
+# main kernel spills). docs/decisions.md, GDN/KDA quantized read copies.
+WHOLE_HEAD_ROWS = 128
 DEFAULT_TUNING = Tuning()
 
 
-def flush_apart_default(spec: StateSpec) -> bool:
-    """Whether the replay leaves flush rows to the flush-rows kernel by default: for stored checkpoints but a shared
-    FP8 one, whose 64-row flush tiles the persistent kernel folds faster (docs/decisions.md, flush rows apart)."""
-    return spec.stored and not (spec.mode == "shared" and spec.format == "fp8")
+def flush_apart_default(spec: StateSpec, value_dim: int, key_dim: int, device: Device) -> bool:
+    """Whether the replay leaves flush rows to the flush-rows kernel by default: for stored checkpoints, but for a
+    shared FP8 one only where it streams whole heads (its 64-row flush tiles the persistent kernel folds faster;
+    docs/decisions.md, flush rows apart)."""
+    if spec.mode == "shared" and spec.format == "fp8":
+        return whole_head_tiles(spec, value_dim, key_dim, device)
+    return spec.stored
+
+
+def whole_head_module(spec: StateSpec, value_dim: int, key_dim: int) -> bool:
+    """Whether a layer ships the whole-head module (WHOLE_HEAD_ROWS rows per persistent-kernel tile): stored
+    checkpoints of 128-row heads and at most 128 key channels, but an NVFP4 read copy beside a master, whose non-flush
+    steps did not get faster (docs/decisions.md, GDN/KDA stored checkpoints stream whole heads)."""
+    return (spec.stored and value_dim == WHOLE_HEAD_ROWS and key_dim <= WHOLE_HEAD_ROWS
+            and not (spec.dual and spec.format == "nvfp4"))
+
+
+def whole_head_tiles(spec: StateSpec, value_dim: int, key_dim: int, device: Device) -> bool:
+    """Whether a replay with flush rows apart streams whole heads by default: the module exists and the GPU is a
+    Hopper (measured there; sm_100 and later keep 64-row tiles)."""
+    return device.major == 9 and whole_head_module(spec, value_dim, key_dim)
 
 
 def claims_tail(state_dtype: torch.dtype | StateSpec) -> bool:
@@ -88,11 +109,16 @@ def _checks(spec: StateSpec, act_dtype: torch.dtype, config: KernelConfig) -> st
 
 def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every module a layer can launch at any batch size (all row tiles; with a plain checkpoint, the speculative
-    commit's)."""
-    speculative = [] if state_spec(state_dtype, arg="state_dtype").stored else [spec_ops.KERNEL_CONFIG]
+    """Every module a layer can launch at any batch size (all row tiles, a stored checkpoint's whole-head tile; with a
+    plain checkpoint, the speculative commit's)."""
+    spec = state_spec(state_dtype, arg="state_dtype")
+    stored = spec.stored
+    tiles = tile_choices(value_dim, key_dim)
+    if whole_head_module(spec, value_dim, key_dim):
+        tiles = [*tiles, value_dim]
+    speculative = [] if stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
-                     for t in tile_choices(value_dim, key_dim)), *speculative])
+                     for t in tiles), *speculative])
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -127,11 +153,15 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     tuning = replay_tuning(layer.spec, tuning)
     row_bytes, act_elem = layer.spec.read_format.row_bytes(K), get_dtype(act).bytes
     key_elem = key_ring_dtype(act, per_channel_gate).itemsize
+    apart = flush_rows_apart(tuning, flush_apart_default(layer.spec, V, K, dev))
     tile = _row_tile(V, K, batch * HV, dev, tuning)
     if tuning.rows_per_cta is None:
-        tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
+        if apart and whole_head_tiles(layer.spec, V, K, dev) and tile == max(tile_choices(V, K)):
+            tile = V
+        else:
+            tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
+    tuning = whole_head_tuning(stored, tile, dev, tuning)
     num_tiles = batch * HV * (V // tile)
-    apart = flush_rows_apart(tuning, flush_apart_default(layer.spec))
     if apart and not claims_tail(layer.spec):
         raise ValueError(f"flush_apart: flush rows apart need a main kernel that claims its tail tiles (4-byte or "
                          f"stored checkpoints), not {layer.spec.label}")
@@ -146,6 +176,14 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                       main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
                       flush_ctas=flush_ctas(num_tiles, apart, dev, tuning))
+
+
+def whole_head_tuning(stored: bool, tile: int, device: Device, tuning: Tuning) -> Tuning:
+    """``tuning`` with at most the main kernel's CTAs per SM for a ``tile``-row stored module (kReplayCtasPerSm):
+    whole heads run 2 per SM on sm_90, 1 on sm_100 and later."""
+    if stored and tile >= WHOLE_HEAD_ROWS:
+        return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 2 if device.major == 9 else 1))
+    return tuning
 
 
 def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,
