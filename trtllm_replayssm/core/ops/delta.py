@@ -45,9 +45,9 @@ REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster 
 # every tile, as Mamba-2's (a flush tile's encode costs several non-flush tiles).
 TAIL_FRACTION = 0.1
 STORED_TAIL_FRACTION = 1.0
-# Stored checkpoints whose flush rows run apart stream whole heads of this many rows per persistent-kernel tile (the
-# producer warp's per-tile work bounds small tiles); those modules run 2 CTAs per SM (kReplayCtasPerSm: at 3 the
-# main kernel spills). docs/decisions.md, GDN/KDA quantized read copies.
+# Stored checkpoints whose flush rows run apart stream whole heads of this many rows per persistent-kernel tile on
+# sm_90 (the producer warp's per-tile work bounds small tiles); those modules run 2 CTAs per SM there
+# (kReplayCtasPerSm: at 3 the main kernel spills). docs/decisions.md, GDN/KDA stored checkpoints stream whole heads.
 WHOLE_HEAD_ROWS = 128
 DEFAULT_TUNING = Tuning()
 
