@@ -10,7 +10,7 @@
 #   190 s (byte-qwen); at ACC_TOKENS=131072 the first state group (10 specs) 134-178 s and the second 66-103 s per
 #   model, so one device call (10 minutes at most) holds the groups of one model, not training and every accuracy run
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
-# peers. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
+# peers, and the pytest-xdist and execnet wheels for parallel GPU tests. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,11 @@ if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-c
 fi
 
 if has tests; then
-  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
+  # With pytest-xdist (its wheel and execnet's in .whl) the test files run on TEST_WORKERS processes, so the kernel
+  # modules they compile on first use (NVRTC, one core each) build side by side.
+  workers=()
+  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --dist loadfile)
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q "${workers[@]}" -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels'" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
 if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)
