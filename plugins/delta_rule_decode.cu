@@ -102,9 +102,9 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers (ptxas chose
 // 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles). A replay main kernel with
 // stochastic rounding and a read copy runs 2 CTAs per SM (at 3 its registers spill), a stored checkpoint's of
-// whole-head 128-row tiles 2 on sm_90 and 1 on sm_100 and later (asked for 2 there, ptxas kept the KDA kernel with
-// an FP8 read copy beside an fp32 master at 168 registers and spilled); core/plans.py replay_tuning and
-// core/ops/delta.py whole_head_tuning mirror them.
+// whole-head 128-row tiles 2 on sm_90 and 1 on sm_100 and later, whatever its rounding (asked for 2 there, ptxas kept
+// the KDA kernel with an FP8 read copy beside an fp32 master at 168 registers and spilled); core/plans.py
+// replay_tuning and core/ops/delta.py whole_head_tuning, applied after it, mirror them.
 #if __CUDA_ARCH__ >= 1000
 constexpr int kStateMinBlocks = 1;
 constexpr int kFusedMinBlocks = 1;
@@ -113,7 +113,7 @@ constexpr int kStateMinBlocks = kStored ? 1 : (kRows * kEpl <= (kPerChannel ? 16
 constexpr int kFusedMinBlocks = kStored ? 1 : 0;
 #endif
 #if __CUDA_ARCH__ >= 1000
-constexpr int kReplayCtasPerSm = SR && kDual ? 2 : kStored && kTile >= 128 ? 1 : 3;
+constexpr int kReplayCtasPerSm = kStored && kTile >= 128 ? 1 : SR && kDual ? 2 : 3;
 #else
 constexpr int kReplayCtasPerSm = (SR && kDual) || (kStored && kTile >= 128) ? 2 : 3;
 #endif

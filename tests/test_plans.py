@@ -445,3 +445,7 @@ def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
     forced = fam.replay_plan(_layer(dims, parse_state_label("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
                              plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=b200)
     assert forced.grid[0] == b200.sm_count
+    for dev, ctas in ((H200, 2), (b200, 1)):  # stochastic rounding with a read copy: the whole-head bound still
+        sr = fam.replay_plan(_layer(dims, parse_state_label("fp8/dual/fp32+sr"), torch.bfloat16, 16, slots=257), 256,
+                             "replay", plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=dev)
+        assert sr.grid[0] == ctas * dev.sm_count

@@ -39,9 +39,14 @@ SLOTS, L = 9, 4
 SLOT_IDS = [3, -1, 0, 5, 7, 8]  # a pad row; slots 1, 2, 4, 6 are never touched
 
 
+def _family_of(key: str):
+    """The family of a DIMS_OF key (``gdn-v128``: GDN)."""
+    return get_family(key.split("-")[0])
+
+
 def _twins(spec, gen: torch.Generator, family: str = "mamba2"):
     """A GPU layer and a CPU layer with the same stored checkpoints, rings and staggered cursors."""
-    fam, dims = get_family(family.split("-")[0]), DIMS_OF[family]
+    fam, dims = _family_of(family), DIMS_OF[family]
     layers = [fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device=d).layer(0) for d in ("cpu", "cuda")]
     cpu, gpu = layers
     cpu.checkpoint().store_(torch.arange(SLOTS), random_state(SLOTS, dims, "fp32", gen, "cpu"))
@@ -53,7 +58,7 @@ def _twins(spec, gen: torch.Generator, family: str = "mamba2"):
 
 def _step(gen: torch.Generator, batch: int, identity: bool = False, family: str = "mamba2"):
     """Random step inputs; ``identity``: ones under which a flush rewrites the checkpoint it read."""
-    step = get_family(family.split("-")[0]).random_step(DIMS_OF[family], batch, gen, "cpu")
+    step = _family_of(family).random_step(DIMS_OF[family], batch, gen, "cpu")
     if identity and family == "mamba2":
         step.x.zero_()
         step.A.zero_()
@@ -197,7 +202,7 @@ def test_delta_whole_head_tiles_follow_the_reference(name, apart, family):
     from trtllm_replayssm.core.plans import Tuning
 
     def plan_of(layer):
-        plan = get_family(family.split("-")[0]).replay_plan(
+        plan = _family_of(family).replay_plan(
             layer, len(SLOT_IDS), "replay", Tuning(rows_per_cta=WHOLE_HEAD_ROWS, flush_apart=apart))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert plan.rows_per_cta == WHOLE_HEAD_ROWS and plan.grid[0] == min(plan.num_tiles, 2 * sms)

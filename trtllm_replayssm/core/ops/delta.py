@@ -112,11 +112,10 @@ def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_d
     """Every module a layer can launch at any batch size (all row tiles, a stored checkpoint's whole-head tile; with a
     plain checkpoint, the speculative commit's)."""
     spec = state_spec(state_dtype, arg="state_dtype")
-    stored = spec.stored
     tiles = tile_choices(value_dim, key_dim)
     if whole_head_module(spec, value_dim, key_dim):
         tiles = [*tiles, value_dim]
-    speculative = [] if stored else [spec_ops.KERNEL_CONFIG]
+    speculative = [] if spec.stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
                      for t in tiles), *speculative])
 
