@@ -63,7 +63,8 @@ constexpr int kFusedMinBlocks = kStateMinBlocks;
 #endif
 constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
-using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
+constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
+using ReadRows = rssm::Rows<kReadFmt, state_t, N>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && (P % PT == 0 || PT % P == 0) && PT <= rssm::kThreads,
@@ -1242,7 +1243,13 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
-    if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
+    if constexpr (kReadFmt == rssm::kFmtNvfp4 && kRowsPerWarp % rssm::Nvfp4Dots<N>::kRowsPerPass == 0) {
+      // NVFP4: fp16x2 products, a row's blocks on neighbouring lanes (rssm::Nvfp4Dots)
+      rssm::Nvfp4Dots<N> dots;
+      dots.init(reinterpret_cast<const act_t*>(stage + lay.C), lane);
+      dot_lane = dots.template dots<kRowsPerWarp>(
+          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp), lane);
+    } else if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
       // Decoding leaves little issue slack: one transposed reduction for the warp's rows (lane r: row r).
       const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);
       float part[kRowsPerWarp];
