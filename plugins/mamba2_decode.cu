@@ -1245,10 +1245,15 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     const float decay = coef[p.L];
     if constexpr (kReadFmt == rssm::kFmtNvfp4 && kRowsPerWarp % rssm::Nvfp4Dots<N>::kRowsPerPass == 0) {
       // NVFP4: fp16x2 products, a row's blocks on neighbouring lanes (rssm::Nvfp4Dots)
-      rssm::Nvfp4Dots<N> dots;
-      dots.init(reinterpret_cast<const act_t*>(stage + lay.C), lane);
-      dot_lane = dots.template dots<kRowsPerWarp>(
-          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp), lane);
+      using Dots = rssm::Nvfp4Dots<N>;
+      float cb[1][rssm::kNvfp4Block], d[1];
+      rssm::load_vec<act_t, rssm::kNvfp4Block>(
+          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * rssm::kNvfp4Block, cb[0]);
+      Dots dots;
+      dots.init(cb);
+      dots.template dots<kRowsPerWarp>(
+          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp), lane, d);
+      dot_lane = d[0];
     } else if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
       // Decoding leaves little issue slack: one transposed reduction for the warp's rows (lane r: row r).
       const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);

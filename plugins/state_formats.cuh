@@ -453,43 +453,44 @@ struct Rows {
 };
 
 // ---------------------------------------------------------------------------------------------- NVFP4 row dots
-// Dots of NVFP4 rows with one vector c (a non-flush step's S·C) from fp16x2 products. Lane l takes block l % kLanes
-// (16 codes, 8 bytes) of row q · kRowsPerPass + l / kLanes in pass q, so the kLanes = C / 16 lanes of a row sum its
-// dot by a butterfly. E2M1 values are exact in fp16; c is scaled by a warp-wide power of two that puts its largest
-// magnitude in [64, 128) (a lane's 16 products then sum below 2^14) and rounded to fp16; each lane sums its 16
-// products in fp16x2 (codes paired as (i, i + 4) of a 32-bit word, whose sign bits then sit 16 bits apart), widens
-// the two halves and applies its block scale in fp32.
-template <int C>
+// Dots of NVFP4 rows with NV vectors (a non-flush step's S·C; S·xq and S·xk) from fp16x2 products. Lane l takes
+// block l % kLanes (16 codes, 8 bytes) of row q · kRowsPerPass + l / kLanes in pass q, so the kLanes = C / 16 lanes
+// of a row sum its dots by a butterfly. E2M1 values are exact in fp16; each vector is scaled by a warp-wide power of
+// two that puts its largest magnitude in [64, 128) (a lane's 16 products then sum below 2^14) and rounded to fp16;
+// each lane sums its 16 products per vector in fp16x2 (codes paired as (i, i + 4) of a 32-bit word, whose sign bits
+// then sit 16 bits apart), widens the two halves and applies its block scale in fp32.
+template <int C, int NV = 1>
 struct Nvfp4Dots {
   static constexpr int kLanes = C / kNvfp4Block;  // lanes per row: a block each
   static constexpr int kRowsPerPass = kWarpSize / kLanes;
   static_assert(kWarpSize % kLanes == 0, "NVFP4 row dots: C / 16 must divide 32 (C = 16 ... 512)");
-  __half2 c[8];   // the lane's block of c times 2^shift: word j, pair i -> c[4 j + i] = (c_{8j+i}, c_{8j+i+4})
-  float unscale;  // 2^-shift
+  __half2 c[NV][8];   // the lane's block of vector v times 2^shift: word j, pair i -> c[v][4 j + i] = (x_{8j+i}, x_{8j+i+4})
+  float unscale[NV];  // 2^-shift
 
-  // The lane's block of the C values `cv` (global column order, type A); warp-collective (the warp-wide maximum).
-  template <typename A>
-  __device__ __forceinline__ void init(const A* cv, int lane) {
-    float v[kNvfp4Block];
-    load_vec<A, kNvfp4Block>(cv + (lane % kLanes) * kNvfp4Block, v);
-    unsigned int m = 0u;
+  // From the values of the lane's block (columns (lane % kLanes) · 16 ...) of each vector; warp-collective.
+  __device__ __forceinline__ void init(const float (&x)[NV][kNvfp4Block]) {
 #pragma unroll
-    for (int i = 0; i < kNvfp4Block; ++i) m = max(m, __float_as_uint(v[i]) & 0x7fffffffu);
-    m = __reduce_max_sync(0xffffffffu, m);
-    // 2^shift · max in [64, 128); a zero, Inf or NaN maximum keeps c as it is (non-finite inputs are not hidden)
-    const int shift = m == 0u || m >= kInfBits ? 0 : min(max(6 - (int(m >> 23) - 127), -100), 100);
-    const float up = __uint_as_float(unsigned(127 + shift) << 23);
-    unscale = __uint_as_float(unsigned(127 - shift) << 23);
+    for (int v = 0; v < NV; ++v) {
+      unsigned int m = 0u;
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int i = 0; i < kNvfp4Block; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
+      m = __reduce_max_sync(0xffffffffu, m);
+      // 2^shift · max in [64, 128); a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
+      const int shift = m == 0u || m >= kInfBits ? 0 : min(max(6 - (int(m >> 23) - 127), -100), 100);
+      const float up = __uint_as_float(unsigned(127 + shift) << 23);
+      unscale[v] = __uint_as_float(unsigned(127 - shift) << 23);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[4 * j + i] = __floats2half2_rn(v[8 * j + i] * up, v[8 * j + i + 4] * up);
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          c[v][4 * j + i] = __floats2half2_rn(x[v][8 * j + i] * up, x[v][8 * j + i + 4] * up);
+    }
   }
 
-  // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[4 j ...] summed into acc: a byte permute looks
-  // the magnitudes' fp16 high bytes up (codes 0-3, then 4-7), one more per pair (i, i + 4) places them in an fp16x2
-  // (its zero bytes: sign-replicated bytes of the positive table entries), the pair's sign bits shifted into place.
-  __device__ __forceinline__ __half2 word_products(unsigned int w, int j, __half2 acc) const {
+  // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[v][4 j ...] summed into acc[v]: a byte permute
+  // looks the magnitudes' fp16 high bytes up (codes 0-3, then 4-7), one more per pair (i, i + 4) places them in an
+  // fp16x2 (its zero bytes: sign-replicated bytes of the positive table entries), the pair's sign bits shifted in.
+  __device__ __forceinline__ void word_products(unsigned int w, int j, __half2 (&acc)[NV]) const {
     constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
     const unsigned int m0 = __byte_perm(kLutLo, kLutHi, w & 0x7777u);
     const unsigned int m1 = __byte_perm(kLutLo, kLutHi, (w >> 16) & 0x7777u);
@@ -498,36 +499,51 @@ struct Nvfp4Dots {
       unsigned int h;
       asm("prmt.b32 %0, %1, %2, %3;" : "=r"(h) : "r"(m0), "r"(m1), "r"(0x4808u + 0x1010u * i));
       h |= (w << (12 - 4 * i)) & 0x80008000u;
-      acc = __hfma2(*reinterpret_cast<const __half2*>(&h), c[4 * j + i], acc);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) acc[v] = __hfma2(*reinterpret_cast<const __half2*>(&h), c[v][4 * j + i], acc[v]);
     }
-    return acc;
   }
 
-  // This lane's part of row r's dot (its block), times the block scale; the row scale and `unscale` apply to the sum.
-  template <typename T>
-  __device__ __forceinline__ float part(const Rows<kFmtNvfp4, T, C>& rows, int r, int lane) const {
+  // This lane's parts of row r's dots (its block), times the block scale; the row scale and `unscale` apply to the
+  // sums.
+  template <class R>  // Rows<kFmtNvfp4, T, C> (generic, so that discarded calls in other formats' kernels type-check)
+  __device__ __forceinline__ void parts(const R& rows, int r, int lane, float (&out)[NV]) const {
     const int b = lane % kLanes;
-    const uint2 w = *reinterpret_cast<const uint2*>(rows.data + r * Rows<kFmtNvfp4, T, C>::kDataBytes + b * 8);
-    __half2 acc = word_products(w.x, 0, __float2half2_rn(0.f));
-    acc = word_products(w.y, 1, acc);
-    const float2 f = __half22float2(acc);
-    return (f.x + f.y) * e4m3_to_float(rows.block[r * Rows<kFmtNvfp4, T, C>::kBlockBytes + b]);
+    const uint2 w = *reinterpret_cast<const uint2*>(rows.data + r * R::kDataBytes + b * 8);
+    __half2 acc[NV];
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[v] = __float2half2_rn(0.f);
+    word_products(w.x, 0, acc);
+    word_products(w.y, 1, acc);
+    const float bs = e4m3_to_float(rows.block[r * R::kBlockBytes + b]);
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const float2 f = __half22float2(acc[v]);
+      out[v] = (f.x + f.y) * bs;
+    }
   }
 
-  // Row r's dot (r < kRows) on lane r: rows 0 .. kRows - 1 of `rows`, kRows a multiple of kRowsPerPass.
-  template <int kRows, typename T>
-  __device__ __forceinline__ float dots(const Rows<kFmtNvfp4, T, C>& rows, int lane) const {
+  // Rows 0 .. kRows - 1 of `rows` (a multiple of kRowsPerPass): lane r < kRows gets row r's dots in out[v].
+  template <int kRows, class R>  // R: as parts
+  __device__ __forceinline__ void dots(const R& rows, int lane, float (&out)[NV]) const {
     static_assert(kRows % kRowsPerPass == 0 && kRows <= kWarpSize, "NVFP4 row dots: whole passes of rows");
-    float out = 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) out[v] = 0.f;
 #pragma unroll
     for (int q = 0; q < kRows / kRowsPerPass; ++q) {
-      float sum = part(rows, q * kRowsPerPass + lane / kLanes, lane);
+      float sum[NV];
+      parts(rows, q * kRowsPerPass + lane / kLanes, lane, sum);
 #pragma unroll
-      for (int m = kLanes / 2; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-      const float row_sum = __shfl_sync(0xffffffffu, sum, (lane % kRowsPerPass) * kLanes);
-      if (lane / kRowsPerPass == q) out = row_sum;
+      for (int v = 0; v < NV; ++v) {
+#pragma unroll
+        for (int m = kLanes / 2; m >= 1; m /= 2) sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], m);
+        const float row_sum = __shfl_sync(0xffffffffu, sum[v], (lane % kRowsPerPass) * kLanes);
+        if (lane / kRowsPerPass == q) out[v] = row_sum;
+      }
     }
-    return lane < kRows ? out * (rows.scale[lane] * unscale) : 0.f;
+    const float rs = lane < kRows ? rows.scale[lane] : 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) out[v] *= rs * unscale[v];
   }
 };
 
