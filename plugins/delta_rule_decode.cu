@@ -120,8 +120,9 @@ constexpr int kReplayCtasPerSm = (SR && kDual) || (kStored && kTile >= 128) ? 2 
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
 using ReadRows = rssm::Rows<kReadFmt, state_t, kK>;
-// NVFP4 rows read from the stage take their dots with xq and xk as fp16x2 products (rssm::Nvfp4Dots).
-constexpr bool kNvfp4RowDots = kReadFmt == rssm::kFmtNvfp4 && kRows % rssm::Nvfp4Dots<kK, 2>::kRowsPerPass == 0;
+// FP8 and NVFP4 rows read from the stage take their dots with xq and xk as fp16x2 products (rssm::QuantRowDots).
+constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && 32 % (kK / 16) == 0 &&
+                               kRows % (rssm::kWarpSize / (kK / 16)) == 0;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 
 // Rows row0 ... of the master checkpoint of (slot, value head hv).
@@ -1102,20 +1103,20 @@ __device__ __forceinline__ void row_dots(LoadRow load_row, const float (&xq)[kEp
   }
 }
 
-// NVFP4 checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (rssm::Nvfp4Dots): lane r < kRows gets aq_r
-// and ak_r; each lane builds xq and xk for its 16-column block from the stage's q~, k~ and log-gates.
+// Quantized checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (rssm::QuantRowDots): lane r < kRows
+// gets aq_r and ak_r; each lane builds xq and xk for its 16 columns from the stage's q~, k~ and log-gates.
 template <class R>
-__device__ __forceinline__ void nvfp4_checkpoint_dots(const DeltaParams& p, const R& rows, const act_t* qk_s,
+__device__ __forceinline__ void quant_checkpoint_dots(const DeltaParams& p, const R& rows, const act_t* qk_s,
                                                       const float* rec, float q_mul, float k_mul, float& aq,
                                                       float& ak) {
-  using Dots = rssm::Nvfp4Dots<kK, 2>;
-  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane % Dots::kLanes * rssm::kNvfp4Block;
-  float x[2][rssm::kNvfp4Block], lg[rssm::kNvfp4Block], d[2];
-  rssm::load_vec<act_t, rssm::kNvfp4Block>(qk_s + col0, x[0]);
-  rssm::load_vec<act_t, rssm::kNvfp4Block>(qk_s + kK + col0, x[1]);
-  if constexpr (kPerChannel) rssm::load_vec<float, rssm::kNvfp4Block>(rec + rec_lg(p.L) + col0, lg);
+  using Dots = rssm::QuantRowDots<kReadFmt, kK, 2>;
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane % Dots::kLanes * Dots::kCols;
+  float x[2][Dots::kCols], lg[Dots::kCols], d[2];
+  rssm::load_vec<act_t, Dots::kCols>(qk_s + col0, x[0]);
+  rssm::load_vec<act_t, Dots::kCols>(qk_s + kK + col0, x[1]);
+  if constexpr (kPerChannel) rssm::load_vec<float, Dots::kCols>(rec + rec_lg(p.L) + col0, lg);
 #pragma unroll
-  for (int e = 0; e < rssm::kNvfp4Block; ++e) {
+  for (int e = 0; e < Dots::kCols; ++e) {
     const float dec = __expf(kPerChannel ? lg[e] : rec[rec_lg(p.L)]);
     x[0][e] *= q_mul * dec;
     x[1][e] *= k_mul * dec;
@@ -1204,11 +1205,11 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
   }
   // Checkpoint terms S0[row]·xq, S0[row]·xk: this lane's parts for every row, then one transposed reduction.
   float aq_lane = 0.f, ak_lane = 0.f;
-  const bool nvfp4_dots = kNvfp4RowDots && !(kDual && flush);  // a dual-mode flush row reads the master
-  if constexpr (kNvfp4RowDots) {
-    if (nvfp4_dots) nvfp4_checkpoint_dots(p, stage_rows, qk_s, rec, q_mul, k_mul, aq_lane, ak_lane);
+  const bool quant_dots = kQuantRowDots && !(kDual && flush);  // a dual-mode flush row reads the master
+  if constexpr (kQuantRowDots) {
+    if (quant_dots) quant_checkpoint_dots(p, stage_rows, qk_s, rec, q_mul, k_mul, aq_lane, ak_lane);
   }
-  if (!nvfp4_dots) {
+  if (!quant_dots) {
     if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, kRows + r ak
       float pq[kRows], pk[kRows], parts[2 * kRows];
       row_dots(load_s0, xq, xk, pq, pk);

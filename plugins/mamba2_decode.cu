@@ -65,6 +65,9 @@ constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
 using ReadRows = rssm::Rows<kReadFmt, state_t, N>;
+// FP8 and NVFP4 rows read by non-flush steps take their dots as fp16x2 products (rssm::QuantRowDots).
+constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && N % 16 == 0 && 32 % (N / 16) == 0 &&
+                               kRowsPerWarp % (rssm::kWarpSize / (N / 16)) == 0;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && (P % PT == 0 || PT % P == 0) && PT <= rssm::kThreads,
@@ -1243,12 +1246,11 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
-    if constexpr (kReadFmt == rssm::kFmtNvfp4 && kRowsPerWarp % rssm::Nvfp4Dots<N>::kRowsPerPass == 0) {
-      // NVFP4: fp16x2 products, a row's blocks on neighbouring lanes (rssm::Nvfp4Dots)
-      using Dots = rssm::Nvfp4Dots<N>;
-      float cb[1][rssm::kNvfp4Block], d[1];
-      rssm::load_vec<act_t, rssm::kNvfp4Block>(
-          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * rssm::kNvfp4Block, cb[0]);
+    if constexpr (kQuantRowDots) {  // fp16x2 products, a row's columns on neighbouring lanes (rssm::QuantRowDots)
+      using Dots = rssm::QuantRowDots<kReadFmt, N>;
+      float cb[1][Dots::kCols], d[1];
+      rssm::load_vec<act_t, Dots::kCols>(
+          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * Dots::kCols, cb[0]);
       Dots dots;
       dots.init(cb);
       dots.template dots<kRowsPerWarp>(

@@ -45,11 +45,14 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 
 // ---------------------------------------------------------------------------------------------- E4M3 (sm_89+ cvt)
 // Two E4M3 codes (low byte: element 0) to floats.
-__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) {
+// Two E4M3 codes (code 0 in the low byte) as an fp16 pair (exact: E4M3 values are fp16 values).
+__device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned short codes) {
   unsigned int h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
-  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+  return *reinterpret_cast<__half2*>(&h2);
 }
+
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) { return __half22float2(e4m3x2_to_half2(codes)); }
 
 __device__ __forceinline__ float e4m3_to_float(unsigned int code) {
   return e4m3x2_to_float2(static_cast<unsigned short>(code & 0xffu)).x;
@@ -452,45 +455,50 @@ struct Rows {
   }
 };
 
-// ---------------------------------------------------------------------------------------------- NVFP4 row dots
-// Dots of NVFP4 rows with NV vectors (a non-flush step's S·C; S·xq and S·xk) from fp16x2 products. Lane l takes
-// block l % kLanes (16 codes, 8 bytes) of row q · kRowsPerPass + l / kLanes in pass q, so the kLanes = C / 16 lanes
-// of a row sum its dots by a butterfly. E2M1 values are exact in fp16; each vector is scaled by a warp-wide power of
-// two that puts its largest magnitude in [64, 128) (a lane's 16 products then sum below 2^14) and rounded to fp16;
-// each lane sums its 16 products per vector in fp16x2 (codes paired as (i, i + 4) of a 32-bit word, whose sign bits
-// then sit 16 bits apart), widens the two halves and applies its block scale in fp32.
-template <int C, int NV = 1>
-struct Nvfp4Dots {
-  static constexpr int kLanes = C / kNvfp4Block;  // lanes per row: a block each
+// ---------------------------------------------------------------------------------------------- quantized row dots
+// Dots of FP8 or NVFP4 rows (FMT) with NV vectors (a non-flush step's S·C; S·xq and S·xk) from fp16x2 products. Lane
+// l takes 16 columns, block l % kLanes, of row q · kRowsPerPass + l / kLanes in pass q (NVFP4: 8 code bytes and one
+// block scale; FP8: 16 code bytes), so the kLanes = C / 16 lanes of a row sum its dots by a butterfly. E4M3 and E2M1
+// values are exact in fp16; each vector is scaled by a warp-wide power of two that puts its largest magnitude in
+// [2^kTopExp, 2^(kTopExp + 1)), so that the 8 products a half of a lane's fp16x2 sum adds stay below 2^15 (E2M1: at
+// most 6, E4M3: 448), and rounded to fp16; the lane widens its two halves and applies its block scale in fp32.
+// FMT: kFmtFp8 or kFmtNvfp4 (the plain modules name the type in discarded code only).
+template <int FMT, int C, int NV = 1>
+struct QuantRowDots {
+  static constexpr int kCols = 16;                 // columns per lane and row (an NVFP4 block)
+  static constexpr int kLanes = C / kCols;         // lanes per row
   static constexpr int kRowsPerPass = kWarpSize / kLanes;
-  static_assert(kWarpSize % kLanes == 0, "NVFP4 row dots: C / 16 must divide 32 (C = 16 ... 512)");
-  __half2 c[NV][8];   // the lane's block of vector v times 2^shift: word j, pair i -> c[v][4 j + i] = (x_{8j+i}, x_{8j+i+4})
+  static constexpr int kTopExp = FMT == kFmtNvfp4 ? 6 : 3;
+  static_assert(kWarpSize % kLanes == 0, "quantized row dots: C / 16 must divide 32 (C = 16 ... 512)");
+  // The lane's columns of vector v times 2^shift as fp16 pairs in the order the codes decode: NVFP4 word j, pair i
+  // -> (x_{8j+i}, x_{8j+i+4}) (c[v][4 j + i]); FP8 -> (x_{2k}, x_{2k+1}) (c[v][k]).
+  __half2 c[NV][8];
   float unscale[NV];  // 2^-shift
 
-  // From the values of the lane's block (columns (lane % kLanes) · 16 ...) of each vector; warp-collective.
-  __device__ __forceinline__ void init(const float (&x)[NV][kNvfp4Block]) {
+  // From the values of the lane's columns ((lane % kLanes) · 16 ...) of each vector; warp-collective.
+  __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
       unsigned int m = 0u;
 #pragma unroll
-      for (int i = 0; i < kNvfp4Block; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
+      for (int i = 0; i < kCols; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
       m = __reduce_max_sync(0xffffffffu, m);
-      // 2^shift · max in [64, 128); a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
-      const int shift = m == 0u || m >= kInfBits ? 0 : min(max(6 - (int(m >> 23) - 127), -100), 100);
+      // a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
+      const int shift = m == 0u || m >= kInfBits ? 0 : min(max(kTopExp - (int(m >> 23) - 127), -100), 100);
       const float up = __uint_as_float(unsigned(127 + shift) << 23);
       unscale[v] = __uint_as_float(unsigned(127 - shift) << 23);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          c[v][4 * j + i] = __floats2half2_rn(x[v][8 * j + i] * up, x[v][8 * j + i + 4] * up);
+      for (int k = 0; k < 8; ++k) {
+        const int a = FMT == kFmtNvfp4 ? 8 * (k / 4) + k % 4 : 2 * k, b = FMT == kFmtNvfp4 ? a + 4 : a + 1;
+        c[v][k] = __floats2half2_rn(x[v][a] * up, x[v][b] * up);
+      }
     }
   }
 
   // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[v][4 j ...] summed into acc[v]: a byte permute
   // looks the magnitudes' fp16 high bytes up (codes 0-3, then 4-7), one more per pair (i, i + 4) places them in an
   // fp16x2 (its zero bytes: sign-replicated bytes of the positive table entries), the pair's sign bits shifted in.
-  __device__ __forceinline__ void word_products(unsigned int w, int j, __half2 (&acc)[NV]) const {
+  __device__ __forceinline__ void e2m1_products(unsigned int w, int j, __half2 (&acc)[NV]) const {
     constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
     const unsigned int m0 = __byte_perm(kLutLo, kLutHi, w & 0x7777u);
     const unsigned int m1 = __byte_perm(kLutLo, kLutHi, (w >> 16) & 0x7777u);
@@ -504,18 +512,30 @@ struct Nvfp4Dots {
     }
   }
 
-  // This lane's parts of row r's dots (its block), times the block scale; the row scale and `unscale` apply to the
-  // sums.
-  template <class R>  // Rows<kFmtNvfp4, T, C> (generic, so that discarded calls in other formats' kernels type-check)
+  // This lane's parts of row r's dots (its columns), times the block scale (NVFP4); the row scale and `unscale` apply
+  // to the sums. R: Rows<FMT, T, C> (generic, so that a call discarded in another format's kernel type-checks).
+  template <class R>
   __device__ __forceinline__ void parts(const R& rows, int r, int lane, float (&out)[NV]) const {
     const int b = lane % kLanes;
-    const uint2 w = *reinterpret_cast<const uint2*>(rows.data + r * R::kDataBytes + b * 8);
     __half2 acc[NV];
 #pragma unroll
     for (int v = 0; v < NV; ++v) acc[v] = __float2half2_rn(0.f);
-    word_products(w.x, 0, acc);
-    word_products(w.y, 1, acc);
-    const float bs = e4m3_to_float(rows.block[r * R::kBlockBytes + b]);
+    float bs = 1.f;
+    if constexpr (FMT == kFmtNvfp4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(rows.data + r * R::kDataBytes + b * 8);
+      e2m1_products(w.x, 0, acc);
+      e2m1_products(w.y, 1, acc);
+      bs = e4m3_to_float(rows.block[r * R::kBlockBytes + b]);
+    } else {
+      const uint4 w = *reinterpret_cast<const uint4*>(rows.data + r * R::kDataBytes + b * kCols);
+      const unsigned int words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __half2 h = e4m3x2_to_half2(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2))));
+#pragma unroll
+        for (int v = 0; v < NV; ++v) acc[v] = __hfma2(h, c[v][k], acc[v]);
+      }
+    }
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
       const float2 f = __half22float2(acc[v]);
@@ -526,7 +546,7 @@ struct Nvfp4Dots {
   // Rows 0 .. kRows - 1 of `rows` (a multiple of kRowsPerPass): lane r < kRows gets row r's dots in out[v].
   template <int kRows, class R>  // R: as parts
   __device__ __forceinline__ void dots(const R& rows, int lane, float (&out)[NV]) const {
-    static_assert(kRows % kRowsPerPass == 0 && kRows <= kWarpSize, "NVFP4 row dots: whole passes of rows");
+    static_assert(kRows % kRowsPerPass == 0 && kRows <= kWarpSize, "quantized row dots: whole passes of rows");
 #pragma unroll
     for (int v = 0; v < NV; ++v) out[v] = 0.f;
 #pragma unroll
