@@ -118,7 +118,11 @@ constexpr int kReplayCtasPerSm = kStored && kTile >= 128 ? 1 : SR && kDual ? 2 :
 constexpr int kReplayCtasPerSm = (SR && kDual) || (kStored && kTile >= 128) ? 2 : 3;
 #endif
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
-using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, kK>;
+constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
+using ReadRows = rssm::Rows<kReadFmt, state_t, kK>;
+// FP8 and NVFP4 rows read from the stage take their dots with xq and xk as fp16x2 products (rssm::QuantRowDots).
+constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && 32 % (kK / 16) == 0 &&
+                               kRows % (rssm::kWarpSize / (kK / 16)) == 0;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 
 // Rows row0 ... of the master checkpoint of (slot, value head hv).
@@ -1099,6 +1103,31 @@ __device__ __forceinline__ void row_dots(LoadRow load_row, const float (&xq)[kEp
   }
 }
 
+// Quantized checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (rssm::QuantRowDots): lane r < kRows
+// gets aq_r and ak_r; each lane builds xq and xk for its 16 columns from the stage's q~, k~ and log-gates.
+template <class R>
+__device__ __forceinline__ void quant_checkpoint_dots(const DeltaParams& p, const R& rows, const act_t* qk_s,
+                                                      const float* rec, float q_mul, float k_mul, float& aq,
+                                                      float& ak) {
+  using Dots = rssm::QuantRowDots<kReadFmt, kK, 2>;
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane % Dots::kLanes * Dots::kCols;
+  float x[2][Dots::kCols], lg[Dots::kCols], d[2];
+  rssm::load_vec<act_t, Dots::kCols>(qk_s + col0, x[0]);
+  rssm::load_vec<act_t, Dots::kCols>(qk_s + kK + col0, x[1]);
+  if constexpr (kPerChannel) rssm::load_vec<float, Dots::kCols>(rec + rec_lg(p.L) + col0, lg);
+#pragma unroll
+  for (int e = 0; e < Dots::kCols; ++e) {
+    const float dec = __expf(kPerChannel ? lg[e] : rec[rec_lg(p.L)]);
+    x[0][e] *= q_mul * dec;
+    x[1][e] *= k_mul * dec;
+  }
+  Dots dots;
+  dots.init(x);
+  dots.template dots<kRows>(rows, lane, d);
+  aq = d[0];
+  ak = d[1];
+}
+
 // One consumer warp's rows (warp * kRows ...) of the tile in `stage` (complete). Lane r finishes row r:
 //   a_q = S0·(e^{lg} ⊙ q~) + Σ_{j<w} cq_j u_j,  a_k likewise with k and ck,  u = beta (v - a_k),  o = a_q + u (k·q~)
 // Non-flush: appends u at ring position w (the checkpoint is never written). Flush: folds and stores the checkpoint.
@@ -1175,22 +1204,28 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
     rk += __shfl_down_sync(0xffffffffu, pk, g * kRows);
   }
   // Checkpoint terms S0[row]·xq, S0[row]·xk: this lane's parts for every row, then one transposed reduction.
-  float aq_lane, ak_lane;
-  if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, r + kRows ak
-    float pq[kRows], pk[kRows], parts[2 * kRows];
-    row_dots(load_s0, xq, xk, pq, pk);
+  float aq_lane = 0.f, ak_lane = 0.f;
+  const bool quant_dots = kQuantRowDots && !(kDual && flush);  // a dual-mode flush row reads the master
+  if constexpr (kQuantRowDots) {
+    if (quant_dots) quant_checkpoint_dots(p, stage_rows, qk_s, rec, q_mul, k_mul, aq_lane, ak_lane);
+  }
+  if (!quant_dots) {
+    if constexpr (2 * kRows <= rssm::kWarpSize) {  // parts [aq rows | ak rows]: lane r gets aq of row r, kRows + r ak
+      float pq[kRows], pk[kRows], parts[2 * kRows];
+      row_dots(load_s0, xq, xk, pq, pk);
 #pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) {
-      parts[rr] = pq[rr];
-      parts[kRows + rr] = pk[rr];
+      for (int rr = 0; rr < kRows; ++rr) {
+        parts[rr] = pq[rr];
+        parts[kRows + rr] = pk[rr];
+      }
+      aq_lane = rssm::warp_sum_scatter<2 * kRows>(parts);
+      ak_lane = __shfl_sync(0xffffffffu, aq_lane, lane + kRows);
+    } else {
+      float pq[kRows], pk[kRows];
+      row_dots(load_s0, xq, xk, pq, pk);
+      aq_lane = rssm::warp_sum_scatter<kRows>(pq);
+      ak_lane = rssm::warp_sum_scatter<kRows>(pk);
     }
-    aq_lane = rssm::warp_sum_scatter<2 * kRows>(parts);
-    ak_lane = __shfl_sync(0xffffffffu, aq_lane, lane + kRows);
-  } else {
-    float pq[kRows], pk[kRows];
-    row_dots(load_s0, xq, xk, pq, pk);
-    aq_lane = rssm::warp_sum_scatter<kRows>(pq);
-    ak_lane = rssm::warp_sum_scatter<kRows>(pk);
   }
   const float u = beta * (rssm::to_float(v_s[wr]) - ak_lane - rk);
   const float o = aq_lane + rq + u * kq;

@@ -63,7 +63,11 @@ constexpr int kFusedMinBlocks = kStateMinBlocks;
 #endif
 constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
-using ReadRows = rssm::Rows<kDual ? READ_FMT : MASTER_FMT, state_t, N>;
+constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
+using ReadRows = rssm::Rows<kReadFmt, state_t, N>;
+// FP8 and NVFP4 rows read by non-flush steps take their dots as fp16x2 products (rssm::QuantRowDots).
+constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && N % 16 == 0 && 32 % (N / 16) == 0 &&
+                               kRowsPerWarp % (rssm::kWarpSize / (N / 16)) == 0;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && (P % PT == 0 || PT % P == 0) && PT <= rssm::kThreads,
@@ -1242,7 +1246,17 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
-    if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
+    if constexpr (kQuantRowDots) {  // fp16x2 products, a row's columns on neighbouring lanes (rssm::QuantRowDots)
+      using Dots = rssm::QuantRowDots<kReadFmt, N>;
+      float cb[1][Dots::kCols], d[1];
+      rssm::load_vec<act_t, Dots::kCols>(
+          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * Dots::kCols, cb[0]);
+      Dots dots;
+      dots.init(cb);
+      dots.template dots<kRowsPerWarp>(
+          ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp), lane, d);
+      dot_lane = d[0];
+    } else if constexpr (kStored && (kRowsPerWarp & (kRowsPerWarp - 1)) == 0) {
       // Decoding leaves little issue slack: one transposed reduction for the warp's rows (lane r: row r).
       const ReadRows tile_rows = ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp);
       float part[kRowsPerWarp];

@@ -45,11 +45,14 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 
 // ---------------------------------------------------------------------------------------------- E4M3 (sm_89+ cvt)
 // Two E4M3 codes (low byte: element 0) to floats.
-__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) {
+// Two E4M3 codes (code 0 in the low byte) as an fp16 pair (exact: E4M3 values are fp16 values).
+__device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned short codes) {
   unsigned int h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
-  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+  return *reinterpret_cast<__half2*>(&h2);
 }
+
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) { return __half22float2(e4m3x2_to_half2(codes)); }
 
 __device__ __forceinline__ float e4m3_to_float(unsigned int code) {
   return e4m3x2_to_float2(static_cast<unsigned short>(code & 0xffu)).x;
@@ -449,6 +452,118 @@ struct Rows {
       for (int c = 0; c < kLaneBytes / 16; ++c)
         reinterpret_cast<uint4*>(dst)[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
     }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------- quantized row dots
+// Dots of FP8 or NVFP4 rows (FMT) with NV vectors (a non-flush step's S·C; S·xq and S·xk) from fp16x2 products. Lane
+// l takes 16 columns, block l % kLanes, of row q · kRowsPerPass + l / kLanes in pass q (NVFP4: 8 code bytes and one
+// block scale; FP8: 16 code bytes), so the kLanes = C / 16 lanes of a row sum its dots by a butterfly. E4M3 and E2M1
+// values are exact in fp16; each vector is scaled by a warp-wide power of two that puts its largest magnitude in
+// [2^kTopExp, 2^(kTopExp + 1)), so that the 8 products a half of a lane's fp16x2 sum adds stay below 2^15 (E2M1: at
+// most 6, E4M3: 448), and rounded to fp16; the lane widens its two halves and applies its block scale in fp32.
+// FMT: kFmtFp8 or kFmtNvfp4 (the plain modules name the type in discarded code only).
+template <int FMT, int C, int NV = 1>
+struct QuantRowDots {
+  static constexpr int kCols = 16;                 // columns per lane and row (an NVFP4 block)
+  static constexpr int kLanes = C / kCols;         // lanes per row
+  static constexpr int kRowsPerPass = kWarpSize / kLanes;
+  static constexpr int kTopExp = FMT == kFmtNvfp4 ? 6 : 3;
+  static_assert(kWarpSize % kLanes == 0, "quantized row dots: C / 16 must divide 32 (C = 16 ... 512)");
+  // The lane's columns of vector v times 2^shift as fp16 pairs in the order the codes decode: NVFP4 word j, pair i
+  // -> (x_{8j+i}, x_{8j+i+4}) (c[v][4 j + i]); FP8 -> (x_{2k}, x_{2k+1}) (c[v][k]).
+  __half2 c[NV][8];
+  float unscale[NV];  // 2^-shift
+
+  // From the values of the lane's columns ((lane % kLanes) · 16 ...) of each vector; warp-collective.
+  __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      unsigned int m = 0u;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
+      m = __reduce_max_sync(0xffffffffu, m);
+      // a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
+      const int shift = m == 0u || m >= kInfBits ? 0 : min(max(kTopExp - (int(m >> 23) - 127), -100), 100);
+      const float up = __uint_as_float(unsigned(127 + shift) << 23);
+      unscale[v] = __uint_as_float(unsigned(127 - shift) << 23);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int a = FMT == kFmtNvfp4 ? 8 * (k / 4) + k % 4 : 2 * k, b = FMT == kFmtNvfp4 ? a + 4 : a + 1;
+        c[v][k] = __floats2half2_rn(x[v][a] * up, x[v][b] * up);
+      }
+    }
+  }
+
+  // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[v][4 j ...] summed into acc[v]: a byte permute
+  // looks the magnitudes' fp16 high bytes up (codes 0-3, then 4-7), one more per pair (i, i + 4) places them in an
+  // fp16x2 (its zero bytes: sign-replicated bytes of the positive table entries), the pair's sign bits shifted in.
+  __device__ __forceinline__ void e2m1_products(unsigned int w, int j, __half2 (&acc)[NV]) const {
+    constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
+    const unsigned int m0 = __byte_perm(kLutLo, kLutHi, w & 0x7777u);
+    const unsigned int m1 = __byte_perm(kLutLo, kLutHi, (w >> 16) & 0x7777u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      unsigned int h;
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(h) : "r"(m0), "r"(m1), "r"(0x4808u + 0x1010u * i));
+      h |= (w << (12 - 4 * i)) & 0x80008000u;
+#pragma unroll
+      for (int v = 0; v < NV; ++v) acc[v] = __hfma2(*reinterpret_cast<const __half2*>(&h), c[v][4 * j + i], acc[v]);
+    }
+  }
+
+  // This lane's parts of row r's dots (its columns), times the block scale (NVFP4); the row scale and `unscale` apply
+  // to the sums. R: Rows<FMT, T, C> (generic, so that a call discarded in another format's kernel type-checks).
+  template <class R>
+  __device__ __forceinline__ void parts(const R& rows, int r, int lane, float (&out)[NV]) const {
+    const int b = lane % kLanes;
+    __half2 acc[NV];
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[v] = __float2half2_rn(0.f);
+    float bs = 1.f;
+    if constexpr (FMT == kFmtNvfp4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(rows.data + r * R::kDataBytes + b * 8);
+      e2m1_products(w.x, 0, acc);
+      e2m1_products(w.y, 1, acc);
+      bs = e4m3_to_float(rows.block[r * R::kBlockBytes + b]);
+    } else {
+      const uint4 w = *reinterpret_cast<const uint4*>(rows.data + r * R::kDataBytes + b * kCols);
+      const unsigned int words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __half2 h = e4m3x2_to_half2(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2))));
+#pragma unroll
+        for (int v = 0; v < NV; ++v) acc[v] = __hfma2(h, c[v][k], acc[v]);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const float2 f = __half22float2(acc[v]);
+      out[v] = (f.x + f.y) * bs;
+    }
+  }
+
+  // Rows 0 .. kRows - 1 of `rows` (a multiple of kRowsPerPass): lane r < kRows gets row r's dots in out[v].
+  template <int kRows, class R>  // R: as parts
+  __device__ __forceinline__ void dots(const R& rows, int lane, float (&out)[NV]) const {
+    static_assert(kRows % kRowsPerPass == 0 && kRows <= kWarpSize, "quantized row dots: whole passes of rows");
+#pragma unroll
+    for (int v = 0; v < NV; ++v) out[v] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kRows / kRowsPerPass; ++q) {
+      float sum[NV];
+      parts(rows, q * kRowsPerPass + lane / kLanes, lane, sum);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+#pragma unroll
+        for (int m = kLanes / 2; m >= 1; m /= 2) sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], m);
+        const float row_sum = __shfl_sync(0xffffffffu, sum[v], (lane % kRowsPerPass) * kLanes);
+        if (lane / kRowsPerPass == q) out[v] = row_sum;
+      }
+    }
+    const float rs = lane < kRows ? rows.scale[lane] : 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) out[v] *= rs * unscale[v];
   }
 };
 
