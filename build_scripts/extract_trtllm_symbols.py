@@ -32,6 +32,7 @@ IMPORTED: dict[str, list[str]] = {
     "tensorrt_llm._torch.modules.mamba.gdn_mixer": ["Qwen3NextGatedDeltaNet"],
     "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer": ["KimiKDALinearAttention"],
     "tensorrt_llm._torch.modules.mamba.causal_conv1d": ["causal_conv1d_update"],
+    "tensorrt_llm._torch.modules.mamba.causal_conv1d_triton": ["causal_conv1d_update"],
 }
 RUNTIME: dict[str, list[str]] = {
     "tensorrt_llm._torch.models.modeling_utils": ["DecoderModelForCausalLM"],

@@ -16,8 +16,8 @@ through ``ModelReplayCache.update_mamba_states`` (the module's replacement of th
 calls it after sampling) on the Python cache manager's speculative layout (``SpeculativePythonPool``: the pool MTP
 needs), whose verify conv windows the loop fills with random values in place of upstream's conv kernel; each
 request's float64 recurrence checks every window token's output and advances by the accepted tokens only, and its
-conv state must be the window of its accepted count. GDN is not run this way (its mixed batches go through
-upstream's chunked kernel, which the loop stands in for with one token).
+conv state must be the window of its accepted count. With MTP a GDN mixed batch's decode rows verify too (the
+module runs upstream's prefill path on the prefill rows alone).
 """
 from __future__ import annotations
 
@@ -83,8 +83,6 @@ class ServingLoop:
         self.gen = torch.Generator().manual_seed(seed)
         self.act = torch.float32
         state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
-        if spec_tokens and family == "gdn":
-            raise ValueError("spec_tokens: the MTP schedule runs Mamba-2 and KDA")
         self.window = 1 + (spec_tokens or 0)
         if spec_tokens:
             self.pool = SpeculativePythonPool(self.layer_ids, blocks, state_shape, torch.float32, conv_shape=(6, 3),
@@ -127,7 +125,7 @@ class ServingLoop:
                     continue
                 decode_idx = split_batch(self.state_indices, num_contexts, num_seqs).decode_slots
                 args, kwargs = steps[i].op_args()
-                if num_contexts and self.fam.name == "gdn":  # mixed batch: upstream's chunked kernel
+                if num_contexts and self.fam.name == "gdn" and self.window == 1:  # mixed: upstream's chunked kernel
                     state = self.pool.get_ssm_states(layer_id)
                     gdn_materialize_slots(layer, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)

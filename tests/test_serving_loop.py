@@ -32,7 +32,7 @@ def test_serving_loop_gpu_graphs(family):
     assert len(steady) > 150 and len(set(steady)) == 1, f"memory not flat across the steps: {sorted(set(steady))}"
 
 
-@pytest.mark.parametrize("family", ["mamba2", "kda"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_serving_loop_mtp_cpu(family):
     """MTP: every decode step verifies windows of 3 tokens, then commits random accepted counts (1, 3 and 2)."""
     rep = run(family, "cpu", buffer_len=6, steps=40, graphs=False, max_length=10, seed=5, spec_tokens=2)
@@ -43,7 +43,7 @@ def test_serving_loop_mtp_cpu(family):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mamba2", "kda"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_serving_loop_mtp_gpu_graphs(family):
     """The MTP schedule on the verify and commit kernels, generation-only steps (verify + update_mamba_states) as
     CUDA graphs per padded batch size, each checked once against the eager step."""

@@ -1,5 +1,5 @@
 """`build --spec-tokens N`: the YAML's MTP speculative_config, rings priced for windows of N + 1 tokens, the
-manifest and `inspect` saying that upstream's MTP path serves it, bad values, and the refusal where upstream's
+manifest and `inspect` saying who serves it (the module's verify, or upstream's MTP path), bad values, and the refusal where upstream's
 Mamba-2 MTP replay corrupts state (head_dim 80). Nothing here runs TensorRT-LLM."""
 import json
 
@@ -122,7 +122,8 @@ def test_spec_bundle_manifest_yaml_and_inspect(tmp_path):
     assert per["ring"] == 18 * memory_plan.plan(get_preset(TINY), "h100").layer.record
     table = run("inspect", str(out)).output
     assert "MTP, 2 draft tokens" in table and "ReplaySSM MTP verify" in table and "WARNING" not in table
-    assert speculative.served_by(get_preset("qwen3.5-4b"))[0] == "upstream MTP"
+    assert speculative.served_by(get_preset("qwen3.5-4b"))[0] == "ReplaySSM MTP verify"
+    assert speculative.served_by(get_preset("kimi-linear-48b"))[0] == "upstream MTP"
 
 
 def test_plain_bundle_records_no_speculation(tmp_path):

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, check_trtllm_version, commit_conv_windows,
-                                                  decode_slot_ids, gdn_materialize_slots, gdn_split_qkv,
+                                                  decode_slot_ids, gdn_materialize_slots, gdn_prefill_kwargs,
+                                                  gdn_split_qkv, gdn_split_windows,
                                                   is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
                                                   split_batch)
@@ -64,6 +65,53 @@ def test_gdn_split_qkv():
     assert torch.equal(v[0].flatten(), mixed[0, 12:])
     with pytest.raises(ValueError, match="mixed_qkv"):
         gdn_split_qkv(mixed, 2, 3, 4, 4)
+
+
+def test_gdn_split_windows():
+    """Each decode row's T tokens are adjacent rows of the projection: window r, token t is row r * T + t."""
+    mixed = torch.randn(6, 2 * 2 * 3 + 4 * 5)
+    q, k, v = gdn_split_windows(mixed, 3, 2, 2, 3, 4, 5)
+    assert q.shape == (3, 2, 2, 3) and k.shape == (3, 2, 2, 3) and v.shape == (3, 2, 4, 5)
+    rq, rk, rv = gdn_split_qkv(mixed, 2, 3, 4, 5)
+    for r in range(3):
+        for t in range(2):
+            assert torch.equal(q[r, t], rq[2 * r + t]) and torch.equal(k[r, t], rk[2 * r + t])
+            assert torch.equal(v[r, t], rv[2 * r + t])
+    assert q.data_ptr() == mixed.data_ptr()  # views, no copy
+    for args in ((3, 3), (0, 2), (6, 0)):
+        with pytest.raises(ValueError, match="mixed_qkv: expected"):
+            gdn_split_windows(mixed, *args, 2, 3, 4, 5)
+
+
+def _gdn_extend_kwargs(prefills: list[int], decodes: int, window: int) -> dict:
+    """forward_core's keywords (the keys TensorRT-LLM builds, trtllm_symbols.json) for a mixed MTP batch."""
+    p_tokens, d_tokens = sum(prefills), decodes * window
+    tokens = p_tokens + d_tokens
+    starts = torch.tensor([0, *torch.tensor(prefills).cumsum(0).tolist()] + [p_tokens + window * (i + 1)
+                                                                             for i in range(decodes)])
+    slots = torch.arange(len(prefills) + decodes, dtype=torch.int32) * 3 + 1
+    return {"mixed_qkv": torch.randn(tokens, 8), "a": torch.randn(tokens, 2), "b": torch.randn(tokens, 2),
+            "has_initial_states": torch.tensor([False, True] * 4)[:len(prefills) + decodes],
+            "cache_indices": slots, "query_start_loc": starts.int(), "query_start_loc_long": starts.long(),
+            "batch_size": len(prefills) + decodes, "num_prefill_tokens": p_tokens, "num_decode_tokens": d_tokens,
+            "state_indices_p": slots[:len(prefills)], "state_indices_d": slots[len(prefills):],
+            "num_prefill": len(prefills), "num_decodes": decodes, "use_replay": False, "replay_metadata": None,
+            "layer_cache": object(), "replay_work_items": None, "replay_n_writes": None,
+            "use_cached_replay_all_layer_commit": False}
+
+
+def test_gdn_prefill_kwargs_keep_the_prefill_rows_only():
+    kw = _gdn_extend_kwargs([5, 3], decodes=3, window=4)
+    out = gdn_prefill_kwargs(kw)
+    assert set(out) <= set(kw)
+    assert out["mixed_qkv"].shape[0] == 8 and torch.equal(out["a"], kw["a"][:8]) and torch.equal(out["b"], kw["b"][:8])
+    assert out["batch_size"] == out["num_prefill"] == 2 and out["num_decodes"] == out["num_decode_tokens"] == 0
+    assert out["cache_indices"].tolist() == kw["state_indices_p"].tolist() and out["state_indices_d"].numel() == 0
+    assert out["query_start_loc_long"].tolist() == [0, 5, 8] and out["has_initial_states"].tolist() == [False, True]
+    assert out["num_prefill_tokens"] == 8 and out["use_replay"] is False
+    assert "layer_cache" not in out and "replay_metadata" not in out
+    with pytest.raises(ValueError, match="num_prefill"):
+        gdn_prefill_kwargs(_gdn_extend_kwargs([], decodes=2, window=2))
 
 
 def test_gdn_materialize_matches_sequential_recurrence():

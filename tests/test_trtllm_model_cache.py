@@ -222,7 +222,8 @@ def test_speculative_refusals(monkeypatch):
     assert speculative_refusals("mamba2", None, None, True, True) == []  # nothing configured, nothing refused
     assert speculative_refusals("mamba2", mtp, 3, False, False) == []
     assert speculative_refusals("mamba2", SimpleNamespace(num_nextn_predict_layers=3), 3, False, False) == []
-    cases = [("gdn", mtp, 3, False, False, "Mamba-2 models only"),
+    assert speculative_refusals("gdn", mtp, 3, False, False) == []
+    cases = [("kda", mtp, 3, False, False, "not yet of kda layers"),
              ("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, False, "MTP windows only"),
              ("mamba2", SimpleNamespace(max_draft_len=3, max_total_draft_tokens=9), 3, False, False, "a tree"),
              ("mamba2", mtp, None, False, False, "without --spec-tokens: rebuild it with --spec-tokens 3"),
@@ -234,6 +235,7 @@ def test_speculative_refusals(monkeypatch):
         assert len(reasons) == 1 and match in reasons[0], (match, reasons)
     monkeypatch.setenv(MTP_CUSTOM_OP_ENV, "1")
     assert MTP_CUSTOM_OP_ENV in speculative_refusals("mamba2", mtp, 3, False, False)[0]
+    assert speculative_refusals("gdn", mtp, 3, False, False) == []  # Mamba2Mixer's custom op only
 
 
 def test_refusals_from_cache_manager():

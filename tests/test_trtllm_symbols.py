@@ -147,7 +147,14 @@ def test_call_site_keywords_the_glue_relies_on():
     ssu_kwargs = set(mamba2["dict_keys"]["forward"]["ssu_kwargs"])
     assert {"state_batch_indices", "out", "z", "dt_bias", "dt_softplus"} <= ssu_kwargs
     gdn = SYMBOLS["tensorrt_llm._torch.modules.mamba.gdn_mixer"]["Qwen3NextGatedDeltaNet"]
-    assert {"mixed_qkv", "a", "b", "cache_indices"} <= set(gdn["dict_keys"]["forward_core"]["kwargs"])
+    gdn_kwargs = set(gdn["dict_keys"]["forward_core"]["kwargs"])
+    assert {"mixed_qkv", "a", "b", "cache_indices"} <= gdn_kwargs
+    # the MTP verify (forward_decode, forward_extend) and core.gdn_prefill_kwargs
+    assert {"num_decodes", "num_decode_tokens", "num_prefill", "num_prefill_tokens", "state_indices_p",
+            "state_indices_d", "has_initial_states", "query_start_loc", "query_start_loc_long", "batch_size",
+            "use_replay", "use_cached_replay_all_layer_commit"} <= gdn_kwargs
+    assert {"is_target_verify", "intermediate_conv_states", "output", "spec_metadata"} <= set(
+        gdn["calls"]["forward_core"]["forward_decode"]) & set(gdn["calls"]["forward_core"]["forward_extend"])
     kda = SYMBOLS["tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer"]["KimiKDALinearAttention"]
     assert "forward_decode" in kda["calls"]["_forward_impl"]
 

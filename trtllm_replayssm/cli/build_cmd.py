@@ -40,8 +40,8 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
               gpu_memory_gib: float | None, spec_tokens: int | None, allow_upstream_mtp: bool, force: bool) -> None:
     """Build a serving bundle for MODEL (a preset name or a local HF model directory). Served: plain fp32/fp16/bf16
     state, and for Mamba-2 also stochastic rounding and dual mode with an fp32/fp16/bf16 master; other state options
-    are checked, then refused (exit status 1). --spec-tokens: speculative decoding runs upstream's MTP path for now
-    (docs/serving.md)."""
+    are checked, then refused (exit status 1). --spec-tokens: MTP speculative decoding, verified by the module in
+    Mamba-2 and GDN models (docs/serving.md)."""
     from trtllm_replayssm.serving import bundle, memory_plan, speculative
     from trtllm_replayssm.serving.hf_config import resolve_model
     from trtllm_replayssm.core.targets import resolve_gpu
@@ -72,6 +72,6 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
             out = bundle.write_bundle(spec, plan, arch, output, model_path=model_path, force=force, progress=report)
         except ValueError as exc:
             bad_value(exc)
-    spec_note = "" if plan.spec_tokens is None else " (without speculative decoding: it runs upstream's MTP path)"
+    spec_note = "" if plan.spec_tokens is None else " (standard decode; speculative decoding not predicted)"
     click.echo(f"bundle written to {out} for {key} ({arch}); predicted SSM-layer speed-up {plan.step.speedup:.2f}x"
                f"{spec_note}; serve with: trtllm-replayssm serve {out}")

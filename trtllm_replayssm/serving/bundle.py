@@ -163,7 +163,7 @@ def _speculative_yaml(mp: MemoryPlan) -> str:
     return (f"# MTP with {mp.spec_tokens} draft tokens (verify windows of {mp.spec_tokens + 1}). max_draft_len is the "
             f"draft count in\n# TensorRT-LLM's llm_args.py @00043967, where num_nextn_predict_layers is its deprecated "
             f"alias; older\n# releases read num_nextn_predict_layers. The module verifies these windows in Mamba-2 "
-            f"models; GDN/KDA\n# models keep upstream kernels (its MTP path) for the whole model.\n"
+            f"and GDN models; KDA\n# models keep upstream kernels (its MTP path) for the whole model.\n"
             f"speculative_config:\n{body}")
 
 

@@ -14,6 +14,7 @@ import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.reference import gdn as gdn_ref
+from trtllm_replayssm.serving.speculative import SPECULATIVE_FAMILIES
 
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
@@ -148,15 +149,15 @@ def refusals_from_llm_args(llm_args: Any) -> list[str]:
 def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None, stored_state: bool,
                          stochastic_rounding: bool) -> list[str]:
     """Why ReplaySSM cannot serve the speculative decoding the model's ``spec_config`` configures (None: none), one
-    line each: it verifies linear MTP windows of Mamba-2 models, with the draft count the bundle's rings were sized
-    for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
-    stochastic rounding, through the SSU call it hooks."""
+    line each: it verifies linear MTP windows of Mamba-2 and GDN models, with the draft count the bundle's rings were
+    sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
+    stochastic rounding, through the calls it hooks."""
     if spec_config is None:
         return []
     reasons = []
-    if family != "mamba2":
-        reasons.append(f"speculative decoding is configured: ReplaySSM verifies MTP windows of Mamba-2 models only, "
-                       f"not yet of {family} layers")
+    if family not in SPECULATIVE_FAMILIES:
+        reasons.append(f"speculative decoding is configured: ReplaySSM verifies MTP windows of "
+                       f"{' and '.join(SPECULATIVE_FAMILIES)} models, not yet of {family} layers")
     decoding = getattr(spec_config, "decoding_type", "MTP")
     if decoding != "MTP":
         reasons.append(f"speculative_config.decoding_type is {decoding!r}: ReplaySSM verifies MTP windows only")
@@ -177,7 +178,7 @@ def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int 
     if stochastic_rounding:
         reasons.append("quant_config.mamba_ssm_stochastic_rounding is set: the verify path has no stochastic "
                        "rounding")
-    if os.environ.get(MTP_CUSTOM_OP_ENV) == "1":
+    if family == "mamba2" and os.environ.get(MTP_CUSTOM_OP_ENV) == "1":
         reasons.append(f"{MTP_CUSTOM_OP_ENV}=1: the mixers verify through TensorRT-LLM's custom op, not the SSU "
                        "call the module hooks")
     return reasons
@@ -206,8 +207,8 @@ def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculat
         if not manager_speculative:
             reasons.append("speculative decoding is configured but the cache manager is not speculative")
         if getattr(kv_cache_manager, "use_replay_state_update", False):
-            reasons.append("the cache manager runs TensorRT-LLM's own Mamba-2 MTP replay (use_replay_state_update): "
-                           "its mixers call that kernel, not the SSU call the module hooks")
+            reasons.append("the cache manager runs TensorRT-LLM's own MTP replay (use_replay_state_update): its "
+                           "mixers call that kernel, not the verify the module hooks")
         if not all(callable(getattr(kv_cache_manager, name, None))
                    for name in ("mamba_layer_cache", "update_mamba_states")):
             reasons.append("the cache manager has no mamba_layer_cache / update_mamba_states (the Python Mamba "
@@ -233,6 +234,40 @@ def gdn_split_qkv(mixed_qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, nu
     k = mixed_qkv[:, key:2 * key].unflatten(1, (num_k_heads, head_k_dim))
     v = mixed_qkv[:, 2 * key:].unflatten(1, (num_v_heads, head_v_dim))
     return q, k, v
+
+
+def gdn_split_windows(mixed_qkv: torch.Tensor, num_decodes: int, window: int, num_k_heads: int, head_k_dim: int,
+                      num_v_heads: int, head_v_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``q, k [n, T, H, K]``, ``v [n, T, HV, V]`` of the post-conv projection of ``n = num_decodes`` MTP verify
+    windows of ``T = window`` tokens, ``[n * T, 2HK + HV V]`` with each decode row's tokens adjacent (TensorRT-LLM's
+    layout of a verify batch)."""
+    if num_decodes < 1 or window < 1 or mixed_qkv.dim() != 2 or mixed_qkv.shape[0] != num_decodes * window:
+        raise ValueError(f"mixed_qkv: expected {num_decodes} windows of {window} tokens, [{num_decodes * window}, "
+                         f"width], got shape {tuple(mixed_qkv.shape)}")
+    q, k, v = gdn_split_qkv(mixed_qkv, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    return tuple(t.unflatten(0, (num_decodes, window)) for t in (q, k, v))
+
+
+# forward_extend keywords that describe the decode rows; the prefill-only call drops or empties them
+_GDN_DECODE_KWARGS = ("replay_metadata", "layer_cache", "replay_work_items", "replay_n_writes")
+
+
+def gdn_prefill_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``Qwen3NextGatedDeltaNet.forward_extend`` for the prefill rows alone of a mixed batch whose
+    decode rows ReplaySSM verifies: the first ``num_prefill_tokens`` tokens and ``num_prefill`` sequences, no
+    decode rows (``forward_core`` builds the keywords; upstream's prefill path then runs its conv and chunked kernel
+    on those rows only). Slices of the caller's tensors; no host sync."""
+    tokens, seqs = int(kwargs["num_prefill_tokens"]), int(kwargs["num_prefill"])
+    if seqs < 1:
+        raise ValueError(f"num_prefill: expected a batch with prefill rows, got {seqs}")
+    out = {k: v for k, v in kwargs.items() if k not in _GDN_DECODE_KWARGS}
+    out.update(mixed_qkv=kwargs["mixed_qkv"][:tokens], a=kwargs["a"][:tokens], b=kwargs["b"][:tokens],
+               batch_size=seqs, has_initial_states=kwargs["has_initial_states"][:seqs],
+               cache_indices=kwargs["state_indices_p"], query_start_loc=kwargs["query_start_loc"][:seqs + 1],
+               query_start_loc_long=kwargs["query_start_loc_long"][:seqs + 1], num_decode_tokens=0, num_decodes=0,
+               state_indices_d=kwargs["state_indices_d"][:0], use_replay=False,
+               use_cached_replay_all_layer_commit=False)
+    return out
 
 
 def gdn_materialize_slots(layer: GDNLayerCache, slots: torch.Tensor) -> None:

@@ -18,6 +18,10 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   accepted conv windows).
 * GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
   chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first.
+  With MTP every decode row verifies its window here, in pure-decode batches (``forward_decode`` with
+  ``is_target_verify``) and in mixed ones (``forward_extend``: upstream's prefill path on the prefill rows alone,
+  then the decode rows' verify): upstream's verify conv (which leaves each token's conv window for the commit), then
+  ``ModelReplayCache.verify``; the commit is the cache manager's ``update_mamba_states``, taken over as for Mamba-2.
 * KDA (Kimi-Linear, where TensorRT-LLM has it): ``KimiKDALinearAttention.forward_decode`` (the decode rows of every
   batch) is overridden: upstream's projections, conv update on the packed ``[slots, 3D, W-1]`` pool,
   ``ops.kda.replay_decode``, upstream's output gate.
@@ -34,6 +38,7 @@ from tensorrt_llm._torch.models.modeling_qwen3_5 import Qwen3_5ForCausalLM, Qwen
 from tensorrt_llm._torch.models.modeling_qwen3_next import Qwen3NextForCausalLM
 from tensorrt_llm._torch.models.modeling_utils import register_auto_model
 from tensorrt_llm._torch.modules.mamba.causal_conv1d import causal_conv1d_update
+from tensorrt_llm._torch.modules.mamba.causal_conv1d_triton import causal_conv1d_update as causal_conv1d_update_triton
 from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
@@ -41,9 +46,10 @@ from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_split_qkv,
-                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
-                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_prefill_kwargs,
+                                                  gdn_split_qkv, gdn_split_windows, is_single_token_decode,
+                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
+                                                  kda_packed_conv_weight, kda_split_qkv, per_head,
                                                   refusals_from_llm_args, replay_disabled, speculative_refusals,
                                                   split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
@@ -115,7 +121,7 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
 
 class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
-    """Qwen3NextGatedDeltaNet whose non-speculative decode is ReplaySSM."""
+    """Qwen3NextGatedDeltaNet whose decode (and, with MTP, verify) is ReplaySSM."""
 
     def _rs_num_k_heads(self) -> int:
         return self.num_k_heads_per_tp
@@ -128,24 +134,27 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         state = attn_metadata.kv_cache_manager.mamba_layer_cache(self.layer_idx).temporal
         batch = split_batch(mamba_metadata.state_indices, attn_metadata.num_contexts, attn_metadata.seq_lens.shape[0])
         layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, batch.num_contexts)
-        if batch.num_contexts and batch.num_decodes:  # upstream's chunked kernel reads these rows' live state
+        verifies = self._rs_cache.window > 1  # MTP: the decode rows of every batch verify here
+        if batch.num_contexts and batch.num_decodes and not verifies:  # upstream's chunked kernel reads their state
             gdn_materialize_slots(layer, batch.decode_slots)
         out = super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                                    output=output)
-        if batch.num_contexts:  # upstream wrote these masters (prefills, a mixed batch's decodes): the read copy follows
-            self._rs_cache.prefill_written(self.layer_idx, state,
-                                           mamba_metadata.state_indices[:batch.num_contexts + batch.num_decodes])
+        if batch.num_contexts:  # upstream wrote these masters (prefills; a mixed batch's decodes without MTP): the
+            # read copy follows
+            written = batch.num_contexts + (0 if verifies else batch.num_decodes)
+            self._rs_cache.prefill_written(self.layer_idx, state, mamba_metadata.state_indices[:written])
         return out
 
     def forward_decode(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, query_start_loc_long: Any = None,
                        spec_metadata: Any = None, intermediate_conv_states: Any = None,
                        intermediate_ssm_states: Any = None, is_target_verify: bool = False,
                        output: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        self._rs_check_verify(is_target_verify)
         if is_target_verify:
-            return super().forward_decode(conv_states, ssm_states, query_start_loc_long, spec_metadata=spec_metadata,
-                                          intermediate_conv_states=intermediate_conv_states,
-                                          intermediate_ssm_states=intermediate_ssm_states,
-                                          is_target_verify=is_target_verify, output=output, **kwargs)
+            n = kwargs["num_decodes"]
+            return self._rs_verify(conv_states, ssm_states, intermediate_conv_states, kwargs["mixed_qkv"], kwargs["a"],
+                                   kwargs["b"], kwargs["cache_indices"][:n], n,
+                                   spec_metadata.runtime_draft_len + 1, output)
         mixed = causal_conv1d_update(kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias,
                                      self.activation, conv_state_indices=kwargs["cache_indices"])
         q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
@@ -158,6 +167,56 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         gdn.replay_decode(layer, q, k, v, kwargs["a"], kwargs["b"], self.A_log, self.dt_bias, scale=None,
                           state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=out, mode="auto")
         return out.view(1, rows, self.num_v_heads_per_tp, self.head_v_dim)
+
+    def forward_extend(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, spec_metadata: Any = None,
+                       intermediate_conv_states: Any = None, intermediate_ssm_states: Any = None,
+                       is_target_verify: bool = False, output: torch.Tensor | None = None,
+                       **kwargs: Any) -> torch.Tensor:
+        if kwargs["num_decodes"]:
+            self._rs_check_verify(is_target_verify)
+        if not (is_target_verify and kwargs["num_decode_tokens"]):
+            return super().forward_extend(conv_states, ssm_states, spec_metadata=spec_metadata,
+                                          intermediate_conv_states=intermediate_conv_states,
+                                          intermediate_ssm_states=intermediate_ssm_states,
+                                          is_target_verify=is_target_verify, output=output, **kwargs)
+        # a mixed batch with MTP: upstream's prefill path on the prefill rows, then the decode rows' verify here
+        p, n = kwargs["num_prefill_tokens"], kwargs["num_decodes"]
+        if output is None:
+            output = kwargs["mixed_qkv"].new_empty(1, kwargs["mixed_qkv"].shape[0], self.num_v_heads_per_tp,
+                                                   self.head_v_dim)
+        super().forward_extend(conv_states, ssm_states, spec_metadata=spec_metadata, is_target_verify=False,
+                               output=output[:, :p], **gdn_prefill_kwargs(kwargs))
+        self._rs_verify(conv_states, ssm_states, intermediate_conv_states, kwargs["mixed_qkv"][p:], kwargs["a"][p:],
+                        kwargs["b"][p:], kwargs["state_indices_d"], n, spec_metadata.runtime_draft_len + 1,
+                        output[:, p:])
+        return output
+
+    def _rs_check_verify(self, is_target_verify: bool) -> None:
+        if is_target_verify != (self._rs_cache.window > 1):
+            raise RuntimeError(f"trtllm-replayssm: a GDN decode step with is_target_verify={is_target_verify} in a "
+                               f"model that {'verifies' if self._rs_cache.window > 1 else 'does not verify'} MTP "
+                               "windows: this TensorRT-LLM decodes in a way the module does not support "
+                               "(TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
+
+    def _rs_verify(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, conv_windows: torch.Tensor,
+                   mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, num_decodes: int,
+                   window: int, output: torch.Tensor | None) -> torch.Tensor:
+        """The verify of ``num_decodes`` windows of ``window`` tokens (rows' tokens adjacent): upstream's verify conv,
+        which leaves row r's conv window after token t in ``conv_windows[r, t]`` for the commit, then
+        ``ModelReplayCache.verify``. Returns ``[1, num_decodes * window, HV, V]`` (``output`` when given)."""
+        rows = torch.arange(num_decodes, dtype=torch.int32, device=slots.device)
+        x = mixed_qkv.reshape(num_decodes, window, -1).transpose(1, 2)
+        x = causal_conv1d_update_triton(x, conv_states, self.conv1d.weight, self.conv1d.bias, self.activation,
+                                        conv_state_indices=slots, intermediate_conv_window=conv_windows,
+                                        intermediate_state_indices=rows)
+        q, k, v = gdn_split_windows(x.transpose(1, 2).reshape(num_decodes * window, -1), num_decodes, window,
+                                    self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
+                                    self.head_v_dim)
+        shape = (num_decodes, window, self.num_v_heads_per_tp, self.head_v_dim)
+        out = output.view(shape) if output is not None else v.new_empty(shape)
+        self._rs_cache.verify(self.layer_idx, ssm_states, slots, q, k, v, a.reshape(num_decodes, window, -1),
+                              b.reshape(num_decodes, window, -1), self.A_log, self.dt_bias, out=out)
+        return out.view(1, num_decodes * window, *shape[2:])
 
 
 if KimiKDALinearAttention is not None:
