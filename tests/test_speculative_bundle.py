@@ -122,8 +122,6 @@ def test_spec_bundle_manifest_yaml_and_inspect(tmp_path):
     assert per["ring"] == 18 * memory_plan.plan(get_preset(TINY), "h100").layer.record
     table = run("inspect", str(out)).output
     assert "MTP, 2 draft tokens" in table and "ReplaySSM MTP verify" in table and "WARNING" not in table
-    assert speculative.served_by(get_preset("qwen3.5-4b"))[0] == "ReplaySSM MTP verify"
-    assert speculative.served_by(get_preset("kimi-linear-48b"))[0] == "upstream MTP"
 
 
 def test_plain_bundle_records_no_speculation(tmp_path):

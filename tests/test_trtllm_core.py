@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, check_trtllm_version, commit_conv_windows,
-                                                  decode_slot_ids, gdn_materialize_slots, gdn_prefill_kwargs,
-                                                  gdn_split_qkv, gdn_split_windows,
-                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
+                                                  commit_conv_windows, decode_slot_ids, gdn_materialize_slots,
+                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
                                                   split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
@@ -67,20 +66,28 @@ def test_gdn_split_qkv():
         gdn_split_qkv(mixed, 2, 3, 4, 4)
 
 
-def test_gdn_split_windows():
-    """Each decode row's T tokens are adjacent rows of the projection: window r, token t is row r * T + t."""
-    mixed = torch.randn(6, 2 * 2 * 3 + 4 * 5)
-    q, k, v = gdn_split_windows(mixed, 3, 2, 2, 3, 4, 5)
-    assert q.shape == (3, 2, 2, 3) and k.shape == (3, 2, 2, 3) and v.shape == (3, 2, 4, 5)
-    rq, rk, rv = gdn_split_qkv(mixed, 2, 3, 4, 5)
+def test_as_windows():
+    """Each decode row's T tokens are adjacent: window r, token t is token r * T + t, as views."""
+    q, beta = torch.randn(6, 2, 3), torch.randn(6, 2)
+    wq, wbeta = as_windows(3, 2, q=q, beta=beta)
+    assert wq.shape == (3, 2, 2, 3) and wbeta.shape == (3, 2, 2) and wq.data_ptr() == q.data_ptr()
     for r in range(3):
         for t in range(2):
-            assert torch.equal(q[r, t], rq[2 * r + t]) and torch.equal(k[r, t], rk[2 * r + t])
-            assert torch.equal(v[r, t], rv[2 * r + t])
-    assert q.data_ptr() == mixed.data_ptr()  # views, no copy
-    for args in ((3, 3), (0, 2), (6, 0)):
-        with pytest.raises(ValueError, match="mixed_qkv: expected"):
-            gdn_split_windows(mixed, *args, 2, 3, 4, 5)
+            assert torch.equal(wq[r, t], q[2 * r + t]) and torch.equal(wbeta[r, t], beta[2 * r + t])
+    with pytest.raises(ValueError, match="beta: expected 2 windows of 3 tokens"):
+        as_windows(2, 3, q=q, beta=beta[:5])
+    for n, T in ((4, 2), (0, 2), (6, 0)):
+        with pytest.raises(ValueError, match="q: expected"):
+            as_windows(n, T, q=q)
+
+
+def test_check_verify_call():
+    check_verify_call("GDN", True, 3)
+    check_verify_call("KDA", False, 1)
+    with pytest.raises(RuntimeError, match="a single-token decode of a KDA layer in a model that verifies MTP"):
+        check_verify_call("KDA", False, 4)
+    with pytest.raises(RuntimeError, match="an MTP verify of a GDN layer in a model that does not verify"):
+        check_verify_call("GDN", True, 1)
 
 
 def _gdn_extend_kwargs(prefills: list[int], decodes: int, window: int) -> dict:

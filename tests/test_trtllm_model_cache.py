@@ -173,11 +173,15 @@ def test_speculative_install_takes_over_the_managers_commit():
     replay = ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 6, torch.float32,
                                  spec_tokens=2)
     assert replay.cache.window == 3
+    asked = []
+    layer_cache = SimpleNamespace(intermediate_conv_window=torch.zeros(2, 3, 4, 3), has_kda_replay_caches=False)
     manager = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: True,
-                              use_replay_state_update=False, mamba_layer_cache=lambda i: None,
+                              use_replay_state_update=False,
+                              mamba_layer_cache=lambda i: asked.append(i) or layer_cache,
                               update_mamba_states=lambda *a, **k: None)
     assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
     replay.end_step()
+    assert asked == [1]  # the model's first SSM layer's cache: its per-draft conv windows are there
     bound = manager.update_mamba_states
     assert bound.func == replay.cache.update_mamba_states and bound.args == (manager,)
     # TensorRT-LLM's own MTP replay bypasses the hooked SSU: the model falls back as a whole, the manager untouched
@@ -222,9 +226,8 @@ def test_speculative_refusals(monkeypatch):
     assert speculative_refusals("mamba2", None, None, True, True) == []  # nothing configured, nothing refused
     assert speculative_refusals("mamba2", mtp, 3, False, False) == []
     assert speculative_refusals("mamba2", SimpleNamespace(num_nextn_predict_layers=3), 3, False, False) == []
-    assert speculative_refusals("gdn", mtp, 3, False, False) == []
-    cases = [("kda", mtp, 3, False, False, "not yet of kda layers"),
-             ("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, False, "MTP windows only"),
+    assert speculative_refusals("gdn", mtp, 3, False, False) == speculative_refusals("kda", mtp, 3, False, False) == []
+    cases = [("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, False, "MTP windows only"),
              ("mamba2", SimpleNamespace(max_draft_len=3, max_total_draft_tokens=9), 3, False, False, "a tree"),
              ("mamba2", mtp, None, False, False, "without --spec-tokens: rebuild it with --spec-tokens 3"),
              ("mamba2", mtp, 2, False, False, "sized for 2: rebuild it with --spec-tokens 3"),
@@ -257,6 +260,15 @@ def test_refusals_from_cache_manager():
                                use_replay_state_update=True)
     reasons = refusals_from_cache_manager(spec_bad, 1, speculative=True)
     assert len(reasons) == 3 and "use_replay_state_update" in reasons[1] and "mamba_layer_cache" in reasons[2]
+    # the commit copies conv windows from the layer cache's per-draft buffer
+    windows = SimpleNamespace(intermediate_conv_window=torch.zeros(2, 3, 4, 3), has_kda_replay_caches=False)
+    assert refusals_from_cache_manager(spec_ok, 1, speculative=True, layer_cache=windows) == []
+    kda_replay = SimpleNamespace(intermediate_conv_window=None, has_kda_replay_caches=True)
+    (reason,) = refusals_from_cache_manager(spec_ok, 1, speculative=True, layer_cache=kda_replay)
+    assert "KDA replay caches" in reason
+    (reason,) = refusals_from_cache_manager(spec_ok, 1, speculative=True,
+                                            layer_cache=SimpleNamespace(intermediate_conv_window=None))
+    assert "no intermediate_conv_window" in reason
 
 
 def test_checkpointless_cache_factories():

@@ -156,7 +156,10 @@ def test_call_site_keywords_the_glue_relies_on():
     assert {"is_target_verify", "intermediate_conv_states", "output", "spec_metadata"} <= set(
         gdn["calls"]["forward_core"]["forward_decode"]) & set(gdn["calls"]["forward_core"]["forward_extend"])
     kda = SYMBOLS["tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer"]["KimiKDALinearAttention"]
-    assert "forward_decode" in kda["calls"]["_forward_impl"]
+    assert {"forward_decode", "forward_verify"} <= set(kda["calls"]["_forward_impl"])
+    # the override keeps upstream's parameters: _forward_impl passes all but ``output`` by position
+    assert kda["methods"]["forward_verify"].startswith(
+        "(self, x2d, num_steps, layer_cache, conv_pool, ssm_pool, slot_indices, output")
 
 
 def test_bundle_yaml_keys_are_llm_args_fields():

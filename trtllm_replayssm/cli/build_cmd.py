@@ -40,8 +40,8 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
               gpu_memory_gib: float | None, spec_tokens: int | None, allow_upstream_mtp: bool, force: bool) -> None:
     """Build a serving bundle for MODEL (a preset name or a local HF model directory). Served: plain fp32/fp16/bf16
     state, and for Mamba-2 also stochastic rounding and dual mode with an fp32/fp16/bf16 master; other state options
-    are checked, then refused (exit status 1). --spec-tokens: MTP speculative decoding, verified by the module in
-    Mamba-2 and GDN models (docs/serving.md)."""
+    are checked, then refused (exit status 1). --spec-tokens: MTP speculative decoding, verified by the module
+    (docs/serving.md)."""
     from trtllm_replayssm.serving import bundle, memory_plan, speculative
     from trtllm_replayssm.serving.hf_config import resolve_model
     from trtllm_replayssm.core.targets import resolve_gpu

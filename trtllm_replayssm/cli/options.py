@@ -42,8 +42,7 @@ buffer_len_option = click.option("--buffer-len", "buffer_len", default=16,
 spec_tokens_option = click.option(
     "--spec-tokens", "spec_tokens", default=None, type=int,
     help="Speculative decoding: N draft tokens per verify step (1..7), MTP in the YAML; rings priced for windows of "
-         "N + 1 tokens. The module verifies them in Mamba-2 and GDN models; KDA models run upstream TensorRT-LLM's MTP "
-         "path [default: none].")
+         "N + 1 tokens, verified by the module in every SSM layer [default: none].")
 _STATE_OPTIONS = (
     click.option("--state-format", "--state-dtype", "state_format", default=None, type=click.Choice(STATE_FORMATS),
                  help="Checkpoint format (dual mode: of the read copy) [default: the model's state dtype]."),

@@ -17,7 +17,7 @@ from typing import Callable
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.serving.memory_plan import MemoryPlan
 from trtllm_replayssm.serving.presets import ModelSpec
-from trtllm_replayssm.serving.speculative import served_by, speculative_config, upstream_mtp_hazard
+from trtllm_replayssm.serving.speculative import SERVED_BY, VERIFY_NOTE, speculative_config, upstream_mtp_hazard
 from trtllm_replayssm.serving.trtllm.core import SUPPORTED_TRTLLM_VERSIONS
 
 MANIFEST = "manifest.json"
@@ -62,9 +62,8 @@ def _speculative_dict(spec: ModelSpec, mp: MemoryPlan) -> dict | None:
     and, where upstream's MTP replay is not safe for the model, the hazard; None without speculative decoding."""
     if mp.spec_tokens is None:
         return None
-    by, note = served_by(spec)
     return {"spec_tokens": mp.spec_tokens, "window_tokens": mp.spec_tokens + 1, "ring_len": mp.ring_len,
-            "speculative_config": speculative_config(mp.spec_tokens), "served_by": by, "note": note,
+            "speculative_config": speculative_config(mp.spec_tokens), "served_by": SERVED_BY, "note": VERIFY_NOTE,
             "upstream_mtp_hazard": upstream_mtp_hazard(spec)}
 
 
@@ -162,8 +161,8 @@ def _speculative_yaml(mp: MemoryPlan) -> str:
     body = "".join(f"  {k}: {v}\n" for k, v in speculative_config(mp.spec_tokens).items())
     return (f"# MTP with {mp.spec_tokens} draft tokens (verify windows of {mp.spec_tokens + 1}). max_draft_len is the "
             f"draft count in\n# TensorRT-LLM's llm_args.py @00043967, where num_nextn_predict_layers is its deprecated "
-            f"alias; older\n# releases read num_nextn_predict_layers. The module verifies these windows in Mamba-2 "
-            f"and GDN models; KDA\n# models keep upstream kernels (its MTP path) for the whole model.\n"
+            f"alias; older\n# releases read num_nextn_predict_layers. The module verifies these windows in every SSM "
+            f"layer.\n"
             f"speculative_config:\n{body}")
 
 

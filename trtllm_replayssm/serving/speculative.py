@@ -1,6 +1,6 @@
 """Speculative decoding (MTP) in a serving bundle: the draft-token count, the ring a window needs, the
-``speculative_config`` TensorRT-LLM reads, and who serves it: the module's MTP verify in Mamba-2 and GDN models,
-upstream's MTP path in KDA models and wherever the module refuses the configuration at start-up.
+``speculative_config`` TensorRT-LLM reads, and who serves it: the module's MTP verify, or upstream's MTP path
+wherever the module refuses the configuration at start-up.
 
 Upstream (TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py`` @00043967): ``MTPDecodingConfig`` has
 ``decoding_type: Literal["MTP"]``; the draft count is ``DecodingBaseConfig.max_draft_len`` (> 0 for MTP), and a
@@ -23,24 +23,12 @@ from trtllm_replayssm.serving.presets import ModelSpec
 MAX_SPEC_TOKENS = 7  # windows of T = N + 1 <= 8 tokens (issue 24's verify bound)
 TMA_TILE_ROWS = 32  # row tile of upstream's TMA state stores in its Mamba-2 MTP replay (issue 24)
 ALLOW_FLAG = "--allow-upstream-mtp"
-SPECULATIVE_FAMILIES = ("mamba2", "gdn")  # whose MTP verify the TensorRT-LLM module takes over
-
+SERVED_BY = "ReplaySSM MTP verify"  # the manifest's speculative.served_by
 VERIFY_NOTE = ("the module verifies each MTP window from checkpoint + ring in every SSM layer (no per-draft "
                "state) and commits the accepted counts in place of TensorRT-LLM's update_mamba_states; a configuration "
                "it refuses at start-up (logged: another decoding type, a draft count other than the bundle's, "
                "TensorRT-LLM's own MTP replay switched on, ...) runs upstream's MTP path in every SSM layer. Not yet "
                "run inside TensorRT-LLM")
-FALLBACK_NOTE = ("speculative decoding runs upstream TensorRT-LLM's MTP path: at start-up the module sees "
-                 "speculative_config, logs one warning and keeps upstream kernels in every SSM layer (ReplaySSM off "
-                 "for the whole model) until our verify is hooked for this family; the rings priced for windows of T "
-                 "tokens are not allocated meanwhile")
-
-
-def served_by(spec: ModelSpec) -> tuple[str, str]:
-    """Who serves ``spec``'s speculative decoding in TensorRT-LLM, and the note that says how."""
-    if spec.family in SPECULATIVE_FAMILIES:
-        return "ReplaySSM MTP verify", VERIFY_NOTE
-    return "upstream MTP", FALLBACK_NOTE
 
 
 def check_spec_tokens(spec_tokens: int | None) -> int | None:

@@ -14,7 +14,6 @@ import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.reference import gdn as gdn_ref
-from trtllm_replayssm.serving.speculative import SPECULATIVE_FAMILIES
 
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
@@ -149,15 +148,12 @@ def refusals_from_llm_args(llm_args: Any) -> list[str]:
 def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None, stored_state: bool,
                          stochastic_rounding: bool) -> list[str]:
     """Why ReplaySSM cannot serve the speculative decoding the model's ``spec_config`` configures (None: none), one
-    line each: it verifies linear MTP windows of Mamba-2 and GDN models, with the draft count the bundle's rings were
-    sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
+    line each: it verifies linear MTP windows (``family``: the model's SSM family), with the draft count the bundle's
+    rings were sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
     stochastic rounding, through the calls it hooks."""
     if spec_config is None:
         return []
     reasons = []
-    if family not in SPECULATIVE_FAMILIES:
-        reasons.append(f"speculative decoding is configured: ReplaySSM verifies MTP windows of "
-                       f"{' and '.join(SPECULATIVE_FAMILIES)} models, not yet of {family} layers")
     decoding = getattr(spec_config, "decoding_type", "MTP")
     if decoding != "MTP":
         reasons.append(f"speculative_config.decoding_type is {decoding!r}: ReplaySSM verifies MTP windows only")
@@ -184,11 +180,13 @@ def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int 
     return reasons
 
 
-def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculative: bool = False) -> list[str]:
+def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculative: bool = False,
+                                layer_cache: Any = None) -> list[str]:
     """What the live cache manager (``attn_metadata.kv_cache_manager``) and beam width show that ReplaySSM cannot
     serve yet, one line each (checked on the first forward, an eager warm-up step). ``speculative``: the model
     verifies MTP windows (speculative_refusals passed), which needs the Python Mamba cache's speculative state
-    without TensorRT-LLM's own MTP replay."""
+    without TensorRT-LLM's own MTP replay; ``layer_cache``: the manager's ``mamba_layer_cache`` of one of the
+    model's SSM layers, whose per-draft conv windows the commit copies."""
     reasons = []
     if getattr(kv_cache_manager, "enable_block_reuse", False):
         reasons.append("kv_cache_config.enable_block_reuse is true: prefix-cache blocks would hold a checkpoint, "
@@ -213,6 +211,12 @@ def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculat
                    for name in ("mamba_layer_cache", "update_mamba_states")):
             reasons.append("the cache manager has no mamba_layer_cache / update_mamba_states (the Python Mamba "
                            "cache's speculative state, which MTP verify needs)")
+        if getattr(layer_cache, "has_kda_replay_caches", False):
+            reasons.append("the cache manager keeps TensorRT-LLM's KDA replay caches (its fused KDA MTP verify) "
+                           "instead of the per-draft conv windows the module's commit reads")
+        elif layer_cache is not None and getattr(layer_cache, "intermediate_conv_window", None) is None:
+            reasons.append("the cache manager's layer cache has no intermediate_conv_window: the module's commit "
+                           "takes each row's conv state from it")
     if beam_width > 1:
         reasons.append(f"beam width {beam_width}: beams share one SSM slot per request")
     return reasons
@@ -236,16 +240,28 @@ def gdn_split_qkv(mixed_qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, nu
     return q, k, v
 
 
-def gdn_split_windows(mixed_qkv: torch.Tensor, num_decodes: int, window: int, num_k_heads: int, head_k_dim: int,
-                      num_v_heads: int, head_v_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views ``q, k [n, T, H, K]``, ``v [n, T, HV, V]`` of the post-conv projection of ``n = num_decodes`` MTP verify
-    windows of ``T = window`` tokens, ``[n * T, 2HK + HV V]`` with each decode row's tokens adjacent (TensorRT-LLM's
-    layout of a verify batch)."""
-    if num_decodes < 1 or window < 1 or mixed_qkv.dim() != 2 or mixed_qkv.shape[0] != num_decodes * window:
-        raise ValueError(f"mixed_qkv: expected {num_decodes} windows of {window} tokens, [{num_decodes * window}, "
-                         f"width], got shape {tuple(mixed_qkv.shape)}")
-    q, k, v = gdn_split_qkv(mixed_qkv, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-    return tuple(t.unflatten(0, (num_decodes, window)) for t in (q, k, v))
+def as_windows(num_decodes: int, window: int, **tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Views ``[n, T, ...]`` of the per-token tensors ``tokens`` (``[n * T, ...]``, in the order given) of
+    ``n = num_decodes`` MTP verify windows of ``T = window`` tokens, each decode row's tokens adjacent (TensorRT-LLM's
+    layout of a verify batch); a ValueError names the tensor that does not hold ``n * T`` tokens."""
+    for name, t in tokens.items():
+        if num_decodes < 1 or window < 1 or t.dim() < 1 or t.shape[0] != num_decodes * window:
+            raise ValueError(f"{name}: expected {num_decodes} windows of {window} tokens, [{num_decodes * window}, "
+                             f"...], got shape {tuple(t.shape)}")
+    return tuple(t.unflatten(0, (num_decodes, window)) for t in tokens.values())
+
+
+def check_verify_call(family: str, verify: bool, window: int) -> None:
+    """RuntimeError unless a mixer call of ``family`` is a verify (``verify``) exactly when the model verifies MTP
+    windows (``window`` > 1, ``ModelReplayCache.window``): an MTP slot's cursor holds the speculative word, which only
+    the verify op reads, and a model without MTP windows has no rings for them."""
+    if verify == (window > 1):
+        return
+    call = "an MTP verify" if verify else "a single-token decode"
+    model = "does not verify MTP windows" if verify else "verifies MTP windows"
+    raise RuntimeError(f"trtllm-replayssm: {call} of a {family} layer in a model that {model}: this TensorRT-LLM "
+                       "decodes in a way the module does not support (TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream "
+                       "kernels)")
 
 
 # forward_extend keywords that describe the decode rows; the prefill-only call drops or empties them

@@ -106,8 +106,10 @@ class ReplayModel:
             self.checked = True
             manager = getattr(attn_metadata, "kv_cache_manager", None)
             speculative = self.cache.window > 1
+            layer_cache = (manager.mamba_layer_cache(self.cache.layer_ids[0])
+                           if speculative and callable(getattr(manager, "mamba_layer_cache", None)) else None)
             reasons = refusals_from_cache_manager(manager, int(getattr(attn_metadata, "beam_width", 1) or 1),
-                                                  speculative)
+                                                  speculative, layer_cache)
             if reasons:
                 self.uninstall(reasons)
             elif speculative:

@@ -24,7 +24,8 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   ``ModelReplayCache.verify``; the commit is the cache manager's ``update_mamba_states``, taken over as for Mamba-2.
 * KDA (Kimi-Linear, where TensorRT-LLM has it): ``KimiKDALinearAttention.forward_decode`` (the decode rows of every
   batch) is overridden: upstream's projections, conv update on the packed ``[slots, 3D, W-1]`` pool,
-  ``ops.kda.replay_decode``, upstream's output gate.
+  ``ops.kda.replay_decode``, upstream's output gate. With MTP, ``forward_verify`` likewise: the verify conv that
+  leaves each token's window in the layer cache's ``intermediate_conv_window``, then ``ModelReplayCache.verify``.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, gdn_materialize_slots, gdn_prefill_kwargs,
-                                                  gdn_split_qkv, gdn_split_windows, is_single_token_decode,
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_verify_call, gdn_materialize_slots,
+                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
                                                   kda_packed_conv_weight, kda_split_qkv, per_head,
                                                   refusals_from_llm_args, replay_disabled, speculative_refusals,
@@ -149,7 +150,7 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
                        spec_metadata: Any = None, intermediate_conv_states: Any = None,
                        intermediate_ssm_states: Any = None, is_target_verify: bool = False,
                        output: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-        self._rs_check_verify(is_target_verify)
+        check_verify_call("GDN", is_target_verify, self._rs_cache.window)
         if is_target_verify:
             n = kwargs["num_decodes"]
             return self._rs_verify(conv_states, ssm_states, intermediate_conv_states, kwargs["mixed_qkv"], kwargs["a"],
@@ -173,7 +174,7 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
                        is_target_verify: bool = False, output: torch.Tensor | None = None,
                        **kwargs: Any) -> torch.Tensor:
         if kwargs["num_decodes"]:
-            self._rs_check_verify(is_target_verify)
+            check_verify_call("GDN", is_target_verify, self._rs_cache.window)
         if not (is_target_verify and kwargs["num_decode_tokens"]):
             return super().forward_extend(conv_states, ssm_states, spec_metadata=spec_metadata,
                                           intermediate_conv_states=intermediate_conv_states,
@@ -191,13 +192,6 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
                         output[:, p:])
         return output
 
-    def _rs_check_verify(self, is_target_verify: bool) -> None:
-        if is_target_verify != (self._rs_cache.window > 1):
-            raise RuntimeError(f"trtllm-replayssm: a GDN decode step with is_target_verify={is_target_verify} in a "
-                               f"model that {'verifies' if self._rs_cache.window > 1 else 'does not verify'} MTP "
-                               "windows: this TensorRT-LLM decodes in a way the module does not support "
-                               "(TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
-
     def _rs_verify(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, conv_windows: torch.Tensor,
                    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, num_decodes: int,
                    window: int, output: torch.Tensor | None) -> torch.Tensor:
@@ -209,19 +203,18 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         x = causal_conv1d_update_triton(x, conv_states, self.conv1d.weight, self.conv1d.bias, self.activation,
                                         conv_state_indices=slots, intermediate_conv_window=conv_windows,
                                         intermediate_state_indices=rows)
-        q, k, v = gdn_split_windows(x.transpose(1, 2).reshape(num_decodes * window, -1), num_decodes, window,
-                                    self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
-                                    self.head_v_dim)
+        q, k, v = gdn_split_qkv(x.transpose(1, 2).reshape(num_decodes * window, -1), self.num_k_heads_per_tp,
+                                self.head_k_dim, self.num_v_heads_per_tp, self.head_v_dim)
+        q, k, v, a, b = as_windows(num_decodes, window, q=q, k=k, v=v, a=a, b=b)
         shape = (num_decodes, window, self.num_v_heads_per_tp, self.head_v_dim)
         out = output.view(shape) if output is not None else v.new_empty(shape)
-        self._rs_cache.verify(self.layer_idx, ssm_states, slots, q, k, v, a.reshape(num_decodes, window, -1),
-                              b.reshape(num_decodes, window, -1), self.A_log, self.dt_bias, out=out)
+        self._rs_cache.verify(self.layer_idx, ssm_states, slots, q, k, v, a, b, self.A_log, self.dt_bias, out=out)
         return out.view(1, num_decodes * window, *shape[2:])
 
 
 if KimiKDALinearAttention is not None:
     class ReplayKimiKDA(KimiKDALinearAttention):
-        """KimiKDALinearAttention whose plain (non-speculative) decode is ReplaySSM."""
+        """KimiKDALinearAttention whose decode (and, with MTP, verify) is ReplaySSM."""
 
         def _rs_num_k_heads(self) -> int:
             return self.num_heads
@@ -257,6 +250,7 @@ if KimiKDALinearAttention is not None:
                            slot_indices: torch.Tensor, mamba_metadata: Any = None, layer_cache: Any = None,
                            ssm_state_indices: torch.Tensor | None = None,
                            output: torch.Tensor | None = None) -> torch.Tensor:
+            check_verify_call("KDA", False, self._rs_cache.window)
             kda_check_conv_pool(conv_pool, self.proj_size, self.conv_size)
             a_log, dt_bias, conv_w = self._rs_params()
             mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
@@ -272,6 +266,31 @@ if KimiKDALinearAttention is not None:
                               pad_slot_id=PAD_SLOT_ID, out=o, mode="auto")
             # [B, 1, hidden], as upstream's decode fallback passes it
             return self._store_core(self._output_gate(x2d.unsqueeze(1), o), output)
+
+        def forward_verify(self, x2d: torch.Tensor, num_steps: int, layer_cache: Any, conv_pool: torch.Tensor,
+                           ssm_pool: torch.Tensor, slot_indices: torch.Tensor,
+                           output: torch.Tensor | None = None) -> torch.Tensor:
+            """MTP verify of the generation rows' windows of ``num_steps`` tokens: upstream's projections, upstream's
+            verify conv on the packed pool (row r's conv window after token t left in the manager's
+            ``intermediate_conv_window[r, t]`` for the commit), ``ModelReplayCache.verify``, upstream's output gate."""
+            check_verify_call("KDA", True, self._rs_cache.window)
+            kda_check_conv_pool(conv_pool, self.proj_size, self.conv_size)
+            a_log, dt_bias, conv_w = self._rs_params()
+            n = x2d.shape[0] // num_steps
+            mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
+            mixed = causal_conv1d_update_triton(
+                mixed.view(n, num_steps, -1).transpose(1, 2), conv_pool, conv_w, None, "silu",
+                conv_state_indices=slot_indices, intermediate_conv_window=layer_cache.intermediate_conv_window,
+                intermediate_state_indices=torch.arange(n, dtype=torch.int32, device=x2d.device))
+            q, k, v = kda_split_qkv(mixed.transpose(1, 2).reshape(n * num_steps, -1), self.num_heads, self.head_dim)
+            g, beta = kda_gate_inputs(self.f_b_proj(self.f_a_proj(x2d)), self.b_proj(x2d), self.num_heads,
+                                      self.head_dim)
+            q, k, v, g, beta = as_windows(n, num_steps, q=q, k=k, v=v, g=g, beta=beta)
+            o = v.new_empty(v.shape)
+            self._rs_cache.verify(self.layer_idx, ssm_pool, slot_indices, q, k, v, g, beta, a_log, dt_bias,
+                                  lower_bound=self.gate_lower_bound, scale=self.head_k_dim ** -0.5, out=o)
+            return self._store_core(self._output_gate(x2d.view(n, num_steps, -1), o), output)
+
 
 
 # ---------------------------------------------------------------------------------------------------- models
