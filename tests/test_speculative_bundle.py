@@ -1,6 +1,6 @@
 """`build --spec-tokens N`: the YAML's MTP speculative_config, rings priced for windows of N + 1 tokens, the
-manifest and `inspect` saying who serves it (the module's verify, or upstream's MTP path), bad values, and the refusal where upstream's
-Mamba-2 MTP replay corrupts state (head_dim 80). Nothing here runs TensorRT-LLM."""
+manifest and `inspect` saying who serves it, bad values, and the refusal where upstream's Mamba-2 MTP replay (what
+serves a configuration the module refuses) corrupts state (head_dim 80). Nothing here runs TensorRT-LLM."""
 import json
 
 import pytest

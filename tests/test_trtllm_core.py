@@ -4,9 +4,9 @@ import torch
 
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
                                                   commit_conv_windows, decode_slot_ids, gdn_materialize_slots,
-                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
-                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv, per_head,
-                                                  split_batch)
+                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode,
+                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
+                                                  kda_packed_conv_weight, kda_split_qkv, per_head, split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 

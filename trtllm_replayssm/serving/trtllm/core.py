@@ -148,9 +148,9 @@ def refusals_from_llm_args(llm_args: Any) -> list[str]:
 def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None, stored_state: bool,
                          stochastic_rounding: bool) -> list[str]:
     """Why ReplaySSM cannot serve the speculative decoding the model's ``spec_config`` configures (None: none), one
-    line each: it verifies linear MTP windows (``family``: the model's SSM family), with the draft count the bundle's
-    rings were sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain checkpoints and no
-    stochastic rounding, through the calls it hooks."""
+    line each: it verifies linear MTP windows (``family``: the model's SSM family), with the draft count the
+    bundle's rings were sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain
+    checkpoints and no stochastic rounding, through the calls it hooks."""
     if spec_config is None:
         return []
     reasons = []
