@@ -40,7 +40,8 @@ def _found(value: object, depth: int = 0) -> Iterator[SSMDims | StateSpec]:
 
 def gpu_test_kernel_configs(modules: tuple[str, ...] = GPU_TEST_MODULES) -> list[KernelConfig]:
     """The modules of each test module's dims x (its specs and fp32), bf16 activations."""
-    sys.path.insert(0, str(TESTS))
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     configs = []
     for name in modules:
         dims, specs = set(), {state_spec("fp32")}

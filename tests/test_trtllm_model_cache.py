@@ -108,6 +108,21 @@ def test_decode_slots_once_per_step_and_only_inside_one():
     assert cache.decode_slots(torch.tensor([0, 1, 2], dtype=torch.int32)).tolist() == [0, 1, 2]
 
 
+def test_decode_rows_are_views_of_one_buffer():
+    pool = _unified()
+    cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="before any layer bound"):
+        cache.decode_rows(1)
+    state = pool.get_ssm_states(2)
+    cache.layer(2, state)
+    rows = cache.decode_rows(3)
+    assert rows.tolist() == [0, 1, 2] and rows.dtype == torch.int32
+    assert cache.decode_rows(5).data_ptr() == rows.data_ptr()  # no allocation per call
+    for bad in (0, state.shape[0] + 1):
+        with pytest.raises(ValueError, match="num_decodes: expected 1 to"):
+            cache.decode_rows(bad)
+
+
 # ---------------------------------------------------------------------------------------------------- the swap
 class Upstream(torch.nn.Module):
     def __init__(self, layer_idx):

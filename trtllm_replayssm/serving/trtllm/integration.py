@@ -66,6 +66,18 @@ _log = logging.getLogger("trtllm_replayssm")
 _SSU_ATTRS = ("selective_state_update_func", "_stp_ssu_func")
 
 
+def _verify_conv(cache: Any, mixed: torch.Tensor, num_decodes: int, window: int, conv_states: torch.Tensor,
+                 weight: torch.Tensor, bias: torch.Tensor | None, activation: str, slots: torch.Tensor,
+                 conv_windows: torch.Tensor) -> torch.Tensor:
+    """Upstream's verify conv of ``num_decodes`` windows of ``window`` tokens (``mixed [n * T, C]``, each row's tokens
+    adjacent), which leaves row r's conv window after token t in ``conv_windows[r, t]`` for the commit; returns the
+    activations ``[n * T, C]``."""
+    x = causal_conv1d_update_triton(mixed.reshape(num_decodes, window, -1).transpose(1, 2), conv_states, weight, bias,
+                                    activation, conv_state_indices=slots, intermediate_conv_window=conv_windows,
+                                    intermediate_state_indices=cache.decode_rows(num_decodes))
+    return x.transpose(1, 2).reshape(num_decodes * window, -1)
+
+
 class ReplayMamba2Mixer(Mamba2Mixer):
     """Mamba2Mixer whose single-token decode SSU is ReplaySSM."""
 
@@ -198,13 +210,10 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         """The verify of ``num_decodes`` windows of ``window`` tokens (rows' tokens adjacent): upstream's verify conv,
         which leaves row r's conv window after token t in ``conv_windows[r, t]`` for the commit, then
         ``ModelReplayCache.verify``. Returns ``[1, num_decodes * window, HV, V]`` (``output`` when given)."""
-        rows = torch.arange(num_decodes, dtype=torch.int32, device=slots.device)
-        x = mixed_qkv.reshape(num_decodes, window, -1).transpose(1, 2)
-        x = causal_conv1d_update_triton(x, conv_states, self.conv1d.weight, self.conv1d.bias, self.activation,
-                                        conv_state_indices=slots, intermediate_conv_window=conv_windows,
-                                        intermediate_state_indices=rows)
-        q, k, v = gdn_split_qkv(x.transpose(1, 2).reshape(num_decodes * window, -1), self.num_k_heads_per_tp,
-                                self.head_k_dim, self.num_v_heads_per_tp, self.head_v_dim)
+        mixed = _verify_conv(self._rs_cache, mixed_qkv, num_decodes, window, conv_states, self.conv1d.weight,
+                             self.conv1d.bias, self.activation, slots, conv_windows)
+        q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
+                                self.head_v_dim)
         q, k, v, a, b = as_windows(num_decodes, window, q=q, k=k, v=v, a=a, b=b)
         shape = (num_decodes, window, self.num_v_heads_per_tp, self.head_v_dim)
         out = output.view(shape) if output is not None else v.new_empty(shape)
@@ -277,12 +286,11 @@ if KimiKDALinearAttention is not None:
             kda_check_conv_pool(conv_pool, self.proj_size, self.conv_size)
             a_log, dt_bias, conv_w = self._rs_params()
             n = x2d.shape[0] // num_steps
-            mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
-            mixed = causal_conv1d_update_triton(
-                mixed.view(n, num_steps, -1).transpose(1, 2), conv_pool, conv_w, None, "silu",
-                conv_state_indices=slot_indices, intermediate_conv_window=layer_cache.intermediate_conv_window,
-                intermediate_state_indices=torch.arange(n, dtype=torch.int32, device=x2d.device))
-            q, k, v = kda_split_qkv(mixed.transpose(1, 2).reshape(n * num_steps, -1), self.num_heads, self.head_dim)
+            mixed = _verify_conv(self._rs_cache,
+                                 torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1), n,
+                                 num_steps, conv_pool, conv_w, None, "silu", slot_indices,
+                                 layer_cache.intermediate_conv_window)
+            q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
             g, beta = kda_gate_inputs(self.f_b_proj(self.f_a_proj(x2d)), self.b_proj(x2d), self.num_heads,
                                       self.head_dim)
             q, k, v, g, beta = as_windows(n, num_steps, q=q, k=k, v=v, g=g, beta=beta)

@@ -104,6 +104,7 @@ class ModelReplayCache:
         self._pools: dict[int, PoolKey] = {}
         self._in_step = self._handed_off = False
         self._step_slots: torch.Tensor | None = None
+        self._row_ids: torch.Tensor | None = None  # 0 .. slots - 1 (int32), allocated with the rings
 
     # ------------------------------------------------------------------ binding
     def layer(self, layer_id: int, state: torch.Tensor):
@@ -132,6 +133,7 @@ class ModelReplayCache:
         self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.ring_len,
                                            state_dtype=self.state or state.dtype, act_dtype=self.act_dtype,
                                            device=state.device, checkpoints=False)
+        self._row_ids = torch.arange(state.shape[0], dtype=torch.int32, device=state.device)
         self._pools.clear()
         self.binds += 1
         gib, slots = self.ring_bytes() / (1 << 30), state.shape[0]
@@ -198,6 +200,17 @@ class ModelReplayCache:
         return self._step_slots
 
     # ------------------------------------------------------------------ speculative decoding
+    def decode_rows(self, num_decodes: int) -> torch.Tensor:
+        """``0 .. num_decodes - 1`` (int32, a view of a buffer allocated with the rings): the batch-row indices of
+        the decode rows' per-draft buffers (``intermediate_state_indices`` of upstream's verify conv), without an
+        allocation or a launch per layer."""
+        if self._row_ids is None:
+            raise RuntimeError("trtllm-replayssm: decode_rows before any layer bound the rings")
+        if not 0 < num_decodes <= self._row_ids.shape[0]:
+            raise ValueError(f"num_decodes: expected 1 to {self._row_ids.shape[0]} decode rows (the pool's slots), "
+                             f"got {num_decodes}")
+        return self._row_ids[:num_decodes]
+
     def verify(self, layer_id: int, state: torch.Tensor, decode_state_indices: torch.Tensor, *step_args: object,
                out: torch.Tensor, **step_kwargs: object) -> torch.Tensor:
         """A verify of the decode rows' windows on layer ``layer_id`` with this call's ``state`` view: the family's
