@@ -100,16 +100,19 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // Launch bounds. The state kernels of stored modules, and on sm_100 and later every state kernel, ask for one CTA per
 // SM at least (without a minimum ptxas gives some of them few registers and spills). On sm_90 the plain baseline and
 // flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers (ptxas chose
-// 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles). A replay main kernel with
-// stochastic rounding and a read copy runs 2 CTAs per SM (at 3 its registers spill), a stored checkpoint's of
+// 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles), but the GDN flush kernel of 32 elements per thread
+// 6 (with the programmatic prologue it spilled at 64 registers). A replay main kernel with stochastic rounding and a
+// read copy runs 2 CTAs per SM (at 3 its registers spill), a stored checkpoint's of
 // whole-head 128-row tiles 2 on sm_90 and 1 on sm_100 and later, whatever its rounding (asked for 2 there, ptxas kept
 // the KDA kernel with an FP8 read copy beside an fp32 master at 168 registers and spilled); core/plans.py
 // replay_tuning and core/ops/delta.py whole_head_tuning, applied after it, mirror them.
 #if __CUDA_ARCH__ >= 1000
 constexpr int kStateMinBlocks = 1;
+constexpr int kFlushMinBlocks = 1;
 constexpr int kFusedMinBlocks = 1;
 #else
 constexpr int kStateMinBlocks = kStored ? 1 : (kRows * kEpl <= (kPerChannel ? 16 : 32) ? 8 : 0);
+constexpr int kFlushMinBlocks = kStateMinBlocks == 8 && kRows * kEpl > 16 ? 6 : kStateMinBlocks;
 constexpr int kFusedMinBlocks = kStored ? 1 : 0;
 #endif
 #if __CUDA_ARCH__ >= 1000
@@ -519,6 +522,31 @@ __device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int h
   rssm::cp_async_commit();
 }
 
+// A state kernel's L2 hints before it waits for the kernel before it (rssm::guessed_slot): each warp's checkpoint rows
+// (a one-launch replay in dual mode: the read copy's too), the cursor, and for the one-launch replay the ring records
+// stage_ring copies (keys and GDN gates by warps 1 and 2, u rows by warp 3).
+template <StepKind kKind>
+__device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at) {
+  const int slot = rssm::guessed_slot(p.slot_idx, at.b, p.pad_slot_id, p.slots);
+  if (slot == p.pad_slot_id) return;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int hv = at.hv, row = at.row0 + warp * kRows;
+  master_rows(p, slot, hv, row).prefetch_l2(kRows);
+  if constexpr (kKind == StepKind::kBaseline) return;
+  if constexpr (kKind == StepKind::kFused && kDual) nonflush_rows(p, slot, hv, row).prefetch_l2(kRows);
+  if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.cursor + slot));
+  if constexpr (kKind == StepKind::kFused) {
+    const int n = p.L - 1, h = hv / (p.num_v_heads / p.num_k_heads);
+    if (warp == 1)
+      rssm::prefetch_l2(static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head,
+                        n * kK * int(sizeof(kring_t)));
+    if (!kPerChannel && warp == 2) rssm::prefetch_l2(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head, n * 4);
+    if (warp == 3 && lane < n)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot +
+                                                    hv * p.s_ur_head + (long long)lane * kV + at.row0));
+  }
+}
+
 // One decode step of a CTA's row tile `at`, the state read once into registers (StepKind; kApart: at cursor
 // `apart_w`).
 template <StepKind kKind>
@@ -526,6 +554,10 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
                                            int apart_w = 0) {
   constexpr bool kApart = kKind == StepKind::kApart;
   constexpr bool kReplay = kKind != StepKind::kBaseline && !kApart, kFused = kKind == StepKind::kFused;
+  if constexpr (!kApart) {  // a programmatic state kernel (the flush-rows kernel has waited in for_each_flush_item)
+    prefetch_step<kKind>(p, at);
+    rssm::wait_previous_grid();
+  }
   const int b = at.b;
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   const int hv = at.hv, group = p.num_v_heads / p.num_k_heads, h = hv / group;
@@ -601,11 +633,10 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       __syncthreads();  // every thread has read the cursor
     }
   };
-  // The flush kernel's fold of a pending ring goes before the token's input loads for GDN and after them for KDA: the
-  // faster order for each at batch 1-8 on the H200 (docs/decisions.md, flush order in the flush kernel). The
-  // one-launch replay folds (a flush) or computes its ring coefficients (otherwise) after them: its inputs load while
-  // the staged ring lands.
-  constexpr bool kFoldFirst = (kKind == StepKind::kFlush || kApart) && !kPerChannel;
+  // The flush kernel folds a pending ring after the token's input loads (docs/decisions.md, flush order in the flush
+  // kernel), the GDN flush-rows kernel before them. The one-launch replay folds (a flush) or computes its ring
+  // coefficients (otherwise) after them: its inputs load while the staged ring lands.
+  constexpr bool kFoldFirst = kApart && !kPerChannel;
   if constexpr (kFoldFirst) fold_pending_ring();
 
   float qn[kEpl], kn[kEpl];
@@ -718,7 +749,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 }
 
 // Adaptive small-batch mode: every row flushes; with an empty ring (the steady state) this is the baseline step.
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFlushMinBlocks)
     delta_flush_decode_kernel(const DeltaParams p) {
   delta_step<StepKind::kFlush>(p, nullptr, grid_tile());
 }

@@ -384,6 +384,32 @@ __device__ __forceinline__ void stage_fold_weights(float d, float a, int w, int 
   if (lane == 0) s_decay = decay;
 }
 
+// A state kernel's start (the baseline, flush and one-launch replay kernels; rssm::wait_previous_grid): L2 hints for
+// the guessed slot (rssm::guessed_slot), each warp's checkpoint rows (a one-launch replay in dual mode: the read
+// copy's too), with kCursor the cursor, with kRing the ring records the one-launch replay stages (B of the group by
+// warp 1, Δ by warp 2, the tile's x rows by warp 3), then the wait for the kernel before.
+template <bool kCursor, bool kRing>
+__device__ __forceinline__ void begin_state_kernel(const Mamba2Params& p) {
+  const int slot = rssm::guessed_slot(p.slot_idx, blockIdx.z, p.pad_slot_id, p.slots);
+  if (slot != p.pad_slot_id) {
+    const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+    const int head = blockIdx.y, row0 = blockIdx.x * PT;
+    master_rows(p, slot, head, row0 + warp * kRowsPerWarp).prefetch_l2(kRowsPerWarp);
+    if constexpr (kRing && kDual) read_rows(p, slot, head, row0 + warp * kRowsPerWarp).prefetch_l2(kRowsPerWarp);
+    if (kCursor && threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.cursor + slot));
+    if constexpr (kRing) {
+      const int n = p.L - 1, group = head / (p.nheads / p.ngroups);
+      if (warp == 1)
+        rssm::prefetch_l2(static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group,
+                          n * N * int(sizeof(act_t)));
+      if (warp == 2) rssm::prefetch_l2(p.dt_ring + slot * p.s_dtr_slot + head * p.s_dtr_head, n * 4);
+      if (warp == 3 && lane < n)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(x_ring_at(p, slot, head) + (long long)lane * P + row0));
+    }
+  }
+  rssm::wait_previous_grid();
+}
+
 }  // namespace
 
 #if PT <= P  // the state kernels (a tile within one head); a module with PT > P holds the replay kernels only
@@ -392,6 +418,7 @@ __device__ __forceinline__ void stage_fold_weights(float d, float a, int w, int 
 // ids cost up to 18% at batch 256 (docs/decisions.md, rows a step skips).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     mamba2_state_update_kernel(const Mamba2Params p) {
+  begin_state_kernel<false, false>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
@@ -405,6 +432,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 // a row that still holds ring entries (after a switch from replay) folds them first and resets its cursor.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     mamba2_flush_decode_kernel(const Mamba2Params p) {
+  begin_state_kernel<true, false>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;
@@ -455,6 +483,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
   __shared__ float s_w[rssm::kMaxL];
   __shared__ float s_decay;
   __shared__ OutStage st;
+  begin_state_kernel<true, true>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
   RawTile raw;

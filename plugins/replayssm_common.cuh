@@ -237,6 +237,31 @@ __device__ __forceinline__ int row_slot(const int* slot_idx, int b, int pad_slot
   return checked_slot(slot_idx[b], pad_slot_id, slots);
 }
 
+// Warp-collective L2 prefetch of `bytes` from `src` (one 128-byte line per lane and pass): a hint for global loads
+// to come (a persistent producer's for a flush tile's fold; a programmatic state kernel's before its wait).
+__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
+  for (int off = (threadIdx.x % kWarpSize) * 128; off < bytes; off += kWarpSize * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
+}
+
+// Programmatic state kernels (the baseline, flush and one-launch replay kernels; LaunchPlan.programmatic): launched
+// as programmatic dependents of the kernel before them, they may start while it runs. Until `griddepcontrol.wait`
+// they use nothing that kernel may write: `guessed_slot` reads row b's slot id around L1 (it may be stale or torn;
+// checked_slot bounds it) only to ask L2 for the lines the CTA will load from that slot, hints that a wrong guess
+// merely wastes. Then `wait_previous_grid` waits for the kernel before (its writes are visible after the wait) and
+// lets the next kernel launch (only after the wait, so that at most one grid waits). Launched plainly, the wait
+// returns at once.
+__device__ __forceinline__ int guessed_slot(const int* slot_idx, int b, int pad_slot_id, int slots) {
+  return checked_slot(__ldcg(slot_idx + b), pad_slot_id, slots);
+}
+
+__device__ __forceinline__ void wait_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ bool cursor_in_ring(int w, int L) {
   return static_cast<unsigned>(w) < static_cast<unsigned>(L);
 }
@@ -432,13 +457,6 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_words(void* dst, const void* src, int words) {
   for (int i = threadIdx.x % kWarpSize; i < words; i += kWarpSize)
     cp_async4(static_cast<unsigned*>(dst) + i, static_cast<const unsigned*>(src) + i);
-}
-
-// Warp-collective L2 prefetch of `bytes` from `src` (one 128-byte line per lane and pass): the producer warp's hint
-// for the global loads a flush tile's fold will make.
-__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
-  for (int off = (threadIdx.x % kWarpSize) * 128; off < bytes; off += kWarpSize * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
 }
 
 // 16-byte async copy global -> shared (both 16-byte aligned), cached in L2 only; completes like cp_async4.
@@ -674,8 +692,7 @@ __device__ __forceinline__ void produce_tiles_claiming_tail(TilePipe& pipe, unsi
 // checkpoints and claim counter read or written here), then let the main kernel launch (only after the wait: its
 // producer loads checkpoint tiles before its own wait) and zero its claim counter (one thread of the grid).
 __device__ __forceinline__ void prep_begin(int* claims) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
+  wait_previous_grid();
   if (threadIdx.x + blockIdx.x + blockIdx.y + blockIdx.z == 0) *claims = 0;
 }
 

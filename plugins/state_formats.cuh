@@ -268,6 +268,15 @@ struct Rows {
     return {data + (long long)rows * kDataBytes, block + rows * kBlockBytes, scale + rows};
   }
 
+  // Warp-collective: asks L2 for the lines of rows 0 .. rows-1 (codes; block and row scales of quantized rows).
+  __device__ __forceinline__ void prefetch_l2(int rows) const {
+    rssm::prefetch_l2(data, rows * kDataBytes);
+    if constexpr (FMT != kFmtPlain) {
+      if (threadIdx.x % kWarpSize == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(scale));
+      if constexpr (kBlockBytes > 0) rssm::prefetch_l2(block, rows * kBlockBytes);
+    }
+  }
+
   // Row r's values of this lane, decoded to float.
   __device__ __forceinline__ void decode(int r, int lane, float (&v)[E]) const {
     const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;

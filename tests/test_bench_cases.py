@@ -187,3 +187,24 @@ def test_runner_times_stored_checkpoints(label):
     reasons = {s["impl"]: s["reason"] for s in skipped}
     assert reasons["peers"] == f"no peer adapter times a {label} state"
     assert ("baseline" in reasons) == spec.stochastic_rounding
+
+
+def test_runner_times_each_call_after_a_plain_kernel_and_subtracts_it():
+    """``after_plain_kernel``: every call of the graph follows the neighbour kernel, whose own time (a graph of it
+    alone) is recorded and subtracted."""
+    from trtllm_replayssm.lab.bench import kernels
+
+    graphs = []
+
+    def one_pass(calls, replays):
+        for fn in calls:
+            fn()
+        graphs.append(len(calls))
+        return 3.0 if len(graphs) == 1 else 10.0  # the neighbour alone first, then pairs of launches
+
+    config = kernels.KernelBenchConfig(families=["mamba2"], batches=[2], state_dtypes=["fp32"], buffer_len=4,
+                                       peers=False, after_plain_kernel=True)
+    recs = kernels._run_case(config, TINY["mamba2"], "fp32", 2, 2000.0, 1000, [], CPU, lambda _m: None, one_pass)
+    n = 4 * recs[0].n_pools
+    assert graphs == [n] + [2 * n] * len(recs)
+    assert all(r.neighbour_us == 3.0 and r.median_us == 2 * 10.0 - 3.0 for r in recs)

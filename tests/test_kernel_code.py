@@ -8,7 +8,7 @@ import torch
 
 from trtllm_replayssm.core.jit.compiler import compile_ptx
 from trtllm_replayssm.core.limits import NUM_WARPS
-from trtllm_replayssm.core.ops import delta
+from trtllm_replayssm.core.ops import delta, mamba2
 
 
 def _entry(ptx: str, name: str) -> str:
@@ -26,3 +26,22 @@ def test_delta_state_kernels_store_rows_in_16_byte_vectors(per_channel_gate, row
     for kind in ("state", "flush", "fused"):
         body = _entry(ptx, delta.DECODE_KERNELS[kind])
         assert body.count("st.global.v4.u32") >= rows_per_warp, kind
+
+
+@pytest.mark.parametrize(("family", "config"), [
+    (delta, lambda: delta.kernel_config(False, 128, 128, torch.float32, torch.bfloat16, 16)),
+    (delta, lambda: delta.kernel_config(True, 128, 128, torch.float32, torch.bfloat16, 32)),
+    (mamba2, lambda: mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 8)),
+])
+def test_state_kernels_read_nothing_the_kernel_before_writes_until_they_wait(family, config):
+    """Programmatic state kernels (rssm::wait_previous_grid): before ``griddepcontrol.wait`` the only global load is
+    the guessed slot id, read around L1 (``ld.global.cg``; the rest are prefetch hints), and the next kernel may
+    launch only after the wait."""
+    ptx = compile_ptx(config(), "sm_90a")
+    for kind in ("state", "flush", "fused"):
+        body = _entry(ptx, family.KERNELS[kind])
+        wait = body.index("griddepcontrol.wait")
+        assert body.index("griddepcontrol.launch_dependents") > wait, kind
+        loads = re.findall(r"\bld\.global[.\w]*", body[:wait])
+        assert loads and all(".cg" in load for load in loads), (kind, loads)
+        assert "prefetch.global.L2" in body[:wait], kind

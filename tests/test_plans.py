@@ -47,7 +47,8 @@ def _launches(dims, plan, state_dtype, act_dtype):
     row = dict(config=config.name, shared=0, programmatic=False, stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
     if plan.mode != "replay":
         name = names["state" if plan.mode == "baseline" else "flush"]
-        return [dict(row, kernel=name, grid=list(plan.grid), block=list(launch.STATE_BLOCK))]
+        return [dict(row, kernel=name, grid=list(plan.grid), block=list(launch.STATE_BLOCK),
+                     programmatic=plan.programmatic)]
     prep = dict(row, kernel=names["prep"], grid=list(plan.prep_grid), block=[plan.prep_threads, 1, 1],
                 programmatic=plan.programmatic_prep)
     main = dict(row, kernel=names["main"], grid=list(plan.grid), block=list(launch.PERSISTENT_BLOCK),
@@ -83,7 +84,10 @@ def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
             if plan.rows_per_cta != tile:
                 retiled += 1
                 plan = replace(plan, rows_per_cta=tile, grid=(dims.rows // tile, *plan.grid[1:]))
-        assert _launches(dims, plan, sd, ad) == case["launches"], case
+        expected = case["launches"]
+        if plan.mode != "replay":  # recorded when the state kernels still launched plainly
+            expected = [dict(expected[0], programmatic=True)]
+        assert _launches(dims, plan, sd, ad) == expected, case
     assert moved == MOVED_BY_THE_FP32_CROSSOVERS
     assert retiled == RETILED_BY_THE_DECODE_TILE_RULE
 
@@ -449,3 +453,17 @@ def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
         sr = fam.replay_plan(_layer(dims, parse_state_label("fp8/dual/fp32+sr"), torch.bfloat16, 16, slots=257), 256,
                              "replay", plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=dev)
         assert sr.grid[0] == ctas * dev.sm_count
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"])
+def test_state_kernels_launch_as_programmatic_dependents_unless_tuned_off(model):
+    dims = get_preset(model).ssm_dims
+    family = family_of(dims).name
+    fam = FAMILIES[family]
+    layer = _layer(dims, torch.float32, torch.bfloat16, 16)
+    state = torch.empty(2, dims.heads, dims.rows, dims.cols)
+    for plan in (fam.replay_plan(layer, 8, "flush", device=H200), fam.replay_plan(layer, 8, "fused", device=H200),
+                 fam.state_update_plan(state, 8, torch.bfloat16, device=H200)):
+        assert plan.programmatic and plans.Launch.from_words(plan.words).programmatic
+    plain = fam.replay_plan(layer, 8, "flush", Tuning(programmatic_state=False), device=H200)
+    assert not plain.programmatic and not plans.Launch.from_words(plain.words).programmatic

@@ -82,13 +82,17 @@ def bench_cmd() -> None:
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), show_default=False,
               help="Results JSON [default: benchmarks/results/kernels-<UTC time>.json]; .md and .png written beside.")
 @click.option("--quick", is_flag=True, help="Fewer cases (defaults above) for a smoke run.")
+@click.option("--after-plain-kernel", is_flag=True,
+              help="Each timed call follows a plainly launched elementwise kernel (as a model's conv1d or norm "
+                   "precedes its SSM op); that kernel's own time, timed alone, is subtracted.")
 @click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
               help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
                    "the replay verify against the per-draft-state verify per verify step (commit included), and "
                    "with --peers FlashInfer's checkpointing_ssu and per-draft selective_state_update (Mamba-2); "
                    "every family, one plain state dtype.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: list[str] | None,
-            buffer_len: int, peers: bool, output: Path | None, quick: bool, spec_tokens: list[int] | None) -> None:
+            buffer_len: int, peers: bool, output: Path | None, quick: bool, after_plain_kernel: bool,
+            spec_tokens: list[int] | None) -> None:
     """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
     from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
     from trtllm_replayssm.lab.bench.report import write_reports
@@ -97,12 +101,15 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
     if spec_tokens is not None:
+        if after_plain_kernel:
+            bad_value(ValueError("--after-plain-kernel: not with --spec (the verify benchmark times steps as they are)"))
         _spec_kernels(families, models, batches, state_dtypes or ["fp32"], buffer_len, spec_tokens, peers, output)
         return
     dtypes = state_dtypes or _csv(QUICK_STATE_DTYPES if quick else "fp32,bf16")
     try:
         config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
-                                   batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers)
+                                   batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers,
+                                   after_plain_kernel=after_plain_kernel)
     except ValueError as exc:
         bad_value(exc)
     output = _gpu_run_output("kernels", output, "kernels")

@@ -84,7 +84,8 @@ class Tuning:
     ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``flush_apart``: the persistent
     replay kernel leaves flush rows to a flush-rows kernel launched after it (None: the family's choice for the
     checkpoint spec) on ``flush_ctas_per_sm`` CTAs per SM; ``programmatic_prep``: launch the
-    prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``adaptive_threshold``:
+    prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``programmatic_state``:
+    launch the state kernels (baseline, flush, one-launch replay) as programmatic dependents; ``adaptive_threshold``:
     work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2 speculative verify runs
     its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x SMs)."""
 
@@ -96,6 +97,7 @@ class Tuning:
     flush_apart: bool | None = None
     flush_ctas_per_sm: int = 8
     programmatic_prep: bool | None = None
+    programmatic_state: bool = True
     adaptive_threshold: int | None = None
 
     def __post_init__(self) -> None:
@@ -121,7 +123,9 @@ class LaunchPlan:
     State kernels (fused, flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
     ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
     ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time; with
-    ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs."""
+    ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs. With
+    ``programmatic`` the state kernels launch as programmatic dependents of the kernel before them
+    (rssm::wait_previous_grid)."""
 
     mode: str
     key: tuple
@@ -137,6 +141,7 @@ class LaunchPlan:
     tail_fraction: float | None = None
     num_tiles: int = 0
     flush_ctas: int = 0
+    programmatic: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in PLAN_MODES:
@@ -147,7 +152,7 @@ class LaunchPlan:
         """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
         return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
                 self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
-                self.flush_ctas]
+                self.flush_ctas, int(self.programmatic)]
 
     @property
     def shared_bytes(self) -> int:
@@ -176,14 +181,15 @@ class Launch:
     prep_threads: int
     programmatic_prep: bool
     flush_ctas: int
+    programmatic: bool
 
     @classmethod
     def from_words(cls, words: list[int]) -> "Launch":
         w = list(words)
-        if len(w) != 15:
-            raise ValueError(f"plan: expected 15 words (LaunchPlan.words), got {len(w)}")
+        if len(w) != 16:
+            raise ValueError(f"plan: expected 16 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
-                   bool(w[13]), w[14])
+                   bool(w[13]), w[14], bool(w[15]))
 
 
 # ---------------------------------------------------------------------------------------------- shared steps

@@ -199,7 +199,7 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
     tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
-    return LaunchPlan(mode, key, tile, (V // tile, HV, batch))
+    return LaunchPlan(mode, key, tile, (V // tile, HV, batch), programmatic=tuning.programmatic_state)
 
 
 def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, per_channel_gate: bool, batch: int,

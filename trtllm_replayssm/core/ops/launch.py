@@ -60,15 +60,16 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     carveout), then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold
     buffer and tail start written into ``params``, and, where the plan keeps flush rows apart (``flush_ctas``),
     ``flush_rows`` (a programmatic dependent of the main kernel). Grid: prep where the plan has one
-    (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid."""
+    (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid. The state kernels are
+    programmatic dependents of the kernel before them where the plan says so."""
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
-        launch(function, plan.grid, STATE_BLOCK, params)
+        launch(function, plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
         return
     if plan.mode == "fused":
         function = get_kernel(config, names["fused"], device)
         allow_dynamic_shared(function, plan.fold_bytes)
-        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.fold_bytes)
+        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.fold_bytes, programmatic=plan.programmatic)
         return
     if plan.mode == "grid" and not plan.prep_threads:
         launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)

@@ -156,7 +156,7 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
     tile = state_tile(P, N, batch * H, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
-    return LaunchPlan(mode, key, tile, (P // tile, H, batch))
+    return LaunchPlan(mode, key, tile, (P // tile, H, batch), programmatic=tuning.programmatic_state)
 
 
 @functools.lru_cache(maxsize=None)

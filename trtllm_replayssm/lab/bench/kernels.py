@@ -33,7 +33,9 @@ BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in mod
 
 @dataclass
 class KernelBenchConfig:
-    """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1)."""
+    """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``after_plain_kernel``: every
+    timed call follows a plainly launched elementwise kernel (:func:`plain_neighbour`), as a model's conv1d or norm
+    precedes its SSM op, and that kernel's own time, timed alone, is subtracted."""
 
     families: list[str]
     models: list[str] | None = None
@@ -44,6 +46,7 @@ class KernelBenchConfig:
     peer_impls: tuple[str, ...] | None = None  # the peers to time (None: every peer of each family)
     replays: int = timing.MIN_REPLAYS
     seed: int = 0
+    after_plain_kernel: bool = False
 
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
@@ -85,6 +88,7 @@ class Record:
     state_mode: str = "plain"
     master_format: str | None = None
     stochastic_rounding: bool = False
+    neighbour_us: float | None = None  # after_plain_kernel: the preceding kernel's own µs, subtracted from median_us
 
 
 def _modes(shape: BenchShape, batch: int, state_dtype: StateSpec, buffer_len: int,
@@ -112,11 +116,27 @@ def _finite(outputs: list[torch.Tensor]) -> bool | None:
 Timer = Callable[[list[Callable[[], None]], int], float]  # (calls, replays) -> median µs per call
 
 
-def _time_case(case: PeerCase, steps: int, replays: int, timer: Timer) -> tuple[float, str]:
-    """Median µs per call; with alternatives (e.g. algorithms) the fastest one and its name."""
+def plain_neighbour(batch: int, device: torch.device) -> Callable[[], None]:
+    """An elementwise kernel over a bf16 [batch, 8192] tensor, launched plainly by PyTorch: a stand-in for the kernel
+    a model runs before its SSM op, one that does not let its dependents launch early."""
+    scratch = torch.zeros(batch, 8192, dtype=torch.bfloat16, device=device)
+    return lambda: scratch.add_(1.0)
+
+
+def _after(calls: list[Callable[[], None]], neighbour: Callable[[], None] | None) -> list[Callable[[], None]]:
+    """`calls`, each preceded by `neighbour` (None: as they are)."""
+    return calls if neighbour is None else [fn for call in calls for fn in (neighbour, call)]
+
+
+def _time_case(case: PeerCase, steps: int, replays: int, timer: Timer,
+               neighbour: Callable[[], None] | None = None) -> tuple[float, str]:
+    """Median µs per call, each call after `neighbour` if given (µs per pair of launches); with alternatives (e.g.
+    algorithms) the fastest one and its name."""
+    per = 1 if neighbour is None else 2
     if case.alternatives:
-        return min((timer(_cycle(c, steps), replays), name) for name, c in case.alternatives.items())
-    return timer(_cycle(case.calls, steps), replays), case.variant
+        return min((per * timer(_after(_cycle(c, steps), neighbour), replays), name)
+                   for name, c in case.alternatives.items())
+    return per * timer(_after(_cycle(case.calls, steps), neighbour), replays), case.variant
 
 
 def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = None,
@@ -189,12 +209,15 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
                      if config.peer_impls is None or i in config.peer_impls):
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
                                                                           device)))
+    neighbour = plain_neighbour(batch, device) if config.after_plain_kernel else None
+    neighbour_us = timer([neighbour] * (L * n_pools), config.replays) if neighbour is not None else None
     out: list[Record] = []
     for impl, mode, build in builders:
         where = dict(family=shape.family, model=shape.model, impl=impl, batch=batch, state_dtype=sd, mode=mode)
         try:
             case = build()
-            us, variant = _time_case(case, L, config.replays, timer)
+            us, variant = _time_case(case, L, config.replays, timer, neighbour)
+            us -= neighbour_us or 0.0
         except PeerUnavailable as exc:
             skipped.append({**where, "reason": str(exc)})
             log(f"  skip {impl} {shape.model} {sd} b={batch}: {exc}")
@@ -209,7 +232,8 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
         gbps = nbytes / (us * 1e-6) / 1e9
         rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,
                      mode=mode, resolved_mode=resolved, plan=case.plan, variant=variant, n_pools=n_pools,
-                     calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes, **spec.to_dict())
+                     calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes,
+                     neighbour_us=neighbour_us, **spec.to_dict())
         out.append(rec)
         log(f"  {shape.model:22s} {sd} b={batch:<4d} {impl + ('/' + mode if mode else ''):34s} "
             f"{us:9.2f} us {gbps:7.0f} GB/s {rec.pct_of_copy:5.1f}% of copy")
