@@ -48,13 +48,15 @@ fi
 
 if has tests; then
   # The modules the test files name at module level compile first on every core (tests/test_quantized_gpu.py's 181
-  # took 105 s on the H200 machine's 16 cores); with pytest-xdist (its wheel and execnet's in .whl) the test files then run on
-  # TEST_WORKERS processes, so the modules they compile on first use (NVRTC, one core each) build side by side.
+  # took 105 s on the H200 machine's 16 cores); with pytest-xdist (its wheel and execnet's in .whl) the tests then run on
+  # TEST_WORKERS processes, one test at a time to whichever is free (a file-per-worker split left the quantized file on
+  # one worker), so the modules they compile on first use (NVRTC, one core each) build side by side. The log names
+  # every test (-v), so a run stopped by its time limit still says what passed.
   timeout "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py > "$OUT/precompile.log" 2>&1
   rc=$?; record "precompile test kernels" $rc "$(tail -n 1 "$OUT/precompile.log")"
   workers=()
-  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --dist loadfile)
-  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q "${workers[@]}" -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
+  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --dist load)
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels'" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
 if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)
