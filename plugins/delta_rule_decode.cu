@@ -534,7 +534,7 @@ __device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at)
   master_rows(p, slot, hv, row).prefetch_l2(kRows);
   if constexpr (kKind == StepKind::kBaseline) return;
   if constexpr (kKind == StepKind::kFused && kDual) nonflush_rows(p, slot, hv, row).prefetch_l2(kRows);
-  if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.cursor + slot));
+  if (threadIdx.x == 0) rssm::prefetch_line_l2(p.cursor + slot);
   if constexpr (kKind == StepKind::kFused) {
     const int n = p.L - 1, h = hv / (p.num_v_heads / p.num_k_heads);
     if (warp == 1)
@@ -542,8 +542,8 @@ __device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at)
                         n * kK * int(sizeof(kring_t)));
     if (!kPerChannel && warp == 2) rssm::prefetch_l2(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head, n * 4);
     if (warp == 3 && lane < n)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot +
-                                                    hv * p.s_ur_head + (long long)lane * kV + at.row0));
+      rssm::prefetch_line_l2(static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head +
+                             (long long)lane * kV + at.row0);
   }
 }
 

@@ -396,7 +396,7 @@ __device__ __forceinline__ void begin_state_kernel(const Mamba2Params& p) {
     const int head = blockIdx.y, row0 = blockIdx.x * PT;
     master_rows(p, slot, head, row0 + warp * kRowsPerWarp).prefetch_l2(kRowsPerWarp);
     if constexpr (kRing && kDual) read_rows(p, slot, head, row0 + warp * kRowsPerWarp).prefetch_l2(kRowsPerWarp);
-    if (kCursor && threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.cursor + slot));
+    if (kCursor && threadIdx.x == 0) rssm::prefetch_line_l2(p.cursor + slot);
     if constexpr (kRing) {
       const int n = p.L - 1, group = head / (p.nheads / p.ngroups);
       if (warp == 1)
@@ -404,7 +404,7 @@ __device__ __forceinline__ void begin_state_kernel(const Mamba2Params& p) {
                           n * N * int(sizeof(act_t)));
       if (warp == 2) rssm::prefetch_l2(p.dt_ring + slot * p.s_dtr_slot + head * p.s_dtr_head, n * 4);
       if (warp == 3 && lane < n)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(x_ring_at(p, slot, head) + (long long)lane * P + row0));
+        rssm::prefetch_line_l2(x_ring_at(p, slot, head) + (long long)lane * P + row0);
     }
   }
   rssm::wait_previous_grid();

@@ -237,11 +237,16 @@ __device__ __forceinline__ int row_slot(const int* slot_idx, int b, int pad_slot
   return checked_slot(slot_idx[b], pad_slot_id, slots);
 }
 
-// Warp-collective L2 prefetch of `bytes` from `src` (one 128-byte line per lane and pass): a hint for global loads
-// to come (a persistent producer's for a flush tile's fold; a programmatic state kernel's before its wait).
+// Prefetch of the line holding `src` into L2: a hint for global loads to come (a persistent producer's for a flush
+// tile's fold; a programmatic state kernel's before its wait).
+__device__ __forceinline__ void prefetch_line_l2(const void* src) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
+}
+
+// Warp-collective prefetch_line_l2 of `bytes` from `src` (one 128-byte line per lane and pass).
 __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
   for (int off = (threadIdx.x % kWarpSize) * 128; off < bytes; off += kWarpSize * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off));
+    prefetch_line_l2(static_cast<const char*>(src) + off);
 }
 
 // Programmatic state kernels (the baseline, flush and one-launch replay kernels; LaunchPlan.programmatic): launched

@@ -272,7 +272,7 @@ struct Rows {
   __device__ __forceinline__ void prefetch_l2(int rows) const {
     rssm::prefetch_l2(data, rows * kDataBytes);
     if constexpr (FMT != kFmtPlain) {
-      if (threadIdx.x % kWarpSize == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(scale));
+      if (threadIdx.x % kWarpSize == 0) rssm::prefetch_line_l2(scale);
       if constexpr (kBlockBytes > 0) rssm::prefetch_l2(block, rows * kBlockBytes);
     }
   }
