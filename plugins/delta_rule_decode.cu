@@ -101,7 +101,9 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // SM at least (without a minimum ptxas gives some of them few registers and spills). On sm_90 the plain baseline and
 // flush kernels of at most 32 state elements per thread (KDA: 16) ask for 8 CTAs per SM, 64 registers (ptxas chose
 // 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles), but the GDN flush kernel of 32 elements per thread
-// 6 (with the programmatic prologue it spilled at 64 registers). A replay main kernel with stochastic rounding and a
+// 6 (with the programmatic prologue it spilled at 64 registers). The plain GDN one-launch replay of 16-bit states and
+// at most 16 elements per thread asks for 5 (unbounded, ptxas chose 80 registers and spilled 8 bytes; KDA's spills
+// at 5). A replay main kernel with stochastic rounding and a
 // read copy runs 2 CTAs per SM (at 3 its registers spill), a stored checkpoint's of
 // whole-head 128-row tiles 2 on sm_90 and 1 on sm_100 and later, whatever its rounding (asked for 2 there, ptxas kept
 // the KDA kernel with an FP8 read copy beside an fp32 master at 168 registers and spilled); core/plans.py
@@ -113,7 +115,7 @@ constexpr int kFusedMinBlocks = 1;
 #else
 constexpr int kStateMinBlocks = kStored ? 1 : (kRows * kEpl <= (kPerChannel ? 16 : 32) ? 8 : 0);
 constexpr int kFlushMinBlocks = kStateMinBlocks == 8 && kRows * kEpl > 16 ? 6 : kStateMinBlocks;
-constexpr int kFusedMinBlocks = kStored ? 1 : 0;
+constexpr int kFusedMinBlocks = kStored ? 1 : (!kPerChannel && sizeof(state_t) == 2 && kRows * kEpl <= 16 ? 5 : 0);
 #endif
 #if __CUDA_ARCH__ >= 1000
 constexpr int kReplayCtasPerSm = kStored && kTile >= 128 ? 1 : SR && kDual ? 2 : 3;
@@ -522,11 +524,13 @@ __device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int h
   rssm::cp_async_commit();
 }
 
-// A state kernel's L2 hints before it waits for the kernel before it (rssm::guessed_slot): each warp's checkpoint rows
-// (a one-launch replay in dual mode: the read copy's too), the cursor, and for the one-launch replay the ring records
-// stage_ring copies (keys and GDN gates by warps 1 and 2, u rows by warp 3).
+// A state kernel's L2 hints before it waits for the kernel before it, where the plan says so (p.l2_hints;
+// rssm::guessed_slot): each warp's checkpoint rows (a one-launch replay in dual mode: the read copy's too), the
+// cursor, and for the one-launch replay the ring records stage_ring copies (keys and GDN gates by warps 1 and 2, u
+// rows by warp 3).
 template <StepKind kKind>
 __device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at) {
+  if (!p.l2_hints) return;
   const int slot = rssm::guessed_slot(p.slot_idx, at.b, p.pad_slot_id, p.slots);
   if (slot == p.pad_slot_id) return;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;

@@ -384,13 +384,14 @@ __device__ __forceinline__ void stage_fold_weights(float d, float a, int w, int 
   if (lane == 0) s_decay = decay;
 }
 
-// A state kernel's start (the baseline, flush and one-launch replay kernels; rssm::wait_previous_grid): L2 hints for
-// the guessed slot (rssm::guessed_slot), each warp's checkpoint rows (a one-launch replay in dual mode: the read
-// copy's too), with kCursor the cursor, with kRing the ring records the one-launch replay stages (B of the group by
-// warp 1, Δ by warp 2, the tile's x rows by warp 3), then the wait for the kernel before.
+// A state kernel's start (the baseline, flush and one-launch replay kernels; rssm::wait_previous_grid): where the
+// plan says so (p.l2_hints), L2 hints for the guessed slot (rssm::guessed_slot), each warp's checkpoint rows (a
+// one-launch replay in dual mode: the read copy's too), with kCursor the cursor, with kRing the ring records the
+// one-launch replay stages (B of the group by warp 1, Δ by warp 2, the tile's x rows by warp 3); then the wait for
+// the kernel before.
 template <bool kCursor, bool kRing>
 __device__ __forceinline__ void begin_state_kernel(const Mamba2Params& p) {
-  const int slot = rssm::guessed_slot(p.slot_idx, blockIdx.z, p.pad_slot_id, p.slots);
+  const int slot = p.l2_hints ? rssm::guessed_slot(p.slot_idx, blockIdx.z, p.pad_slot_id, p.slots) : p.pad_slot_id;
   if (slot != p.pad_slot_id) {
     const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
     const int head = blockIdx.y, row0 = blockIdx.x * PT;

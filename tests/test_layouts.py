@@ -18,12 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_structs_follow_their_layouts():
     m = layouts.MAMBA2_PARAMS.struct
     assert [f for f, _ in m._fields_][:3] == ["state", "x_ring", "dt_ring"]
-    assert ctypes.sizeof(m) == 26 * 8 + 29 * 8 + 16 * 4  # 26 pointers, 29 strides, 16 ints
+    assert ctypes.sizeof(m) == 26 * 8 + 29 * 8 + 17 * 4 + 4  # 26 pointers, 29 strides, 17 ints, pad
     d = layouts.DELTA_PARAMS.struct
-    assert ctypes.sizeof(d) == 25 * 8 + 24 * 8 + 2 * 4 + 17 * 4 + 4  # 25 pointers, 24 strides, 2 floats, 17 ints, pad
+    assert ctypes.sizeof(d) == 25 * 8 + 24 * 8 + 2 * 4 + 18 * 4  # 25 pointers, 24 strides, 2 floats, 18 ints
     assert d.scale.offset == 25 * 8 + 24 * 8
-    assert layouts.DELTA_PARAMS.fields[-6:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
-                                                ("fold_bytes", "int"), ("tail_start", "int"), ("flush_apart", "int"))
+    assert layouts.DELTA_PARAMS.fields[-7:] == (("batch", "int"), ("stages", "int"), ("stage_bytes", "int"),
+                                                ("fold_bytes", "int"), ("tail_start", "int"), ("flush_apart", "int"),
+                                                ("l2_hints", "int"))
 
 
 def test_pack_names_every_field():

@@ -22,8 +22,8 @@ from trtllm_replayssm.serving.presets import get_preset
 
 H200 = Device(132, 9)
 RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
-# recorded auto cases that the measured fp32 crossover entries send to another mode (14 shapes x 4 ring lengths)
-MOVED_BY_THE_FP32_CROSSOVERS = 56
+# recorded auto cases that the measured fp32 crossover entries send to another mode (12 shapes x 4 ring lengths)
+MOVED_BY_THE_FP32_CROSSOVERS = 48
 # recorded baseline and flush cases whose row tile the decode state kernels' rule (DECODE_MIN_CTAS_PER_SM) changed
 RETILED_BY_THE_DECODE_TILE_RULE = 768
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -467,3 +467,29 @@ def test_state_kernels_launch_as_programmatic_dependents_unless_tuned_off(model)
         assert plan.programmatic and plans.Launch.from_words(plan.words).programmatic
     plain = fam.replay_plan(layer, 8, "flush", Tuning(programmatic_state=False), device=H200)
     assert not plain.programmatic and not plans.Launch.from_words(plain.words).programmatic
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
+def test_state_kernels_hint_l2_on_small_grids_and_the_delta_one_launch_replay_on_every_grid(model):
+    """LaunchPlan.l2_hints: up to L2_HINT_MAX_CTAS_PER_SM CTAs per SM; the GDN/KDA one-launch replay always; never
+    for a plainly launched kernel; Tuning.l2_hints overrides; the word survives the op's plan words."""
+    dims = get_preset(model).ssm_dims
+    family = family_of(dims).name
+    fam = FAMILIES[family]
+    layer = _layer(dims, torch.float32, torch.bfloat16, 16)
+    limit = plans.L2_HINT_MAX_CTAS_PER_SM * H200.sm_count
+    seen = set()
+    for batch in (1, 2, 4, 8, 16):
+        for mode in ("flush", "fused"):
+            plan = fam.replay_plan(layer, batch, mode, device=H200)
+            ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+            expected = ctas <= limit or (mode == "fused" and family != "mamba2")
+            assert plan.l2_hints is expected and plans.Launch.from_words(plan.words).l2_hints is expected
+            seen.add(expected)
+        state = torch.empty(batch, dims.heads, dims.rows, dims.cols)
+        base = fam.state_update_plan(state, batch, torch.bfloat16, device=H200)
+        assert base.l2_hints is (base.grid[0] * base.grid[1] * base.grid[2] <= limit)
+    assert seen == {True, False}
+    assert fam.replay_plan(layer, 16, "flush", Tuning(l2_hints=True), device=H200).l2_hints
+    assert not fam.replay_plan(layer, 1, "flush", Tuning(l2_hints=False), device=H200).l2_hints
+    assert not fam.replay_plan(layer, 1, "flush", Tuning(programmatic_state=False, l2_hints=True), device=H200).l2_hints

@@ -84,11 +84,12 @@ def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, d
         f_at = switch_per_sm(b_fused, batches, heads[model], sms)
         fused.append(None if f_at is None else math.floor(100 * f_at) / 100)
     fused_per_sm = max(fused) if all(f is not None for f in fused) else None
+    band = ("no fused band (fused does not beat flush below it)" if fused_per_sm is None
+            else f"fused beats flush below it from {fused_per_sm}")
     return crossovers.Crossover(
         family, label, arch, max(replay),
-        f"{gpu}, {label}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, fused beats flush "
-        f"below it from {'never' if fused_per_sm is None else fused_per_sm} over {', '.join(times)} "
-        f"(benchmarks/dev/crossover_sweep.py)", fused_per_sm)
+        f"{gpu}, {label}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, {band} over "
+        f"{', '.join(times)} (benchmarks/dev/crossover_sweep.py)", fused_per_sm)
 
 
 def measure(families: list[str], specs: list[str], L: int, dev: torch.device) -> list[dict]:

@@ -132,7 +132,8 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   int stages, stage_bytes;  // persistent main kernel: shared-memory stages and bytes per stage
   int fold_bytes;           // fold buffer after the stages ([L][N] B rows of a flush), 0: a flush loads them itself
   int tail_start;           // persistent main kernel: first tile claimed at run time (produce_tiles_claiming_tail)
-  int flush_apart;          // persistent main kernel: 1 = flush rows left to the flush-rows kernel""")
+  int flush_apart;          // persistent main kernel: 1 = flush rows left to the flush-rows kernel
+  int l2_hints;             // state kernels: 1 = hint L2 for the guessed slot before the wait (LaunchPlan.l2_hints)""")
 
 # plugins/spec_commit.cu: the speculative commit of every family
 SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [slots] rssm::SpecCursor words
@@ -180,7 +181,8 @@ DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots
   int batch, stages, stage_bytes;  // persistent main kernel: batch rows, shared-memory stages, bytes per stage
   int fold_bytes;  // fold buffer after the stages (a flush's ring keys and gates, fold_layout), 0: loaded by the fold
   int tail_start;  // persistent main kernel: first tile claimed at run time (kTailClaims)
-  int flush_apart;  // persistent main kernel: 1 = flush rows left to the flush-rows kernel""")
+  int flush_apart;  // persistent main kernel: 1 = flush rows left to the flush-rows kernel
+  int l2_hints;     // state kernels: 1 = hint L2 for the guessed slot before the wait (LaunchPlan.l2_hints)""")
 
 
 # plugins/state_formats.cuh: the kernels' code of each checkpoint format (MASTER_FMT / READ_FMT)

@@ -28,6 +28,7 @@ SHARED_BYTES_PER_SM = 228 * 1024  # sm_90 / sm_100; 1 KiB of it reserved per CTA
 STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels' static shared memory, rounded up
 TARGET_CTAS_PER_SM = 24           # speculative state kernels: enough CTAs to fill the GPU at small batch
 DECODE_MIN_CTAS_PER_SM = 1        # decode state kernels: the largest tile that still gives every SM a CTA (measured)
+L2_HINT_MAX_CTAS_PER_SM = 2       # programmatic state kernels hint L2 before their wait on grids up to this (measured)
 FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
@@ -85,7 +86,8 @@ class Tuning:
     replay kernel leaves flush rows to a flush-rows kernel launched after it (None: the family's choice for the
     checkpoint spec) on ``flush_ctas_per_sm`` CTAs per SM; ``programmatic_prep``: launch the
     prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``programmatic_state``:
-    launch the state kernels (baseline, flush, one-launch replay) as programmatic dependents; ``adaptive_threshold``:
+    launch the state kernels (baseline, flush, one-launch replay) as programmatic dependents; ``l2_hints``: let them
+    hint L2 before their wait (None: state_l2_hints decides by grid size); ``adaptive_threshold``:
     work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2 speculative verify runs
     its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x SMs)."""
 
@@ -98,6 +100,7 @@ class Tuning:
     flush_ctas_per_sm: int = 8
     programmatic_prep: bool | None = None
     programmatic_state: bool = True
+    l2_hints: bool | None = None
     adaptive_threshold: int | None = None
 
     def __post_init__(self) -> None:
@@ -125,7 +128,7 @@ class LaunchPlan:
     ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time; with
     ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs. With
     ``programmatic`` the state kernels launch as programmatic dependents of the kernel before them
-    (rssm::wait_previous_grid)."""
+    (rssm::wait_previous_grid), and with ``l2_hints`` they ask L2 for their slot's lines before that wait."""
 
     mode: str
     key: tuple
@@ -142,6 +145,7 @@ class LaunchPlan:
     num_tiles: int = 0
     flush_ctas: int = 0
     programmatic: bool = False
+    l2_hints: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in PLAN_MODES:
@@ -152,7 +156,7 @@ class LaunchPlan:
         """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
         return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
                 self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
-                self.flush_ctas, int(self.programmatic)]
+                self.flush_ctas, int(self.programmatic), int(self.l2_hints)]
 
     @property
     def shared_bytes(self) -> int:
@@ -182,14 +186,15 @@ class Launch:
     programmatic_prep: bool
     flush_ctas: int
     programmatic: bool
+    l2_hints: bool
 
     @classmethod
     def from_words(cls, words: list[int]) -> "Launch":
         w = list(words)
-        if len(w) != 16:
-            raise ValueError(f"plan: expected 16 words (LaunchPlan.words), got {len(w)}")
+        if len(w) != 17:
+            raise ValueError(f"plan: expected 17 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
-                   bool(w[13]), w[14], bool(w[15]))
+                   bool(w[13]), w[14], bool(w[15]), bool(w[16]))
 
 
 # ---------------------------------------------------------------------------------------------- shared steps
@@ -258,6 +263,17 @@ def programmatic_prep(tuning: Tuning) -> bool:
     if env not in ("0", "1"):
         raise ValueError(f"{PREP_PDL_ENV}: expected 0 or 1, got {env!r}")
     return env == "1"
+
+
+def state_l2_hints(grid: tuple[int, int, int], device: Device, tuning: Tuning, any_grid: bool = False) -> bool:
+    """Whether a programmatic state kernel of ``grid`` hints L2 before its wait: the tuning's, else on grids of at
+    most L2_HINT_MAX_CTAS_PER_SM CTAs per SM (``any_grid``: on every grid; docs/decisions.md, programmatic state
+    kernels). Never for plainly launched kernels."""
+    if not tuning.programmatic_state:
+        return False
+    if tuning.l2_hints is not None:
+        return tuning.l2_hints
+    return any_grid or grid[0] * grid[1] * grid[2] <= L2_HINT_MAX_CTAS_PER_SM * device.sm_count
 
 
 def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, fused: bool = False,

@@ -27,7 +27,7 @@ from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_
                                          Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan, device_of,
                                          fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
                                          persistent_verify_plan, programmatic_prep, replay_tuning,
-                                         resolved_tail_fraction, stages_for, state_tile)
+                                         resolved_tail_fraction, stages_for, state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
@@ -198,8 +198,12 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 
 def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
+    """The baseline, flush or one-launch replay kernel's grid; the one-launch replay hints L2 on every grid (its ring
+    records too; measured)."""
     tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
-    return LaunchPlan(mode, key, tile, (V // tile, HV, batch), programmatic=tuning.programmatic_state)
+    grid = (V // tile, HV, batch)
+    return LaunchPlan(mode, key, tile, grid, programmatic=tuning.programmatic_state,
+                      l2_hints=state_l2_hints(grid, dev, tuning, any_grid=mode == "fused"))
 
 
 def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, per_channel_gate: bool, batch: int,
@@ -264,7 +268,7 @@ def params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, g
         pad_slot_id=pad_slot_id, slots=state.shape[0], gate_is_f32=int(gate is not None and gate.dtype == torch.float32),
         beta_is_f32=int(beta is not None and beta.dtype == torch.float32), has_lower_bound=int(lower_bound is not None),
         force_flush=int(force_flush), window=window, batch=idx.shape[0], stages=0, stage_bytes=0, fold_bytes=0,
-        tail_start=0, flush_apart=0)
+        tail_start=0, flush_apart=0, l2_hints=0)
 
 
 def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v,

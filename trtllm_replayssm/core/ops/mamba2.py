@@ -28,7 +28,7 @@ from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, checked_plan,
                                          device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan,
                                          persistent_plan, programmatic_prep, replay_tuning, resolved_tail_fraction,
-                                         state_tile)
+                                         state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
@@ -156,7 +156,9 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
     tile = state_tile(P, N, batch * H, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
-    return LaunchPlan(mode, key, tile, (P // tile, H, batch), programmatic=tuning.programmatic_state)
+    grid = (P // tile, H, batch)
+    return LaunchPlan(mode, key, tile, grid, programmatic=tuning.programmatic_state,
+                      l2_hints=state_l2_hints(grid, dev, tuning))
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,7 +220,7 @@ def _params(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, dt, A
         pad_slot_id=pad_slot_id, slots=state.shape[0], dt_softplus=int(dt_softplus),
         dt_is_f32=int(dt.dtype == torch.float32), window=x.shape[1] if windowed else 1,
         force_flush=0, batch=x.shape[0], stages=0, stage_bytes=0, fold_bytes=0, tail_start=0,
-        flush_apart=0)
+        flush_apart=0, l2_hints=0)
 
 
 def _launch(spec: torch.dtype | StateSpec, plan: list[int], params, x: torch.Tensor, d_state: int) -> None:
