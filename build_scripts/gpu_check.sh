@@ -2,8 +2,9 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [contract] [sanitize] [bench] [spec] [compare] [profile] [train] [accuracy]
-#   (default: tests contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [spec] [compare] [profile]
+#     [train] [accuracy]
+#   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
 #   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
 #   fp32 baseline pass each, then the fp32 speculative windows). On the H200: training takes 92 s (byte-nemotron) and
@@ -18,7 +19,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRTLLM_REPLAYSSM_CACHE=${TRTLLM_REPLAYSSM_CACHE:-/tmp/trtllm_replayssm_cache}
-steps="${*:-tests contract sanitize bench spec compare}"
+steps="${*:-tests quantized long contract sanitize bench spec compare}"
 has() { [[ " $steps " == *" $1 "* ]]; }
 results=()
 record() {  # record NAME RC DETAIL
@@ -46,18 +47,37 @@ if [ -d .whl ]; then  # peers: FlashInfer (prebuilt sm_90a mamba modules), fla-c
   export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer_ws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 fi
 
-if has tests; then
+# The GPU tests in three steps, each sized for one device call (10 minutes): `tests` (every GPU test but the two
+# below), `quantized` (tests/test_quantized_gpu.py: most of its time goes to modules compiled on first use) and `long`
+# (the serving schedules on the kernels, the 10,000-window drift).
+LONG_TESTS=(tests/test_serving_loop.py::test_serving_loop_gpu_graphs tests/test_serving_loop.py::test_serving_loop_mtp_gpu_graphs
+            tests/test_speculative_gpu.py::test_ten_thousand_windows_stay_bounded)
+if has tests || has quantized || has long; then
   # The modules the test files name at module level compile first on every core (tests/test_quantized_gpu.py's 181
   # took 105 s on the H200 machine's 16 cores); with pytest-xdist (its wheel and execnet's in .whl) the tests then run on
   # TEST_WORKERS processes, one test at a time to whichever is free (a file-per-worker split left the quantized file on
-  # one worker), so the modules they compile on first use (NVRTC, one core each) build side by side. The log names
+  # one worker), so the modules they compile on first use (NVRTC, one core each) build side by side. The logs name
   # every test (-v), so a run stopped by its time limit still says what passed.
   timeout "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py > "$OUT/precompile.log" 2>&1
   rc=$?; record "precompile test kernels" $rc "$(tail -n 1 "$OUT/precompile.log")"
   workers=()
-  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --dist load)
-  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" tests > "$OUT/gpu_tests.log" 2>&1
-  rc=$?; record "pytest -m 'gpu or kernels'" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
+  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist load)
+fi
+if has tests; then
+  deselect=(--ignore tests/test_quantized_gpu.py)
+  for t in "${LONG_TESTS[@]}"; do deselect+=(--deselect "$t"); done
+  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
+    > "$OUT/gpu_tests.log" 2>&1
+  rc=$?; record "pytest -m 'gpu or kernels' (but quantized, long)" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
+fi
+if has quantized; then
+  timeout "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" tests/test_quantized_gpu.py \
+    > "$OUT/gpu_tests_quantized.log" 2>&1
+  rc=$?; record "pytest tests/test_quantized_gpu.py" $rc "$(tail -n 1 "$OUT/gpu_tests_quantized.log")"
+fi
+if has long; then
+  timeout "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${workers[@]}" "${LONG_TESTS[@]}" > "$OUT/gpu_tests_long.log" 2>&1
+  rc=$?; record "pytest serving schedules, 10k windows" $rc "$(tail -n 1 "$OUT/gpu_tests_long.log")"
 fi
 if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)
   log="$OUT/sanitizer-memcheck-row-contract.log"
