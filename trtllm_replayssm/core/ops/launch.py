@@ -63,8 +63,7 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid. The state kernels are
     programmatic dependents of the kernel before them where the plan says so, hinting L2 before their wait where it
     says ``l2_hints``."""
-    if plan.mode in ("baseline", "flush", "fused"):
-        params.l2_hints = int(plan.l2_hints)
+    params.l2_hints = int(plan.l2_hints)  # set by the planner for state-kernel plans only
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
