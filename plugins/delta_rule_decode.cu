@@ -1583,18 +1583,24 @@ __device__ __forceinline__ void state_dots(const float (&acc)[kRows][kEpl], cons
   }
 }
 
-// A folding verify's history folded into this warp's checkpoint rows `acc` (fold_ring_into_rows; rows row0 ... at
-// `rows`), stored, and `acc` rounded as stored: the window decodes from the checkpoint as stored.
-__device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
-                                                  rssm::SpecCursor hist, int col0, state_t* rows,
-                                                  float (&acc)[kRows][kEpl]) {
-  fold_ring_into_rows(p, slot, hv, h, row0, hist, col0, acc);
+// This warp's folded checkpoint rows `acc` stored at `rows`, and `acc` rounded as stored: the window decodes from
+// the checkpoint as stored.
+__device__ __forceinline__ void store_rounded_rows(state_t* rows, int col0, float (&acc)[kRows][kEpl]) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     rssm::store_vec<state_t, kEpl>(rows + r * kK + col0, acc[r]);
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) acc[r][e] = rssm::round_through<state_t>(acc[r][e]);
   }
+}
+
+// A folding verify's history folded into this warp's checkpoint rows `acc` (fold_ring_into_rows; rows row0 ... at
+// `rows`) and stored (store_rounded_rows).
+__device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot, int hv, int h, int row0,
+                                                  rssm::SpecCursor hist, int col0, state_t* rows,
+                                                  float (&acc)[kRows][kEpl]) {
+  fold_ring_into_rows(p, slot, hv, h, row0, hist, col0, acc);
+  store_rounded_rows(rows, col0, acc);
 }
 
 // One warp's rows of a verify (lane r < kRows: row r): from the checkpoint rows `acc` (as stored) and the row's
@@ -1743,10 +1749,12 @@ struct VerifyRec {
 };
 
 // One shared-memory stage of the persistent verify for windows of T tokens and rings of L records: the checkpoint
-// tile, slot and cursor word, the record, v of the tile's rows per token ([T][kTile]) and the u rows of the row's
-// history in history order ([L][kTile]); core/layouts.py delta_verify_stage_bytes mirrors the total.
+// tile, slot and cursor word, the record, v of the tile's rows per token ([T][kTile]), the u rows of the row's
+// history in history order ([L][kTile]; a folding row's: the records it folds), then a folding row's ring keys
+// ([L][K] kring_t) and cumulative gates (GDN [L], KDA [L][K] fp32) in history order; core/layouts.py
+// delta_verify_stage_bytes mirrors the total.
 struct VerifyStageLayout {
-  int info, rec, v, hist, bytes;
+  int info, rec, v, hist, keys, gates, bytes;
 };
 
 __host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T) {
@@ -1755,7 +1763,9 @@ __host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T
   l.rec = l.info + 16;
   l.v = l.rec + VerifyRec::stride(L, T) * 4;
   l.hist = l.v + round16(T * kTile * int(sizeof(act_t)));
-  l.bytes = (l.hist + round16(L * kTile * int(sizeof(act_t))) + 127) / 128 * 128;
+  l.keys = l.hist + round16(L * kTile * int(sizeof(act_t)));
+  l.gates = l.keys + round16(L * kK * int(sizeof(kring_t)));
+  l.bytes = (l.gates + round16(L * (kPerChannel ? kK : 1) * 4) + 127) / 128 * 128;
   return l;
 }
 
@@ -1815,32 +1825,43 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_pre
 namespace {
 
 // Producer warp of the persistent verify (rssm::produce_tiles_claiming_tail): besides slot and cursor word, each
-// tile's record, the window's v rows and the u rows of the row's history (a folding row's fold reads its history from
-// global memory).
+// tile's record and the window's v rows; the u rows of the row's history, or of a folding row the u rows, ring keys
+// and gates of the records it folds, in history order. Short rows go as 16-byte chunks over the warp's lanes
+// (rssm::cp_async_pieces).
 __device__ __forceinline__ void produce_verify(const DeltaParams& p, rssm::TilePipe& pipe, unsigned char* stage_mem,
                                                int num_tiles) {
   const int T = p.window, L = p.L;
   const VerifyStageLayout lay = verify_stage_layout(L, T);
-  constexpr int kRowBytes = kTile * int(sizeof(act_t));
+  constexpr int kRowBytes = kTile * int(sizeof(act_t)), kKeyBytes = kK * int(sizeof(kring_t));
   auto state_src = [&](int slot, const TileCoord& c) -> const void* {
     if (slot == p.pad_slot_id) return nullptr;
     return static_cast<const state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
            (long long)c.row0 * kK;
   };
-  auto copy = [&](unsigned char* dst, const void* src, int bytes, unsigned long long* bar) {
-    if (!rssm::bulk_copy_input(dst, src, bytes, bar)) rssm::cp_async_words(dst, src, bytes / 4);
-  };
   auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int word, unsigned long long* full) {
     const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
-    const rssm::SpecCursor hist = verify_history(cur, verify_folds(cur, T, L), L);
-    copy(stage + lay.rec, p.coef + c.b * p.s_coef_row + (long long)c.hv * VerifyRec::stride(L, T),
-         VerifyRec::stride(L, T) * 4, full);
-    for (int t = 0; t < T; ++t)
-      copy(stage + lay.v + t * kRowBytes,
-           static_cast<const act_t*>(p.v) + (c.b * T + t) * p.s_v_b + c.hv * p.s_v_h + c.row0, kRowBytes, full);
+    const bool fold = verify_folds(cur, T, L);
+    const rssm::SpecCursor hist = verify_history(cur, fold, L);
+    const float* rec = p.coef + c.b * p.s_coef_row + (long long)c.hv * VerifyRec::stride(L, T);
+    if (!rssm::bulk_copy_input(stage + lay.rec, rec, VerifyRec::stride(L, T) * 4, full))
+      rssm::cp_async_words(stage + lay.rec, rec, VerifyRec::stride(L, T));
+    const act_t* v_b = static_cast<const act_t*>(p.v) + c.b * T * p.s_v_b + c.hv * p.s_v_h + c.row0;
+    rssm::cp_async_pieces<kRowBytes>(stage + lay.v, T, [&](int t) { return v_b + t * p.s_v_b; });
+    const rssm::SpecCursor rows = fold ? cur : hist;  // the records whose u rows the tile reads
     const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + c.row0;
-    for (int j = 0; j < hist.count; ++j)
-      copy(stage + lay.hist + j * kRowBytes, u_ring + (long long)hist.position(j, L) * kV, kRowBytes, full);
+    rssm::cp_async_pieces<kRowBytes>(stage + lay.hist, rows.count,
+                                     [&](int j) { return u_ring + (long long)rows.position(j, L) * kV; });
+    if (fold) {
+      const int h = c.hv / (p.num_v_heads / p.num_k_heads);
+      const kring_t* k_ring =
+          static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(c.hv, h) * p.s_kr_head;
+      const float* g_ring = p.g_ring + slot * p.s_gr_slot + c.hv * p.s_gr_head;
+      rssm::cp_async_pieces<kKeyBytes>(stage + lay.keys, cur.count,
+                                       [&](int j) { return k_ring + (long long)cur.position(j, L) * kK; });
+      constexpr int kGateFloats = kPerChannel ? kK : 1;  // a record's cumulative gates
+      rssm::cp_async_pieces<kGateFloats * 4>(stage + lay.gates, cur.count,
+                                             [&](int j) { return g_ring + (long long)cur.position(j, L) * kGateFloats; });
+    }
   };
   auto coord = [&](int t) { return tile_coord(p, t); };
   rssm::produce_tiles_claiming_tail(pipe, stage_mem, p.stages, p.stage_bytes, num_tiles, kTileBytes, p.slot_idx,
@@ -1880,10 +1901,13 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
   const state_t* tile_rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl>(tile_rows + r * kK, acc[r]);
-  if (fold) {
+  if (fold) {  // the folded records' u rows, keys and gates are in the stage, in history order
     state_t* rows = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
                     (long long)(c.row0 + warp * kRows) * kK;
-    fold_history_rows(p, slot, c.hv, h, c.row0 + warp * kRows, cur, col0, rows, acc);
+    fold_records(reinterpret_cast<const kring_t*>(stage + lay.keys), reinterpret_cast<const float*>(stage + lay.gates),
+                 reinterpret_cast<const act_t*>(stage + lay.hist) + warp * kRows, kTile, L,
+                 rssm::SpecCursor{0, cur.count}, col0, acc);
+    store_rounded_rows(rows, col0, acc);
   }
   auto u_hist = [&](int j) { return rssm::to_float(u_s[j * kTile]); };
   decode_window(acc, coefs, T, L, hist, u_hist, v_s, kTile, out + c.b * T * p.s_out_b, p.s_out_b,

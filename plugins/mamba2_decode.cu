@@ -1487,36 +1487,30 @@ __device__ __forceinline__ void produce_verify(const Mamba2Params& p, rssm::Tile
                                     c.head * p.s_state_head + (long long)c.row0 * N);
   };
   int folds = 0;
-  act_t* fold_buf = reinterpret_cast<act_t*>(stage_mem + (long long)p.stages * p.stage_bytes);
-  // `bytes` from src to dst: one bulk copy on `bar` where aligned, else 4-byte async copies.
-  auto copy = [&](unsigned char* dst, const void* src, int bytes, unsigned long long* bar) {
-    if (!rssm::bulk_copy_input(dst, src, bytes, bar)) rssm::cp_async_words(dst, src, bytes / 4);
-  };
-  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int word, unsigned long long* full) {
+  unsigned char* fold_buf = stage_mem + (long long)p.stages * p.stage_bytes;
+  // The short rows (window tokens' C, x and z, ring records) go as 16-byte chunks over the warp's lanes
+  // (rssm::cp_async_pieces): a bulk copy per row cost the producer more than the consumers spend on a tile.
+  auto copy_inputs = [&](unsigned char* stage, const TileCoord& c, int slot, int word, unsigned long long*) {
     const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
     if (p.D && lane == 0) rssm::cp_async4(stage + lay.info + 8, p.D + c.head);
     rssm::cp_async_words(stage + lay.coef, p.coef + c.b * p.s_coef_row + (long long)c.head * VerifyCoef::floats(R),
                          VerifyCoef::used(R, T));
-    for (int tok = 0; tok < T; ++tok) {
-      copy(stage + lay.C + tok * kBBytes, group_vec(p.C, p.s_C_b, p.s_C_g, c.b, c.group) + tok * p.s_C_t, kBBytes,
-           full);
-      const long long row = c.b * p.s_x_b + tok * p.s_x_t + c.head * p.s_x_h + c.row0;
-      rssm::cp_async_words(stage + lay.x + tok * kRowBytes, static_cast<const act_t*>(p.x) + row, kRowBytes / 4);
-      if (p.z)
-        rssm::cp_async_words(stage + lay.z + tok * kRowBytes,
-                             static_cast<const act_t*>(p.z) + c.b * p.s_z_b + tok * p.s_z_t + c.head * p.s_z_h +
-                                 c.row0,
-                             kRowBytes / 4);
+    const act_t* C_b = group_vec(p.C, p.s_C_b, p.s_C_g, c.b, c.group);
+    rssm::cp_async_pieces<kBBytes>(stage + lay.C, T, [&](int tok) { return C_b + tok * p.s_C_t; });
+    const act_t* x_b = static_cast<const act_t*>(p.x) + c.b * p.s_x_b + c.head * p.s_x_h + c.row0;
+    rssm::cp_async_pieces<kRowBytes>(stage + lay.x, T, [&](int tok) { return x_b + tok * p.s_x_t; });
+    if (p.z) {
+      const act_t* z_b = static_cast<const act_t*>(p.z) + c.b * p.s_z_b + c.head * p.s_z_h + c.row0;
+      rssm::cp_async_pieces<kRowBytes>(stage + lay.z, T, [&](int tok) { return z_b + tok * p.s_z_t; });
     }
     const act_t* x_ring = x_ring_at(p, slot, c.head) + c.row0;
-    for (int j = 0; j < cur.count; ++j)
-      copy(stage + lay.hist + j * kRowBytes, x_ring + (long long)cur.position(j, R) * P, kRowBytes, full);
+    rssm::cp_async_pieces<kRowBytes>(stage + lay.hist, cur.count,
+                                     [&](int j) { return x_ring + (long long)cur.position(j, R) * P; });
     if (cur.folds_before(T, R)) {
       rssm::fold_buffer_acquire(pipe, folds++);
       const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + c.group * p.s_Br_group;
-      for (int j = 0; j < cur.count; ++j)
-        copy(reinterpret_cast<unsigned char*>(fold_buf + j * N), B_ring + (long long)cur.position(j, R) * N, kBBytes,
-             &pipe.fold_full);
+      rssm::cp_async_pieces<kBBytes>(fold_buf, cur.count,
+                                     [&](int j) { return B_ring + (long long)cur.position(j, R) * N; });
       rssm::cp_async_arrive(&pipe.fold_full);
     }
   };
@@ -1654,9 +1648,19 @@ __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoo
   for (int i = lane; i < T * kRowsPerWarp; i += rssm::kWarpSize) {
     const int tok = i / kRowsPerWarp, r = i % kRowsPerWarp, row = wrow0 + r;
     const float* w = VerifyCoef::w(coef, R, tok);
-    float y = w[R] * dots[r * kT + tok];
-    for (int l = 0, j = base; j <= count + tok; ++l, ++j)
-      y = fmaf(w[l], rssm::to_float(j < count ? hist[j * PT + row] : x_s[(j - count) * PT + row]), y);
+    // The history's records (warp-uniform bounds), then the window's up to this token, in two independent sums.
+    float y = w[R] * dots[r * kT + tok], y2 = 0.f;
+    const float* wh = w - base;
+    int j = base;
+#pragma unroll 2
+    for (; j + 1 < count; j += 2) {
+      y = fmaf(wh[j], rssm::to_float(hist[j * PT + row]), y);
+      y2 = fmaf(wh[j + 1], rssm::to_float(hist[(j + 1) * PT + row]), y2);
+    }
+    if (j < count) y = fmaf(wh[j], rssm::to_float(hist[j * PT + row]), y);
+    const float* ww = w + (count - base);
+    for (int t = 0; t <= tok; ++t) y2 = fmaf(ww[t], rssm::to_float(x_s[t * PT + row]), y2);
+    y += y2;
     const act_t xt = x_s[tok * PT + row];
     y = fmaf(d_h, rssm::to_float(xt), y);
     if (p.z) y *= rssm::siluf(rssm::to_float(z_s[tok * PT + row]));

@@ -469,6 +469,27 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
+// `pieces` pieces of kPieceBytes (a multiple of 4) from src_of(i) into dst + i * kPieceBytes, spread over the calling
+// warp's lanes in 16-byte chunks (4-byte words where kPieceBytes is no multiple of 16, or a chunk's addresses are not
+// 16-byte aligned): one warp instruction moves up to 512 bytes of short rows from scattered places (ring records,
+// window tokens), where a bulk copy per row costs the producer ~50 instructions. Completes like cp_async4.
+template <int kPieceBytes, class SrcOf>
+__device__ __forceinline__ void cp_async_pieces(unsigned char* dst, int pieces, SrcOf src_of) {
+  static_assert(kPieceBytes % 4 == 0, "pieces of whole words");
+  constexpr int kChunk = kPieceBytes % 16 == 0 ? 16 : 4, kChunks = kPieceBytes / kChunk;
+  for (int q = threadIdx.x % kWarpSize; q < pieces * kChunks; q += kWarpSize) {
+    const int i = q / kChunks, k = q - i * kChunks;
+    const unsigned char* src = static_cast<const unsigned char*>(static_cast<const void*>(src_of(i))) + k * kChunk;
+    unsigned char* d = dst + i * kPieceBytes + k * kChunk;
+    if (kChunk == 16 && ((reinterpret_cast<unsigned long long>(src) | smem_addr(d)) & 15u) == 0) {
+      cp_async16(d, src);
+    } else {
+#pragma unroll
+      for (int w = 0; w < kChunk / 4; ++w) cp_async4(d + 4 * w, src + 4 * w);
+    }
+  }
+}
+
 // Prefetch of the line holding `src` into L1 (no register result: a later load of it hits L1).
 __device__ __forceinline__ void prefetch_l1(const void* src) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(src));

@@ -222,7 +222,8 @@ def test_forced_flush_every_step_matches_float64(family):
     ("fp32", torch.bfloat16, 2e-2), ("bf16", torch.bfloat16, 3e-2), ("fp16", torch.float16, 1e-2),
     ("fp32", torch.float16, 1e-2),
 ])
-def test_low_precision_bounds(family, state_dtype, act_dtype, bound):
+@pytest.mark.parametrize("mode", ["replay", "fused"])
+def test_low_precision_bounds(family, state_dtype, act_dtype, bound, mode):
     """bf16 activations round inputs, outputs and ring records to ~4e-3 relative (fp16: ~5e-4); a bf16/fp16
     checkpoint adds its rounding once per flush (the baseline rounds every step). The reference measured up to
     4.3e-3 (bf16 activations) and 3.1e-3 (bf16 state, max-norm) on CPU; the bounds keep ~5x headroom."""
@@ -236,13 +237,13 @@ def test_low_precision_bounds(family, state_dtype, act_dtype, bound):
     worst_replay = worst_base = worst_state = 0.0
     for _ in range(4 * L):
         x = prob.draw(len(slot_ids), gen, act_dtype)
-        y = prob.decode(layer, x, idx)
+        y = prob.decode(layer, x, idx, mode)
         yb = prob.update(base_pool, x, idx)
         worst_replay = max(worst_replay, rel_err(y, truth.step(slot_ids, x)))
         worst_base = max(worst_base, rel_err(yb, base_truth.step(slot_ids, x)))
         if int(layer.cursor[slot_ids[0]]) == 0:
             worst_state = max(worst_state, rel_err(layer.state[slot_ids], truth.states[slot_ids]))
-    print(f"{family} {state_dtype}/{act_dtype}: replay out {worst_replay:.2e} state {worst_state:.2e} "
+    print(f"{family} {state_dtype}/{act_dtype} {mode}: replay out {worst_replay:.2e} state {worst_state:.2e} "
           f"baseline out {worst_base:.2e}")
     assert worst_replay <= bound and worst_base <= bound and worst_state <= bound
 

@@ -376,7 +376,8 @@ def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(
     plan = delta.verify_plan(layer, first, T, device=H200)
     tile = plan.rows_per_cta
     assert plan.mode == "replay" and plan.fold_bytes == 0 and plan.stages == 2
-    assert plan.stage_bytes == delta_verify_stage_bytes(L, T, tile, K, layer.state.element_size(), 2)
+    assert plan.stage_bytes == delta_verify_stage_bytes(L, T, tile, K, layer.state.element_size(), 2,
+                                                        layer.k_ring.element_size(), model.startswith("kimi"))
     assert plan.num_tiles == first * HV * V // tile and plan.grid == (min(plan.num_tiles, 2 * H200.sm_count), 1, 1)
     assert plan.prep_grid == (HV, first, 1) and plan.programmatic_prep
     assert plans.stages_for(plan.stage_bytes, 2, 0) >= 2

@@ -285,12 +285,16 @@ def delta_stage_bytes(L: int, rows: int, key_dim: int, state_row_bytes: int, act
                  + _r16(rows * act_elem) + _r16(2 * key_dim * act_elem) + _r16(L * rows * act_elem))
 
 
-def delta_verify_stage_bytes(L: int, window: int, rows: int, key_dim: int, state_elem: int, act_elem: int) -> int:
+def delta_verify_stage_bytes(L: int, window: int, rows: int, key_dim: int, state_elem: int, act_elem: int,
+                             key_elem: int, per_channel_gate: bool) -> int:
     """Bytes of one shared-memory stage of the GDN/KDA persistent verify for windows of ``window`` tokens: the (rows x
-    K) checkpoint tile, slot/cursor word, the verify record, v of the rows per token and L history u rows
+    K) checkpoint tile, slot/cursor word, the verify record, v of the rows per token, L history u rows, and a folding
+    row's L ring keys (``key_elem`` bytes each) and cumulative gates (GDN [L], KDA [L][K] fp32)
     (plugins/delta_rule_decode.cu verify_stage_layout)."""
+    gates = L * (key_dim if per_channel_gate else 1) * 4
     return _r128(rows * key_dim * state_elem + 16 + delta_verify_rec_floats(L, key_dim, window) * 4
-                 + _r16(window * rows * act_elem) + _r16(L * rows * act_elem))
+                 + _r16(window * rows * act_elem) + _r16(L * rows * act_elem) + _r16(L * key_dim * key_elem)
+                 + _r16(gates))
 
 
 def delta_fold_bytes(L: int, key_dim: int, key_elem: int, per_channel_gate: bool) -> int:
@@ -349,6 +353,6 @@ def delta_size_checks(rows: int, key_dim: int, state_row_bytes: int, act_elem: i
             lines.append(f"static_assert(VerifyRec::stride({L}, {T}) == {delta_verify_rec_floats(L, key_dim, T)}"
                          f', "verify record at L={L}, T={T} differs from core/layouts.py");')
             lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == "
-                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_row_bytes // key_dim, act_elem)}"
+                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_row_bytes // key_dim, act_elem, key_elem, per_channel_gate)}"
                          f', "verify stage bytes at L={L}, T={T} differ from core/layouts.py");')
     return "\n".join(lines)

@@ -443,8 +443,10 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     if work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
         return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
-    state_elem, act_elem = layer.state.element_size(), layer.u_ring.element_size()
-    stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem) for t in tile_choices(V, K)}
+    state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
+    per_channel_gate = layer.g_ring.dim() == 4
+    stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem, key_elem, per_channel_gate)
+             for t in tile_choices(V, K)}
     tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
     return persistent_verify_plan(key, stage, state_tile(V, K, work, dev, tuning), work * V, act_elem, 0,
                                   resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning, prep_grid=(HV, batch, 1),
