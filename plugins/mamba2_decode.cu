@@ -1520,37 +1520,79 @@ __device__ __forceinline__ void produce_verify(const Mamba2Params& p, rssm::Tile
 }
 
 // One consumer warp's rows of a verify tile (stage complete): every window token's S·C_t of each row, S the
-// checkpoint or, for a folding row, S = decay S0 + Σ_{j<count} s_j x_j B_jᵀ (stored, then read as stored); then
-// y_t = gate_t (decay_t S·C_t + Σ_l w[t][l] x_{base + l} + D x_t) and the window's x records. The dots go into the
-// warp's own rows of the stage's checkpoint tile once those are read. Releases the stage.
-// State rows a verify's fold updates at once (registers beside every window token's C columns).
+// checkpoint or, for a folding row, S = decay S0 + Σ_{j<count} s_j x_j B_jᵀ (stored, written back into the stage as
+// stored, then read from there); then y_t = gate_t (decay_t S·C_t + Σ_l w[t][l] x_{base + l} + D x_t) and the
+// window's x records. The dots go into the warp's own rows of the stage's checkpoint tile once those are read.
+// Releases the stage.
+// State rows a verify's fold updates at once (registers beside its B columns).
 constexpr int kVerifyFoldRows = kRowsPerWarp < 4 ? kRowsPerWarp : 4;
 
-// The dots S·C_t of the rows r0 ... (those below kRowsPerWarp) held in `v`, every window token's: a transposed
-// reduction per row (rssm::warp_sum_scatter), independent of each other so that they interleave, then lane t < kT
-// stores row r's into dots[r * kT + t]. The caller has read every row up to the last of `v` (the dots of row r end
-// within the bytes of rows <= r: kT floats <= a state row).
-template <int kT, int kRows>
-__device__ __forceinline__ void store_row_dots(const float (&v)[kRows][kEpl], const float (&cv)[kT][kEpl], int r0,
-                                               float* dots) {
-  const int lane = threadIdx.x % rssm::kWarpSize;
-  float total[kRows];
+// The verify's row dots: a row's columns over kLanes lanes (kCols each, 64 / kT up to 16, so that every window
+// token's C columns stay in 64 registers), kGroups rows at once per warp; a lane's columns are 4-column chunks
+// kLanes * 4 apart (a quarter-warp's 16-byte loads of a row are contiguous). The kT dots of a row reduce over its
+// lanes by one transposed reduction (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row
+// needs.
+template <int kT>
+struct VerifyDots {
+  static constexpr int kCols = 64 / kT < 16 ? 64 / kT : 16, kLanes = N / kCols, kGroups = rssm::kWarpSize / kLanes;
+  static constexpr int kChunks = kCols / 4, kPasses = (kRowsPerWarp + kGroups - 1) / kGroups;
+  static_assert(kCols % 4 == 0 && N % kCols == 0 && rssm::kWarpSize % kLanes == 0 && kT <= kLanes,
+                "verify row dots: 4-column chunks, a row's lanes within the warp, kT <= lanes per row");
+  __device__ static int col(int c, int i) { return i * kLanes * 4 + c * 4; }  // lane c's i-th chunk
+};
+
+// Every window token's S·C_t of this warp's kRowsPerWarp rows (`rows`: the warp's first row in the stage, as stored)
+// into dots[r * kT + t] (the warp's own rows' bytes: the dots of row r end within the bytes of rows <= r). `C`: the
+// stage's [kT][N] window columns; tokens >= T get zeros.
+template <int kT>
+__device__ __forceinline__ void verify_row_dots(const state_t* rows, const act_t* C, int T, float* dots) {
+  using D = VerifyDots<kT>;
+  const int lane = threadIdx.x % rssm::kWarpSize, g = lane / D::kLanes, c = lane % D::kLanes;
+  float cv[kT][D::kCols];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (r0 + r >= kRowsPerWarp) break;
-    float part[kT];
+  for (int tok = 0; tok < kT; ++tok)
 #pragma unroll
-    for (int tok = 0; tok < kT; ++tok) {
-      part[tok] = 0.f;
+    for (int i = 0; i < D::kChunks; ++i) {
+      float v4[4];
+      if (tok < T) {
+        rssm::load_vec<act_t, 4>(C + tok * N + D::col(c, i), v4);
+      } else {
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(v[r][e], cv[tok][e], part[tok]);
+        for (int e = 0; e < 4; ++e) v4[e] = 0.f;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) cv[tok][i * 4 + e] = v4[e];
     }
-    total[r] = rssm::warp_sum_scatter<kT>(part);
-  }
-  __syncwarp();
+  constexpr int kAtOnce = D::kPasses < 2 ? D::kPasses : 2;  // passes whose reductions interleave
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    if (r0 + r < kRowsPerWarp && lane < kT) dots[(r0 + r) * kT + lane] = total[r];
+  for (int p0 = 0; p0 < D::kPasses; p0 += kAtOnce) {
+    float total[kAtOnce];
+#pragma unroll
+    for (int q = 0; q < kAtOnce; ++q) {
+      const int r = (p0 + q) * D::kGroups + g;
+      float part[kT];
+#pragma unroll
+      for (int tok = 0; tok < kT; ++tok) part[tok] = 0.f;
+      if (p0 + q < D::kPasses && r < kRowsPerWarp) {
+#pragma unroll
+        for (int i = 0; i < D::kChunks; ++i) {
+          float v4[4];
+          rssm::load_vec<state_t, 4>(rows + r * N + D::col(c, i), v4);
+#pragma unroll
+          for (int tok = 0; tok < kT; ++tok)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[tok] = fmaf(v4[e], cv[tok][i * 4 + e], part[tok]);
+        }
+      }
+      total[q] = rssm::warp_sum_scatter<kT, D::kLanes>(part);
+    }
+    __syncwarp();  // every lane has read the rows whose bytes the dots below overwrite
+#pragma unroll
+    for (int q = 0; q < kAtOnce; ++q) {
+      const int r = (p0 + q) * D::kGroups + g;
+      if (p0 + q < D::kPasses && r < kRowsPerWarp && c < kT) dots[r * kT + c] = total[q];
+    }
+  }
 }
 
 template <int kT>
@@ -1575,31 +1617,9 @@ __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoo
   const act_t* x_s = reinterpret_cast<const act_t*>(stage + lay.x);
   const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
   const act_t* hist = reinterpret_cast<const act_t*>(stage + lay.hist);
-  const state_t* rows = reinterpret_cast<const state_t*>(stage) + wrow0 * N + lane * kEpl;
+  state_t* rows = reinterpret_cast<state_t*>(stage) + wrow0 * N;
   float* dots = reinterpret_cast<float*>(stage + wrow0 * N * int(sizeof(state_t)));  // [kRowsPerWarp][kT]
-  float cv[kT][kEpl];  // this lane's columns of every window token's C (tokens >= T: zeros)
-#pragma unroll
-  for (int tok = 0; tok < kT; ++tok) {
-    if (tok < T) {
-      rssm::load_vec<act_t, kEpl>(reinterpret_cast<const act_t*>(stage + lay.C) + tok * N + lane * kEpl, cv[tok]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) cv[tok][e] = 0.f;
-    }
-  }
-  if (!fold) {
-    constexpr int kDotRows = kRowsPerWarp < 32 / kT ? kRowsPerWarp : 32 / kT;  // rows whose dots interleave
-#pragma unroll
-    for (int r0 = 0; r0 < kRowsPerWarp; r0 += kDotRows) {
-      float v[kDotRows][kEpl];
-#pragma unroll
-      for (int r = 0; r < kDotRows; ++r) {
-        if (r0 + r >= kRowsPerWarp) break;
-        rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, v[r]);
-      }
-      store_row_dots<kT, kDotRows>(v, cv, r0, dots);
-    }
-  } else {
+  if (fold) {
     rssm::fold_buffer_wait(pipe, folds);
     const float* fold_w = VerifyCoef::fold(coef, R);
     const float decay = fold_w[R], sj = lane < count ? fold_w[lane] : 0.f;
@@ -1612,7 +1632,7 @@ __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoo
       for (int r = 0; r < kVerifyFoldRows; ++r) {
         if (r0 + r >= kRowsPerWarp) break;
         xs[r] = lane < count ? sj * rssm::to_float(hist[lane * PT + wrow0 + r0 + r]) : 0.f;
-        rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N, acc[r]);
+        rssm::load_vec<state_t, kEpl>(rows + (r0 + r) * N + lane * kEpl, acc[r]);
 #pragma unroll
         for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
       }
@@ -1631,14 +1651,13 @@ __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoo
       for (int r = 0; r < kVerifyFoldRows; ++r) {
         if (r0 + r >= kRowsPerWarp) break;
         rssm::store_vec<state_t, kEpl>(dst + (r0 + r) * N, acc[r]);
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) acc[r][e] = rssm::round_through<state_t>(acc[r][e]);
+        rssm::store_vec<state_t, kEpl>(rows + (r0 + r) * N + lane * kEpl, acc[r]);  // as stored, for the dots
       }
-      store_row_dots<kT, kVerifyFoldRows>(acc, cv, r0, dots);
     }
-    rssm::fold_buffer_release(pipe);
+    rssm::fold_buffer_release(pipe);  // after its __syncwarp every lane's folded rows are in the stage
     ++folds;
   }
+  verify_row_dots<kT>(rows, reinterpret_cast<const act_t*>(stage + lay.C), T, dots);
   __syncwarp();
   // Outputs and the window's x records, a lane per (token, row).
   const int base = fold ? count : 0;

@@ -164,14 +164,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the warp-wide sum
-// of v[l % kValues] (v is clobbered). Each halving step trades half of the values with the partner lane (kValues - 1
-// shuffles in all, independent within a step), then a butterfly over the lane bits above kValues: instead of
-// 5 kValues shuffles for kValues warp_sum calls. (Template parameters here avoid the kernels' one-letter macros.)
-template <int kValues>
+// Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the sum over its
+// group of kLanes lanes (aligned, a power of two from kValues to 32; default the warp) of v[l % kValues] (v is
+// clobbered). Each halving step trades half of the values with the partner lane (kValues - 1 shuffles in all,
+// independent within a step), then a butterfly over the lane bits from kValues up to kLanes: instead of
+// log2(kLanes) kValues shuffles for kValues group sums. (Template parameters here avoid the kernels' one-letter
+// macros.)
+template <int kValues, int kLanes = kWarpSize>
 __device__ __forceinline__ float warp_sum_scatter(float (&v)[kValues]) {
-  static_assert(kValues >= 1 && kValues <= kWarpSize && (kValues & (kValues - 1)) == 0,
-                "kValues must be a power of two <= 32");
+  static_assert(kValues >= 1 && kValues <= kLanes && kLanes <= kWarpSize && (kValues & (kValues - 1)) == 0 &&
+                    (kLanes & (kLanes - 1)) == 0,
+                "kValues and kLanes must be powers of two, kValues <= kLanes <= 32");
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int step = 1; step < kValues; step *= 2) {
@@ -185,7 +188,7 @@ __device__ __forceinline__ float warp_sum_scatter(float (&v)[kValues]) {
   }
   float total = v[0];
 #pragma unroll
-  for (int m = kValues; m < kWarpSize; m *= 2) total += __shfl_xor_sync(0xffffffffu, total, m);
+  for (int m = kValues; m < kLanes; m *= 2) total += __shfl_xor_sync(0xffffffffu, total, m);
   return total;
 }
 
