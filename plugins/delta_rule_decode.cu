@@ -1603,20 +1603,11 @@ __device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot
   store_rounded_rows(rows, col0, acc);
 }
 
-// One warp's rows of a verify (lane r < kRows: row r): from the checkpoint rows `acc` (as stored) and the row's
-// history of w records, every window token in exact order,
-//   a_k[t] = S0·(e^{lg_t} ⊙ k_t) + Σ_{j<w+t} ck[t][j] u_j,  u_t = beta_t (v_t - a_k[t]),
-//   o_t = S0·(e^{lg_t} ⊙ q~_t) + Σ_{j<w+t} cq[t][j] u_j + u_t (k_t·q~_t),
-// the window's u_j rounded as the ring holds them. `u_hist(j)`: this lane's row of history record j (lane l: row
-// l % kRows); `v`: this lane's row of token t's values at v[t * v_stride]; writes out[t * out_stride] and the u
-// records at u_dst (this lane's row, ring row stride kV) at the positions of history records w + t.
-template <class UHist>
-__device__ __forceinline__ void decode_window(const float (&acc)[kRows][kEpl], const WindowCoefs& c, int T, int L,
-                                              rssm::SpecCursor hist, UHist u_hist, const act_t* v, long long v_stride,
-                                              act_t* out, long long out_stride, act_t* u_dst) {
-  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl, w = hist.count;
-  // Checkpoint terms per token.
-  float sq[kMaxWindow], sk[kMaxWindow];
+// The window's checkpoint terms of this warp's rows held in registers (`acc`): lane r < kRows gets row r's
+// sq[t] = S0·(e^{lg_t} ⊙ q~_t) and sk[t] likewise with k_t, for t < T.
+__device__ __forceinline__ void checkpoint_terms(const float (&acc)[kRows][kEpl], const WindowCoefs& c, int T,
+                                                 float (&sq)[kMaxWindow], float (&sk)[kMaxWindow]) {
+  const int col0 = threadIdx.x % rssm::kWarpSize * kEpl;
 #pragma unroll
   for (int t = 0; t < kMaxWindow; ++t) {
     if (t >= T) break;
@@ -1630,6 +1621,97 @@ __device__ __forceinline__ void decode_window(const float (&acc)[kRows][kEpl], c
       sk[t] *= d;
     }
   }
+}
+
+// checkpoint_terms from the warp's rows in shared memory (`rows`, as stored), with a row's columns over kLanes lanes
+// (kCols = 16 each, in 4-column chunks kLanes * 4 apart) and kGroups rows at once: a token's dots of a lane's kChunk
+// rows reduce over its lanes by one transposed reduction (rssm::warp_sum_scatter<2 kChunk, kLanes>), about a quarter
+// of the shuffles and selects of a 32-lane row. Up to 128 key channels (kStageDots).
+struct StageDots {
+  static constexpr int kCols = 16, kLanes = kK / kCols, kGroups = rssm::kWarpSize / kLanes;
+  static constexpr int kLaneRows = (kRows + kGroups - 1) / kGroups;  // rows g, g + kGroups, ... of lane group g
+  static constexpr int kChunk = kLaneRows < kLanes / 2 ? kLaneRows : kLanes / 2;  // rows per reduction
+  static constexpr int kChunks = (kLaneRows + kChunk - 1) / kChunk;
+  __device__ static int col(int c, int i) { return i * kLanes * 4 + c * 4; }  // lane c's i-th 4-column chunk
+};
+constexpr bool kStageDots = kK <= 128 && kK % 64 == 0;
+static_assert(!kStageDots || (StageDots::kChunk & (StageDots::kChunk - 1)) == 0, "rows per reduction: a power of two");
+
+__device__ __forceinline__ void stage_checkpoint_terms(const state_t* rows, const WindowCoefs& c, int T,
+                                                       float (&sq)[kMaxWindow], float (&sk)[kMaxWindow]) {
+  using D = StageDots;
+  const int lane = threadIdx.x % rssm::kWarpSize, g = lane / D::kLanes, cl = lane % D::kLanes;
+#pragma unroll
+  for (int t = 0; t < kMaxWindow; ++t) sq[t] = sk[t] = 0.f;
+  // Lane r < kRows takes its row's sums from the lane that holds them: row r is row rr of chunk k of group r % kGroups.
+  const int my_rr = lane / D::kGroups % D::kChunk, my_chunk = lane / D::kGroups / D::kChunk;
+  const int src_q = lane % D::kGroups * D::kLanes + my_rr, src_k = src_q + D::kChunk;
+#pragma unroll
+  for (int k = 0; k < D::kChunks; ++k) {
+    float v[D::kChunk][D::kCols];
+#pragma unroll
+    for (int rr = 0; rr < D::kChunk; ++rr) {
+      const int r = g + D::kGroups * (k * D::kChunk + rr);
+#pragma unroll
+      for (int i = 0; i < D::kCols / 4; ++i) {
+        float v4[4] = {};
+        if (r < kRows) rssm::load_vec<state_t, 4>(rows + r * kK + D::col(cl, i), v4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[rr][4 * i + e] = v4[e];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxWindow; ++t) {
+      if (t >= T) break;
+      float parts[2 * D::kChunk];
+#pragma unroll
+      for (int q = 0; q < 2 * D::kChunk; ++q) parts[q] = 0.f;
+#pragma unroll
+      for (int i = 0; i < D::kCols / 4; ++i) {
+        float xq[4], xk[4];
+        rssm::load_vec<float, 4>(c.xq + t * kK + D::col(cl, i), xq);
+        rssm::load_vec<float, 4>(c.xk + t * kK + D::col(cl, i), xk);
+#pragma unroll
+        for (int rr = 0; rr < D::kChunk; ++rr)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            parts[rr] = fmaf(v[rr][4 * i + e], xq[e], parts[rr]);
+            parts[D::kChunk + rr] = fmaf(v[rr][4 * i + e], xk[e], parts[D::kChunk + rr]);
+          }
+      }
+      // Lane c of a group: the q sum (c < kChunk) or k sum of its chunk row c % kChunk.
+      const float total = rssm::warp_sum_scatter<2 * D::kChunk, D::kLanes>(parts);
+      const float q = __shfl_sync(0xffffffffu, total, src_q), kk = __shfl_sync(0xffffffffu, total, src_k);
+      if (my_chunk == k) {
+        sq[t] = q;
+        sk[t] = kk;
+      }
+    }
+  }
+  if constexpr (!kPerChannel) {
+#pragma unroll
+    for (int t = 0; t < kMaxWindow; ++t) {
+      if (t >= T) break;
+      const float d = __expf(c.lg[t * c.lg_stride]);
+      sq[t] *= d;
+      sk[t] *= d;
+    }
+  }
+}
+
+// One warp's rows of a verify (lane r < kRows: row r) from the window's checkpoint terms `sq`, `sk` (checkpoint_terms)
+// and the row's history of w records, every window token in exact order,
+//   a_k[t] = S0·(e^{lg_t} ⊙ k_t) + Σ_{j<w+t} ck[t][j] u_j,  u_t = beta_t (v_t - a_k[t]),
+//   o_t = S0·(e^{lg_t} ⊙ q~_t) + Σ_{j<w+t} cq[t][j] u_j + u_t (k_t·q~_t),
+// the window's u_j rounded as the ring holds them. `u_hist(j)`: this lane's row of history record j (lane l: row
+// l % kRows); `v`: this lane's row of token t's values at v[t * v_stride]; writes out[t * out_stride] and the u
+// records at u_dst (this lane's row, ring row stride kV) at the positions of history records w + t.
+template <class UHist>
+__device__ __forceinline__ void decode_window(const float (&sq)[kMaxWindow], const float (&sk)[kMaxWindow],
+                                              const WindowCoefs& c, int T, int L, rssm::SpecCursor hist,
+                                              UHist u_hist, const act_t* v, long long v_stride, act_t* out,
+                                              long long out_stride, act_t* u_dst) {
+  const int lane = threadIdx.x % rssm::kWarpSize, w = hist.count;
   // Committed ring terms Σ_{j<w} (cq, ck)[t][j] u_j[row]: lane l sums entries j ≡ l / kRows (mod kRowGroups) of row
   // l % kRows, then the groups are added into lanes r < kRows.
   float rq[kMaxWindow] = {}, rk[kMaxWindow] = {};
@@ -1726,7 +1808,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_ker
   const act_t* u_ring = static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + row0 +
                         warp * kRows + lane % kRows;
   auto u_hist = [&](int j) { return rssm::to_float(u_ring[(long long)hist.position(j, p.L) * kV]); };
-  decode_window(acc, coefs, T, p.L, hist, u_hist,
+  float sq[kMaxWindow], sk[kMaxWindow];
+  checkpoint_terms(acc, coefs, T, sq, sk);
+  decode_window(sq, sk, coefs, T, p.L, hist, u_hist,
                 static_cast<const act_t*>(p.v) + b * T * p.s_v_b + hv * p.s_v_h + wrow, p.s_v_b,
                 out + b * T * p.s_out_b, p.s_out_b,
                 static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head + wrow);
@@ -1873,7 +1957,7 @@ __device__ __forceinline__ void produce_verify(const DeltaParams& p, rssm::TileP
 // checkpoint rows (a folding row's history first folded into them and stored), every window token's checkpoint
 // terms, the history's ring terms and the window in exact order; outputs and the window's u records. Releases the
 // stage.
-__device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoord& c, const unsigned char* stage,
+__device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoord& c, unsigned char* stage,
                                             rssm::TilePipe& pipe, int s) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
   const int T = p.window, L = p.L, wrow = c.row0 + warp * kRows + lane;  // wrow: lane r's row (r < kRows)
@@ -1897,20 +1981,31 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
                           rec + VerifyRec::ck(L, T), tok + 1, tok, 4, L, 4};
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v) + warp * kRows + lane;
   const act_t* u_s = reinterpret_cast<const act_t*>(stage + lay.hist) + warp * kRows + lane % kRows;
-  float acc[kRows][kEpl];
-  const state_t* tile_rows = reinterpret_cast<const state_t*>(stage) + warp * kRows * kK + col0;
+  state_t* tile_rows = reinterpret_cast<state_t*>(stage) + warp * kRows * kK;  // the warp's rows, as stored
+  float sq[kMaxWindow], sk[kMaxWindow];
+  if (fold || !kStageDots) {
+    float acc[kRows][kEpl];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl>(tile_rows + r * kK, acc[r]);
-  if (fold) {  // the folded records' u rows, keys and gates are in the stage, in history order
-    state_t* rows = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
-                    (long long)(c.row0 + warp * kRows) * kK;
-    fold_records(reinterpret_cast<const kring_t*>(stage + lay.keys), reinterpret_cast<const float*>(stage + lay.gates),
-                 reinterpret_cast<const act_t*>(stage + lay.hist) + warp * kRows, kTile, L,
-                 rssm::SpecCursor{0, cur.count}, col0, acc);
-    store_rounded_rows(rows, col0, acc);
+    for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl>(tile_rows + r * kK + col0, acc[r]);
+    if (fold) {  // the folded records' u rows, keys and gates are in the stage, in history order
+      state_t* rows = static_cast<state_t*>(p.state) + slot * p.s_state_slot + c.hv * p.s_state_head +
+                      (long long)(c.row0 + warp * kRows) * kK;
+      fold_records(reinterpret_cast<const kring_t*>(stage + lay.keys),
+                   reinterpret_cast<const float*>(stage + lay.gates),
+                   reinterpret_cast<const act_t*>(stage + lay.hist) + warp * kRows, kTile, L,
+                   rssm::SpecCursor{0, cur.count}, col0, acc);
+      store_rounded_rows(rows, col0, acc);
+      if constexpr (kStageDots) {  // the folded rows as stored back into the stage for the dots
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl>(tile_rows + r * kK + col0, acc[r]);
+        __syncwarp();
+      }
+    }
+    if constexpr (!kStageDots) checkpoint_terms(acc, coefs, T, sq, sk);
   }
+  if constexpr (kStageDots) stage_checkpoint_terms(tile_rows, coefs, T, sq, sk);
   auto u_hist = [&](int j) { return rssm::to_float(u_s[j * kTile]); };
-  decode_window(acc, coefs, T, L, hist, u_hist, v_s, kTile, out + c.b * T * p.s_out_b, p.s_out_b,
+  decode_window(sq, sk, coefs, T, L, hist, u_hist, v_s, kTile, out + c.b * T * p.s_out_b, p.s_out_b,
                 static_cast<act_t*>(p.u_ring) + slot * p.s_ur_slot + c.hv * p.s_ur_head + wrow);
   rssm::release_stage(pipe, s);
 }

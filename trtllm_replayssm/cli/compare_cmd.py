@@ -50,7 +50,8 @@ def _spec_table(report: dict) -> "object":
     from trtllm_replayssm.lab.compare import spec_speedups
 
     rows = spec_speedups(report["records"])
-    table = Table(title="speculative verify steps, accepted tokens/s (PyTorch reference verify and commit)")
+    graphed = all(r.get("cuda_graph") for r in report["records"] if r.get("spec_tokens", 1) > 1)
+    table = Table(title="speculative verify steps, accepted tokens/s" + ("" if graphed else " (eager steps, no CUDA graphs)"))
     for col in ("model", "layers", "batch", "T", "mean accepted", "per-draft µs", "replay verify µs",
                 "per-draft tok/s", "replay verify tok/s", "replay decode tok/s", "vs per-draft", "vs replay decode",
                 "tokens equal"):
