@@ -1528,13 +1528,16 @@ __device__ __forceinline__ void produce_verify(const Mamba2Params& p, rssm::Tile
 constexpr int kVerifyFoldRows = kRowsPerWarp < 4 ? kRowsPerWarp : 4;
 
 // The verify's row dots: a row's columns over kLanes lanes (kCols each, 64 / kT up to 16, so that every window
-// token's C columns stay in 64 registers), kGroups rows at once per warp; a lane's columns are 4-column chunks
+// token's C columns stay in 64 registers, and at most N / kT, so that a row has a lane per token), kGroups rows at
+// once per warp; a lane's columns are 4-column chunks
 // kLanes * 4 apart (a quarter-warp's 16-byte loads of a row are contiguous). The kT dots of a row reduce over its
 // lanes by one transposed reduction (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row
 // needs.
 template <int kT>
 struct VerifyDots {
-  static constexpr int kCols = 64 / kT < 16 ? 64 / kT : 16, kLanes = N / kCols, kGroups = rssm::kWarpSize / kLanes;
+  static constexpr int kWide = 64 / kT < 16 ? 64 / kT : 16;
+  static constexpr int kCols = kWide < N / kT ? kWide : N / kT, kLanes = N / kCols;
+  static constexpr int kGroups = rssm::kWarpSize / kLanes;
   static constexpr int kChunks = kCols / 4, kPasses = (kRowsPerWarp + kGroups - 1) / kGroups;
   static_assert(kCols % 4 == 0 && N % kCols == 0 && rssm::kWarpSize % kLanes == 0 && kT <= kLanes,
                 "verify row dots: 4-column chunks, a row's lanes within the warp, kT <= lanes per row");
