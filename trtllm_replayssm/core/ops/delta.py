@@ -461,7 +461,7 @@ def verify_plan_key(layer: GDNLayerCache, batch: int, window: int) -> tuple:
 
 def resolved_verify_plan(layer: GDNLayerCache, v: torch.Tensor, tuning: Tuning, plan: LaunchPlan | None) -> LaunchPlan:
     """``plan`` checked against the call on the window's values ``v`` [b, T, HV, V] (default: :func:`verify_plan`);
-    the persistent verify copies v rows by 4-byte words."""
+    the persistent verify copies v rows in 16-byte chunks where aligned, else 4-byte words."""
     batch, window = v.shape[:2]
     if plan is None:
         plan = verify_plan(layer, batch, window, tuning)

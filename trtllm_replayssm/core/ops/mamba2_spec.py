@@ -218,7 +218,7 @@ def verify_decode(layer: Mamba2LayerCache, x: torch.Tensor, dt: torch.Tensor, A:
     chk.check_tensor("layer.B_ring", layer.B_ring, (slots, B.shape[2], R, N), (x.dtype,), dev, inner_contiguous=2)
     chk.check_tensor("layer.step", layer.step, (slots + 1,), (torch.int32,), dev)
     chk.check_scratch_rows(x.shape[0], slots)
-    if dev.type == "cuda":  # the persistent kernel moves state tiles by bulk copies, row inputs by 4-byte copies
+    if dev.type == "cuda":  # state tiles by bulk copies, row inputs by 16-byte chunks where aligned, else 4-byte words
         chk.check_aligned("state", state, 16 // state.element_size())
         for name, t in (("x", x), ("z", z), ("layer.x_ring", layer.x_ring)):
             if t is not None:
