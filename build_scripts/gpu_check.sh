@@ -119,11 +119,16 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
     rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
   fi
 fi
-if has spec; then  # speculative verify (Mamba-2, T = 4): replay vs per-draft vs the FlashInfer peers
+if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
     --models nemotron-3-super-120b,nemotron-3-nano-4b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
     -o "$OUT/kernels-spec-h200.json" > "$OUT/bench_spec.log" 2>&1
   rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-h200.json"
+  # GDN and KDA verify (no peer runs it): 70 s for three models at batch 1-512 on the H200
+  timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family gdn,kda \
+    --models qwen3.5-4b,qwen3.5-122b,kimi-linear-48b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
+    -o "$OUT/kernels-spec-delta-h200.json" > "$OUT/bench_spec_delta.log" 2>&1
+  rc=$?; record "bench kernels --spec (GDN, KDA)" $rc "$OUT/kernels-spec-delta-h200.json"
 fi
 if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
   batches=${COMPARE_BATCH:-1,8,64,256}
