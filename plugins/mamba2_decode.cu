@@ -1519,20 +1519,14 @@ __device__ __forceinline__ void produce_verify(const Mamba2Params& p, rssm::Tile
                                     copy_inputs);
 }
 
-// One consumer warp's rows of a verify tile (stage complete): every window token's S·C_t of each row, S the
-// checkpoint or, for a folding row, S = decay S0 + Σ_{j<count} s_j x_j B_jᵀ (stored, written back into the stage as
-// stored, then read from there); then y_t = gate_t (decay_t S·C_t + Σ_l w[t][l] x_{base + l} + D x_t) and the
-// window's x records. The dots go into the warp's own rows of the stage's checkpoint tile once those are read.
-// Releases the stage.
 // State rows a verify's fold updates at once (registers beside its B columns).
 constexpr int kVerifyFoldRows = kRowsPerWarp < 4 ? kRowsPerWarp : 4;
 
 // The verify's row dots: a row's columns over kLanes lanes (kCols each, 64 / kT up to 16, so that every window
 // token's C columns stay in 64 registers, and at most N / kT, so that a row has a lane per token), kGroups rows at
-// once per warp; a lane's columns are 4-column chunks
-// kLanes * 4 apart (a quarter-warp's 16-byte loads of a row are contiguous). The kT dots of a row reduce over its
-// lanes by one transposed reduction (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row
-// needs.
+// once per warp; a lane's columns are 4-column chunks kLanes * 4 apart (a quarter-warp's 16-byte loads of a row are
+// contiguous). The kT dots of a row reduce over its lanes by one transposed reduction
+// (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row needs.
 template <int kT>
 struct VerifyDots {
   static constexpr int kWide = 64 / kT < 16 ? 64 / kT : 16;
@@ -1598,6 +1592,11 @@ __device__ __forceinline__ void verify_row_dots(const state_t* rows, const act_t
   }
 }
 
+// One consumer warp's rows of a verify tile (stage complete): every window token's S·C_t of each row, S the
+// checkpoint or, for a folding row, S = decay S0 + Σ_{j<count} s_j x_j B_jᵀ (stored, written back into the stage as
+// stored, then read from there); then y_t = gate_t (decay_t S·C_t + Σ_l w[t][l] x_{base + l} + D x_t) and the
+// window's x records. The dots go into the warp's own rows of the stage's checkpoint tile once those are read.
+// Releases the stage.
 template <int kT>
 __device__ __forceinline__ void verify_tile(const Mamba2Params& p, const TileCoord& c, unsigned char* stage,
                                             rssm::TilePipe& pipe, int s, const act_t* fold_buf, int& folds) {
