@@ -1603,6 +1603,16 @@ __device__ __forceinline__ void fold_history_rows(const DeltaParams& p, int slot
   store_rounded_rows(rows, col0, acc);
 }
 
+// GDN: token t's checkpoint dots times the checkpoint's decay to after the token, e^{lg_t} (KDA's xq and xk carry
+// theirs per channel).
+__device__ __forceinline__ void decay_checkpoint_term(const WindowCoefs& c, int t, float& sq, float& sk) {
+  if constexpr (!kPerChannel) {
+    const float d = __expf(c.lg[t * c.lg_stride]);
+    sq *= d;
+    sk *= d;
+  }
+}
+
 // The window's checkpoint terms of this warp's rows held in registers (`acc`): lane r < kRows gets row r's
 // sq[t] = S0·(e^{lg_t} ⊙ q~_t) and sk[t] likewise with k_t, for t < T.
 __device__ __forceinline__ void checkpoint_terms(const float (&acc)[kRows][kEpl], const WindowCoefs& c, int T,
@@ -1615,11 +1625,7 @@ __device__ __forceinline__ void checkpoint_terms(const float (&acc)[kRows][kEpl]
     rssm::load_vec<float, kEpl>(c.xq + t * kK + col0, xq);
     rssm::load_vec<float, kEpl>(c.xk + t * kK + col0, xk);
     state_dots(acc, xq, xk, sq[t], sk[t]);
-    if constexpr (!kPerChannel) {
-      const float d = __expf(c.lg[t * c.lg_stride]);
-      sq[t] *= d;
-      sk[t] *= d;
-    }
+    decay_checkpoint_term(c, t, sq[t], sk[t]);
   }
 }
 
@@ -1688,14 +1694,10 @@ __device__ __forceinline__ void stage_checkpoint_terms(const state_t* rows, cons
       }
     }
   }
-  if constexpr (!kPerChannel) {
 #pragma unroll
-    for (int t = 0; t < kMaxWindow; ++t) {
-      if (t >= T) break;
-      const float d = __expf(c.lg[t * c.lg_stride]);
-      sq[t] *= d;
-      sk[t] *= d;
-    }
+  for (int t = 0; t < kMaxWindow; ++t) {
+    if (t >= T) break;
+    decay_checkpoint_term(c, t, sq[t], sk[t]);
   }
 }
 
@@ -1971,7 +1973,6 @@ __device__ __forceinline__ void verify_tile(const DeltaParams& p, const TileCoor
       for (int t = 0; t < T; ++t) out[(c.b * T + t) * p.s_out_b] = rssm::from_float<act_t>(0.f);
     return;
   }
-  const int h = c.hv / (p.num_v_heads / p.num_k_heads);
   const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
   const bool fold = verify_folds(cur, T, L);
   const rssm::SpecCursor hist = verify_history(cur, fold, L);

@@ -11,7 +11,7 @@ import torch
 
 from trtllm_replayssm.core import checks as chk
 from trtllm_replayssm.core import crossovers
-from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.cache import GDNLayerCache, KDALayerCache
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
@@ -444,7 +444,7 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
         tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
         return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
     state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
-    per_channel_gate = layer.g_ring.dim() == 4
+    per_channel_gate = isinstance(layer, KDALayerCache)
     stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem, key_elem, per_channel_gate)
              for t in tile_choices(V, K)}
     tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
