@@ -352,7 +352,8 @@ def delta_size_checks(rows: int, key_dim: int, state_row_bytes: int, act_elem: i
         for T in range(1, min(L, MAX_WINDOW) + 1 if speculative else 1):
             lines.append(f"static_assert(VerifyRec::stride({L}, {T}) == {delta_verify_rec_floats(L, key_dim, T)}"
                          f', "verify record at L={L}, T={T} differs from core/layouts.py");')
-            lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == "
-                         f"{delta_verify_stage_bytes(L, T, rows, key_dim, state_row_bytes // key_dim, act_elem, key_elem, per_channel_gate)}"
+            verify_stage = delta_verify_stage_bytes(L, T, rows, key_dim, state_row_bytes // key_dim, act_elem, key_elem,
+                                                    per_channel_gate)
+            lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == {verify_stage}"
                          f', "verify stage bytes at L={L}, T={T} differ from core/layouts.py");')
     return "\n".join(lines)
