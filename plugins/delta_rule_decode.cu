@@ -1630,7 +1630,7 @@ __device__ __forceinline__ void checkpoint_terms(const float (&acc)[kRows][kEpl]
 }
 
 // checkpoint_terms from the warp's rows in shared memory (`rows`, as stored), with a row's columns over kLanes lanes
-// (kCols = 16 each, in 4-column chunks kLanes * 4 apart) and kGroups rows at once: a token's dots of a lane's kChunk
+// (kCols = 16 each, in 4-column chunks: rssm::group_chunk_col) and kGroups rows at once: a token's dots of a lane's kChunk
 // rows reduce over its lanes by one transposed reduction (rssm::warp_sum_scatter<2 kChunk, kLanes>), about a quarter
 // of the shuffles and selects of a 32-lane row. Up to 128 key channels (kStageDots).
 struct StageDots {
@@ -1638,7 +1638,7 @@ struct StageDots {
   static constexpr int kLaneRows = (kRows + kGroups - 1) / kGroups;  // rows g, g + kGroups, ... of lane group g
   static constexpr int kChunk = kLaneRows < kLanes / 2 ? kLaneRows : kLanes / 2;  // rows per reduction
   static constexpr int kChunks = (kLaneRows + kChunk - 1) / kChunk;
-  __device__ static int col(int c, int i) { return i * kLanes * 4 + c * 4; }  // lane c's i-th 4-column chunk
+  __device__ static int col(int c, int i) { return rssm::group_chunk_col<kLanes>(c, i); }
 };
 constexpr bool kStageDots = kK <= 128 && kK % 64 == 0;
 static_assert(!kStageDots || (StageDots::kChunk & (StageDots::kChunk - 1)) == 0, "rows per reduction: a power of two");

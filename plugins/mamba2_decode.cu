@@ -1524,9 +1524,9 @@ constexpr int kVerifyFoldRows = kRowsPerWarp < 4 ? kRowsPerWarp : 4;
 
 // The verify's row dots: a row's columns over kLanes lanes (kCols each, 64 / kT up to 16, so that every window
 // token's C columns stay in 64 registers, and at most N / kT, so that a row has a lane per token), kGroups rows at
-// once per warp; a lane's columns are 4-column chunks kLanes * 4 apart (a quarter-warp's 16-byte loads of a row are
-// contiguous). The kT dots of a row reduce over its lanes by one transposed reduction
-// (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row needs.
+// once per warp, a lane's columns in 4-column chunks (rssm::group_chunk_col). The kT dots of a row reduce over its
+// lanes by one transposed reduction (rssm::warp_sum_scatter<kT, kLanes>), a quarter of the shuffles a 32-lane row
+// needs.
 template <int kT>
 struct VerifyDots {
   static constexpr int kWide = 64 / kT < 16 ? 64 / kT : 16;
@@ -1535,7 +1535,7 @@ struct VerifyDots {
   static constexpr int kChunks = kCols / 4, kPasses = (kRowsPerWarp + kGroups - 1) / kGroups;
   static_assert(kCols % 4 == 0 && N % kCols == 0 && rssm::kWarpSize % kLanes == 0 && kT <= kLanes,
                 "verify row dots: 4-column chunks, a row's lanes within the warp, kT <= lanes per row");
-  __device__ static int col(int c, int i) { return i * kLanes * 4 + c * 4; }  // lane c's i-th chunk
+  __device__ static int col(int c, int i) { return rssm::group_chunk_col<kLanes>(c, i); }
 };
 
 // Every window token's S·C_t of this warp's kRowsPerWarp rows (`rows`: the warp's first row in the stage, as stored)

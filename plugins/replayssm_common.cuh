@@ -192,6 +192,13 @@ __device__ __forceinline__ float warp_sum_scatter(float (&v)[kValues]) {
   return total;
 }
 
+// A row's columns spread over a group of kLanes lanes in 4-column chunks: lane c's i-th chunk starts at this column
+// (chunks kLanes * 4 apart, so that a quarter-warp's 16-byte loads of a row are contiguous).
+template <int kLanes>
+__device__ __forceinline__ int group_chunk_col(int c, int i) {
+  return i * kLanes * 4 + c * 4;
+}
+
 // Inclusive suffix sum over lanes: lane j gets sum_{i >= j} v_i.
 __device__ __forceinline__ float warp_suffix_sum(float v) {
   const int lane = threadIdx.x % kWarpSize;
