@@ -1,5 +1,5 @@
-"""Greedy generation and timing: prefill, then N decode steps (a captured CUDA graph per batch on CUDA), or N
-speculative verify steps with synthetic acceptance."""
+"""Greedy generation and timing: prefill, then N decode steps or N speculative verify steps with synthetic
+acceptance (on CUDA a step captured once in a CUDA graph per batch and replayed)."""
 from __future__ import annotations
 
 import statistics
@@ -183,14 +183,16 @@ def acceptance_pattern(spec_tokens: int, mean_accept: float, windows: int, batch
 
 @torch.no_grad()
 def speculative_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor, drafts: torch.Tensor,
-                       accepted: torch.Tensor, keep_rows: int = 4,
+                       accepted: torch.Tensor, keep_rows: int = 4, use_graph: bool | None = None,
                        on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
     """Prefill ``prompt [b, P]``, then one speculative verify step per window ``s``: row b's window is its last
     sampled token followed by ``drafts[s, b]`` (``[windows, b, T - 1]``), the model verifies it
     (:meth:`HybridLM.verify_step`), keeps ``accepted[s, b]`` tokens (``[windows, b]``, 1 .. T: synthetic
     acceptance, given instead of compared with the drafts; :meth:`HybridLM.commit`) and samples the bonus token
-    greedily from the logits after the last accepted one. Each window (verify, commit, bonus token) is timed on the
-    wall clock. The run's tokens, top logits, gaps and kept logits are those of the bonus tokens."""
+    greedily from the logits after the last accepted one. On CUDA (default) that window step is captured once in a
+    CUDA graph before the prefill and replayed, each window's drafts and counts copied into its static inputs before
+    the timed replay; eager, each window is timed on the wall clock. The run's tokens, top logits, gaps and kept
+    logits are those of the bonus tokens."""
     windows, b, drafted = drafts.shape
     window = drafted + 1
     if tuple(accepted.shape) != (windows, b) or windows < 1:
@@ -202,33 +204,60 @@ def speculative_decode(model: HybridLM, state: DecodeState, prompt: torch.Tensor
         raise ValueError(f"drafts: prompt ({prompt.shape[1]}) + windows ({windows}) x {window} tokens must stay below "
                          f"max_len ({state.max_len})")
     dev = model.device
+    use_graph = dev.type == "cuda" if use_graph is None else use_graph
+    if use_graph and dev.type != "cuda":
+        raise ValueError(f"use_graph: CUDA graphs need a CUDA model, got device {dev}")
     drafts, accepted = drafts.to(dev), accepted.to(dev)
     rows = torch.arange(b, device=dev)
+    tok = torch.zeros(b, dtype=torch.long, device=dev)
+    step_drafts = drafts[0].clone()
+    step_accepted = accepted[0].clone()  # valid counts for the capture's warm-up windows
+
+    def step() -> torch.Tensor:
+        logits = model.verify_step(torch.cat([tok[:, None], step_drafts], 1), state)
+        model.commit(step_accepted, state)
+        last = logits[rows, step_accepted - 1]
+        tok.copy_(last.argmax(-1))
+        return last
+
+    run: Callable[[], torch.Tensor] = step
+    if use_graph:
+        captured = CapturedGraph(step)  # warm-up windows mutate the state; prefill resets it
+        run = captured.replay
     trace = _Trace(windows, b, min(keep_rows, b), model.cfg.vocab_size, dev)
-    tok = model.prefill(prompt.to(dev), state).argmax(-1)
+    tok.copy_(model.prefill(prompt.to(dev), state).argmax(-1))
     trace.tokens[0].copy_(tok)
     step_us = []
     for s in range(windows):
-        t0 = time.perf_counter()
-        logits = model.verify_step(torch.cat([tok[:, None], drafts[s]], 1), state)
-        model.commit(accepted[s], state)
-        last = logits[rows, accepted[s] - 1]
-        tok = last.argmax(-1)
-        step_us.append((time.perf_counter() - t0) * 1e6)
-        trace.add(s, last, tok)
+        step_drafts.copy_(drafts[s])
+        step_accepted.copy_(accepted[s])
+        if use_graph:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            last = run()
+            end.record()
+            step_us.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            last = run()
+            step_us.append((time.perf_counter() - t0) * 1e6)
+        trace.add(s, last, tok)  # outside the timed region
         if on_step:
             on_step(s + 1, windows)
-    return trace.run(step_us, False)
+    if use_graph:
+        torch.cuda.synchronize(dev)
+        step_us = [a.elapsed_time(e) * 1e3 for a, e in step_us]
+    return trace.run(step_us, use_graph)
 
 
 @torch.no_grad()
 def time_ssm_only(model: HybridLM, state: DecodeState, reps: int,
                   accepted: torch.Tensor | None = None) -> list[float]:
-    """Microseconds per call of a step of the SSM ops alone (all SSM layers, static inputs); a CUDA graph of them on
-    CUDA, eager on CPU; with ``accepted [b]`` a speculative verify + commit (:meth:`HybridLM.ssm_probe`, the
-    PyTorch references: eager). Mutates ``state``'s SSM buffers."""
+    """Microseconds per call of a step of the SSM ops alone (all SSM layers, static inputs): a CUDA graph of them on
+    CUDA, eager on CPU; with ``accepted [b]`` a speculative verify + commit of every SSM layer
+    (:meth:`HybridLM.ssm_probe`). Mutates ``state``'s SSM buffers."""
     probe = model.ssm_probe(state, accepted=accepted)
-    if model.device.type == "cuda" and accepted is None:
+    if model.device.type == "cuda":
         return time_calls(CapturedGraph(probe).replay, reps, model.device)
     probe()
     return time_calls(probe, reps, model.device)
