@@ -1370,14 +1370,15 @@ __device__ __forceinline__ bool kda_window_ring_key(const DeltaParams& p, const 
 // the ring holds it, this lane's channels). GDN: raw key dots times e^{lg_t - G_j} (`gj` = G_j). KDA pre-decayed: key
 // dots with e^{lg_t} ⊙ q~_t; KDA raw (a cumulative gate below -kPredecayFloor, rare): e^{lg_t - G_j} per channel
 // (`gj_row`: G_j's row, this lane's channels) with q~_t and k_t rebuilt from the inputs.
+template <int kT>
 __device__ __forceinline__ void entry_coefficients(const DeltaParams& p, VerifyShared& sm, int b, int h, int w, int j,
                                                    const float (&key)[kEpl], bool pre, float gj,
                                                    const float* gj_row) {
   const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl, T = p.window;
   const int t0 = j < w ? 0 : j - w + 1;
-  float parts[2 * kMaxWindow] = {};
+  float parts[2 * kT] = {};
 #pragma unroll
-  for (int t = 0; t < kMaxWindow; ++t) {
+  for (int t = 0; t < kT; ++t) {
     if (t >= T) break;
     if (t < t0) continue;
     float xq[kEpl], xk[kEpl], kd[kEpl];
@@ -1401,20 +1402,21 @@ __device__ __forceinline__ void entry_coefficients(const DeltaParams& p, VerifyS
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) {
       parts[t] = fmaf(kd[e], xq[e], parts[t]);
-      parts[kMaxWindow + t] = fmaf(kd[e], xk[e], parts[kMaxWindow + t]);
+      parts[kT + t] = fmaf(kd[e], xk[e], parts[kT + t]);
     }
   }
-  float dot = rssm::warp_sum_scatter<2 * kMaxWindow>(parts);  // lane t: entry·q side of token t, kMaxWindow + t: k side
-  const int t = lane % kMaxWindow;
-  if (lane < 2 * kMaxWindow && t >= t0 && t < T) {
+  float dot = rssm::warp_sum_scatter<2 * kT>(parts);  // lane t: entry·q side of token t, kT + t: k side
+  const int t = lane % kT;
+  if (lane < 2 * kT && t >= t0 && t < T) {
     if constexpr (!kPerChannel) dot *= __expf(sm.lg[t][0] - gj);
-    (lane < kMaxWindow ? sm.cq : sm.ck)[t][j] = dot;
+    (lane < kT ? sm.cq : sm.ck)[t][j] = dot;
   }
 }
 
-// The verify's per-CTA prologue: every token's scalars, cumulative gates and query/key vectors, then the coefficients
-// of every history record (entry j < w = hist.count at ring position hist.position(j)) and window entry, all in `sm`
-// (complete at return).
+// The verify's per-CTA prologue for windows of T <= kT tokens: every token's scalars, cumulative gates and query/key
+// vectors, then the coefficients of every history record (entry j < w = hist.count at ring position hist.position(j))
+// and window entry, all in `sm` (complete at return).
+template <int kT = kMaxWindow>
 __device__ __forceinline__ void verify_prologue(const DeltaParams& p, VerifyShared& sm, int b, int slot, int hv, int h,
                                                 rssm::SpecCursor hist) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
@@ -1487,7 +1489,7 @@ __device__ __forceinline__ void verify_prologue(const DeltaParams& p, VerifyShar
         gj = sm.lg[s][0];
       }
     }
-    entry_coefficients(p, sm, b, h, w, j, key, pre, gj, gj_row);
+    entry_coefficients<kT>(p, sm, b, h, w, j, key, pre, gj, gj_row);
   }
   __syncthreads();
 }
@@ -1857,30 +1859,11 @@ __host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T
 
 }  // namespace
 
-// Verify step 1 of the persistent verify, grid (HV, batch), 128 threads: per (row, value head) the verify prologue
-// (delta_verify_kernel's) into the row's record (VerifyRec), the window's gates and keys into the rings after the
-// history; the row's cursor word into p.step (rssm::kSkipStep for a row the verify skips); the last value head of a
-// folding row moves the cursor past the history. Reads history records only where no launch of the step writes. Lets
-// the persistent verify kernel launch once the previous grid has finished (rssm::prep_begin).
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_prep_kernel(const DeltaParams p) {
-  rssm::prep_begin(p.step - 1);
-  __shared__ __align__(16) VerifyShared sm;
-  const int hv = blockIdx.x, b = blockIdx.y, T = p.window, L = p.L;
-  const int h = hv / (p.num_v_heads / p.num_k_heads);
-  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
-  if (slot == p.pad_slot_id) return;
-  const int word = p.cursor[slot];
-  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
-  const bool bad = word < 0 || !cur.valid(T, L);
-  if (__syncthreads_or(bad || rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, blockDim.x,
-                                                    rssm::preload_row_id(p.slot_idx, b, threadIdx.x)))) {
-    if (threadIdx.x == 0 && hv == 0) p.step[b] = rssm::kSkipStep;
-    return;
-  }
-  const bool fold = verify_folds(cur, T, L);
-  const rssm::SpecCursor hist = verify_history(cur, fold, L);
-  verify_prologue(p, sm, b, slot, hv, h, hist);
-  const int w = hist.count;
+namespace {
+
+// The verify record's per-row part (VerifyRec) from the verify prologue's `sm`, for value head hv.
+__device__ __forceinline__ void write_record(const DeltaParams& p, const VerifyShared& sm, int b, int hv, int w) {
+  const int T = p.window, L = p.L;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * VerifyRec::stride(L, T);
   for (int i = threadIdx.x; i < T * kK; i += rssm::kThreads) {
     rec[VerifyRec::xq(L, T) + i] = sm.xq[i / kK][i % kK];
@@ -1900,11 +1883,179 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_pre
     tok[1] = sm.beta[t];
     tok[2] = kPerChannel ? 0.f : sm.lg[t][0];
   }
+}
+
+// KDA verify prep of (row b, value head hv = blockIdx.x): its prologue (for the smallest compile-time window bound
+// that holds the call's window), record, window gates and keys.
+__device__ __forceinline__ void value_head_prep(const DeltaParams& p, int b, int slot, rssm::SpecCursor hist) {
+  __shared__ __align__(16) VerifyShared sm;
+  const int hv = blockIdx.x, h = hv / (p.num_v_heads / p.num_k_heads);
+  if (p.window <= 2) verify_prologue<2>(p, sm, b, slot, hv, h, hist);
+  else if (p.window <= 4) verify_prologue<4>(p, sm, b, slot, hv, h, hist);
+  else verify_prologue<kMaxWindow>(p, sm, b, slot, hv, h, hist);
+  write_record(p, sm, b, hv, hist.count);
   write_window_gates_and_keys(p, sm, b, slot, hv, h, hist);
+}
+
+// GDN key heads share their queries, keys and key dots among at most this many value heads (a prep CTA's value heads).
+constexpr int kMaxGroup = 16;
+
+// The GDN verify prep's shared memory per (row, key head): the window's q~_t and k_t, the raw key dots
+// dq[t][j] = k_j·q~_t and dk[t][j] = k_j·k_t of every entry j (ring j < w, window token j - w) with the tokens t > j - w,
+// k_t·q~_t, and per value head of the key head beta_t, lg_t (the checkpoint's log-decay to after token t) and G_j (the
+// entries' cumulative log-gates: the ring's, then the window's lg).
+struct GdnPrepShared {
+  float xq[kMaxWindow][kK], xk[kMaxWindow][kK];
+  float dq[kMaxWindow][rssm::kMaxL], dk[kMaxWindow][rssm::kMaxL];
+  float kq[kMaxWindow];
+  float beta[kMaxGroup][kMaxWindow], lg[kMaxGroup][kMaxWindow], big_g[kMaxGroup][rssm::kMaxL];
+};
+
+// Raw dots of entry j (< w + T - 1, `key`: as the ring holds it, this lane's channels) with the tokens t > j - w into
+// sm.dq / sm.dk (one warp; GDN entry_coefficients without the gate factor, which differs per value head).
+template <int kT>
+__device__ __forceinline__ void entry_dots(GdnPrepShared& sm, int T, int w, int j, const float (&key)[kEpl]) {
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int t0 = j < w ? 0 : j - w + 1;
+  float parts[2 * kT] = {};
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    if (t >= T) break;
+    if (t < t0) continue;
+    float xq[kEpl], xk[kEpl];
+    rssm::load_vec<float, kEpl>(&sm.xq[t][col0], xq);
+    rssm::load_vec<float, kEpl>(&sm.xk[t][col0], xk);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      parts[t] = fmaf(key[e], xq[e], parts[t]);
+      parts[kT + t] = fmaf(key[e], xk[e], parts[kT + t]);
+    }
+  }
+  const float dot = rssm::warp_sum_scatter<2 * kT>(parts);  // lane t: entry·q~ of token t, kT + t: entry·k
+  const int t = lane % kT;
+  if (lane < 2 * kT && t >= t0 && t < T) (lane < kT ? sm.dq : sm.dk)[t][j] = dot;
+}
+
+// GDN verify prep of (row b, key head h = blockIdx.x) for windows of T <= kT tokens: the window's normalised queries
+// and keys and the key dots once for the key head's `group` value heads, then per value head its gates, its record
+// (the coefficients: raw dots times e^{lg_t - G_j}, as entry_coefficients computes them) and its window gates; the
+// window's keys into the key head's ring.
+template <int kT>
+__device__ __forceinline__ void key_head_prep(const DeltaParams& p, GdnPrepShared& sm, int b, int slot,
+                                              rssm::SpecCursor hist) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize, col0 = lane * kEpl;
+  const int h = blockIdx.x, T = p.window, L = p.L, w = hist.count, group = p.num_v_heads / p.num_k_heads;
+  const float* g_ring = p.g_ring + slot * p.s_gr_slot;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    float qn[kEpl], kn[kEpl];
+    const float kq = normalized_qk(p, b * T + t, h, col0, qn, kn);
+    rssm::store_vec<float, kEpl>(&sm.xq[t][col0], qn);
+    rssm::store_vec<float, kEpl>(&sm.xk[t][col0], kn);
+    if (lane == 0) sm.kq[t] = kq;
+  }
+  for (int i = threadIdx.x; i < group * T; i += rssm::kThreads) {
+    const int g = i / T, t = i % T, hv = h * group + g, bt = b * T + t;
+    float lg[kGates];
+    current_log_gate(p, bt, hv, 0, lg);
+    sm.lg[g][t] = lg[0];
+    sm.beta[g][t] = rssm::sigmoidf(load_scalar(p.beta, bt * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+  }
+  for (int i = threadIdx.x; i < group * w; i += rssm::kThreads) {
+    const int g = i / w, j = i % w;
+    sm.big_g[g][j] = g_ring[(h * group + g) * p.s_gr_head + hist.position(j, L)];
+  }
+  __syncthreads();
+  // lg_t = G_{w-1} + g_0 + ... + g_t (the reference's order of additions); the window's entries' G_{w+t} = lg_t
+  for (int g = threadIdx.x; g < group; g += rssm::kThreads) {
+    float lg = w > 0 ? sm.big_g[g][w - 1] : 0.f;
+    for (int t = 0; t < T; ++t) {
+      lg += sm.lg[g][t];
+      sm.lg[g][t] = lg;
+      sm.big_g[g][w + t] = lg;
+    }
+  }
+  const act_t* k_ring = static_cast<const act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  for (int j = warp; j < w + T - 1; j += rssm::kNumWarps) {
+    float key[kEpl];
+    if (j < w) {
+      rssm::load_vec<act_t, kEpl>(k_ring + (long long)hist.position(j, L) * kK + col0, key);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) key[e] = rssm::round_through<act_t>(sm.xk[j - w][col0 + e]);
+    }
+    entry_dots<kT>(sm, T, w, j, key);
+  }
+  __syncthreads();
+  for (int g = 0; g < group; ++g) {
+    const int hv = h * group + g;
+    float* rec = p.coef + b * p.s_coef_row + (long long)hv * VerifyRec::stride(L, T);
+    for (int i = threadIdx.x; i < T * kK; i += rssm::kThreads) {
+      rec[VerifyRec::xq(L, T) + i] = sm.xq[i / kK][i % kK];
+      rec[VerifyRec::xk(L, T) + i] = sm.xk[i / kK][i % kK];
+    }
+    for (int i = threadIdx.x; i < T * L; i += rssm::kThreads) {
+      const int t = i / L, j = i % L;
+      if (j < w + t) {
+        const float decay = __expf(sm.lg[g][t] - sm.big_g[g][j]);
+        rec[VerifyRec::cq(L, T) + i] = sm.dq[t][j] * decay;
+        rec[VerifyRec::ck(L, T) + i] = sm.dk[t][j] * decay;
+      }
+    }
+    if (threadIdx.x < T) {
+      const int t = threadIdx.x;
+      float* tok = rec + VerifyRec::tok(L, T) + 4 * t;
+      tok[0] = sm.kq[t];
+      tok[1] = sm.beta[g][t];
+      tok[2] = sm.lg[g][t];
+      p.g_ring[slot * p.s_gr_slot + hv * p.s_gr_head + hist.position(w + t, L)] = sm.lg[g][t];
+    }
+  }
+  act_t* k_dst = static_cast<act_t*>(p.k_ring) + slot * p.s_kr_slot + h * p.s_kr_head;
+  for (int t = warp; t < T; t += rssm::kNumWarps) {
+    float key[kEpl];
+    rssm::load_vec<float, kEpl>(&sm.xk[t][col0], key);
+    rssm::store_vec<act_t, kEpl>(k_dst + (long long)hist.position(w + t, L) * kK + col0, key);
+  }
+}
+
+// GDN verify prep for the call's window: the smallest compile-time window bound that holds it.
+__device__ __forceinline__ void key_head_prep(const DeltaParams& p, int b, int slot, rssm::SpecCursor hist) {
+  __shared__ __align__(16) GdnPrepShared sm;
+  if (p.window <= 2) key_head_prep<2>(p, sm, b, slot, hist);
+  else if (p.window <= 4) key_head_prep<4>(p, sm, b, slot, hist);
+  else key_head_prep<kMaxWindow>(p, sm, b, slot, hist);
+}
+
+}  // namespace
+
+// Verify step 1 of the persistent verify, 128 threads, grid (prep CTAs per row, batch): a CTA per (row, key head) for
+// GDN (key_head_prep: the queries, keys and key dots are shared by the key head's value heads), per (row, value head)
+// for KDA (value_head_prep): the verify prologue (delta_verify_kernel's) into the records (VerifyRec) of the row's
+// value heads, the window's gates and keys into the rings after the history; the row's cursor word into p.step
+// (rssm::kSkipStep for a row the verify skips); the last prep CTA of a folding row moves the cursor past the history.
+// Reads history records only where no launch of the step writes. Lets the persistent verify kernel launch once the
+// previous grid has finished (rssm::prep_begin).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_prep_kernel(const DeltaParams p) {
+  rssm::prep_begin(p.step - 1);
+  const int b = blockIdx.y, T = p.window, L = p.L;
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  if (slot == p.pad_slot_id) return;
+  const int word = p.cursor[slot];
+  const rssm::SpecCursor cur = rssm::SpecCursor::of(word);
+  const bool bad = word < 0 || !cur.valid(T, L);
+  if (__syncthreads_or(bad || rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, blockDim.x,
+                                                    rssm::preload_row_id(p.slot_idx, b, threadIdx.x)))) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) p.step[b] = rssm::kSkipStep;
+    return;
+  }
+  const bool fold = verify_folds(cur, T, L);
+  const rssm::SpecCursor hist = verify_history(cur, fold, L);
+  if constexpr (kPerChannel) value_head_prep(p, b, slot, hist);
+  else key_head_prep(p, b, slot, hist);
   __syncthreads();  // every thread has read the cursor
   if (threadIdx.x == 0) {
-    if (hv == 0) p.step[b] = word;
-    if (fold) rssm::arrive_and_advance(p.cursor, p.arrive, slot, p.num_v_heads, hist.word());
+    if (blockIdx.x == 0) p.step[b] = word;
+    if (fold) rssm::arrive_and_advance(p.cursor, p.arrive, slot, gridDim.x, hist.word());
   }
 }
 

@@ -14,7 +14,7 @@ from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.crossovers import Crossover
 from trtllm_replayssm.core.families import FAMILIES, family_of
 from trtllm_replayssm.core.formats import parse_state_label, state_spec
-from trtllm_replayssm.core.layouts import (delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
+from trtllm_replayssm.core.layouts import (GDN_PREP_MAX_GROUP, delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
                                            delta_verify_stage_bytes, key_ring_dtype)
 from trtllm_replayssm.core.ops import delta, launch, mamba2
 from trtllm_replayssm.core.plans import Device, Tuning
@@ -365,8 +365,8 @@ def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(model, state_dtype):
     """Below 8 (row, value head) work items per SM the grid kernel without a prep, from there the prep and the
-    persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (value head,
-    row); plans made for another call are refused."""
+    persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (key head,
+    row) for GDN and per (value head, row) for KDA; plans made for another call are refused."""
     dims, T, L = get_preset(model).ssm_dims, 4, 19
     layer = _layer(dims, state_dtype, torch.bfloat16, L, slots=64)
     HV, V, K = layer.state.shape[1:]
@@ -379,13 +379,25 @@ def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(
     assert plan.stage_bytes == delta_verify_stage_bytes(L, T, tile, K, layer.state.element_size(), 2,
                                                         layer.k_ring.element_size(), model.startswith("kimi"))
     assert plan.num_tiles == first * HV * V // tile and plan.grid == (min(plan.num_tiles, 2 * H200.sm_count), 1, 1)
-    assert plan.prep_grid == (HV, first, 1) and plan.programmatic_prep
+    assert plan.prep_grid == (layer.k_ring.shape[1], first, 1) and plan.programmatic_prep
+    assert layer.k_ring.shape[1] == (HV if model.startswith("kimi") else dims.num_k_heads)
     assert plans.stages_for(plan.stage_bytes, 2, 0) >= 2
     forced = delta.verify_plan(layer, 1, T, replace(delta.VERIFY_TUNING, adaptive_threshold=0), device=H200)
     assert forced.mode == "replay"
     v = torch.zeros(first, T, HV, V, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="plan: made for"):
         delta.resolved_verify_plan(layer, v[:first - 1], delta.VERIFY_TUNING, plan)
+
+
+def test_gdn_verify_plan_takes_the_grid_kernel_above_the_prep_group():
+    """A GDN verify prep CTA shares a key head's dots among at most GDN_PREP_MAX_GROUP value heads: more per key
+    head run the grid kernel at every batch."""
+    dims = replace(get_preset("qwen3.5-4b").ssm_dims, num_k_heads=1, num_v_heads=GDN_PREP_MAX_GROUP)
+    plan = delta.verify_plan(_layer(dims, torch.float32, torch.bfloat16, 19, slots=512), 512, 4, device=H200)
+    assert plan.mode == "replay" and plan.prep_grid == (1, 512, 1)
+    dims = replace(dims, num_v_heads=2 * GDN_PREP_MAX_GROUP)
+    plan = delta.verify_plan(_layer(dims, torch.float32, torch.bfloat16, 19, slots=512), 512, 4, device=H200)
+    assert plan.mode == "grid"
 
 
 def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():

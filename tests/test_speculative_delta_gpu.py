@@ -25,9 +25,10 @@ REUSED = 0                    # slot 0 gets a new request part way
 KEY_DIM, VALUE_DIM = (128, 128) if DEV == "cuda" else (64, 32)
 
 
-def problem(family: str, seed: int, key_dim: int = KEY_DIM) -> Problem:
+def problem(family: str, seed: int, key_dim: int = KEY_DIM, value_heads: int = 4) -> Problem:
+    """GDN: 2 key heads of ``value_heads`` / 2 value heads each; KDA: 2 heads."""
     if family == "gdn":
-        return make_problem(family, 2, 4, key_dim, VALUE_DIM, seed=seed)
+        return make_problem(family, 2, value_heads, key_dim, VALUE_DIM, seed=seed)
     return make_problem(family, 2, 2, KEY_DIM, KEY_DIM, seed=seed)
 
 
@@ -134,12 +135,13 @@ CASES = [(1, 8, "fp32", torch.float32, 1e-5), (2, 8, "fp32", torch.float32, 1e-5
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("T,L,state_dtype,act,tol", CASES if DEV == "cuda" else [CASES[i] for i in (1, 5, 6, 8)])
-def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel, key_dim=KEY_DIM):
+def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel, key_dim=KEY_DIM,
+                                         value_heads=4):
     """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row (all drafts / only the bonus token in every window), folds at different windows per row,
     the origin wrapping around the ring, slot reuse."""
     ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))
-    prob = problem(family, seed=T * 100 + L, key_dim=key_dim)
+    prob = problem(family, seed=T * 100 + L, key_dim=key_dim, value_heads=value_heads)
     gen = torch.Generator().manual_seed(T * 7 + L)
     cache, layer = new_layer(prob, ring_len, state_dtype, act, gen)
     truth = Truth(prob, layer.state.float())
@@ -188,6 +190,14 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, ke
 def test_verify_with_256_key_channels(kernel):
     """GDN with 256 key channels (8 per lane; the persistent kernel runs one CTA per SM): the contract above."""
     test_verify_and_commit_match_float64("gdn", 4, 16, "fp32", torch.float32, 1e-5, kernel, key_dim=256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,L", [(4, 16), (2, 5), (8, 16)])
+def test_verify_with_16_value_heads_per_key_head(T, L):
+    """GDN with 16 value heads per key head (the most a persistent verify prep CTA shares its key dots among): the
+    contract above for the persistent kernels."""
+    test_verify_and_commit_match_float64("gdn", T, L, "fp32", torch.float32, 1e-5, "persistent", value_heads=32)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])

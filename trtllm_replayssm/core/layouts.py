@@ -254,6 +254,7 @@ def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, ac
                  + _r16(d_state * act_elem) + heads * _r16(L * head_rows * act_elem))
 
 
+GDN_PREP_MAX_GROUP = 16  # value heads per key head the GDN verify prep shares a CTA among (delta_rule_decode.cu kMaxGroup)
 VERIFY_WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_{grid,main}_t<k>)
 
 
@@ -356,4 +357,7 @@ def delta_size_checks(rows: int, key_dim: int, state_row_bytes: int, act_elem: i
                                                     per_channel_gate)
             lines.append(f"static_assert(verify_stage_layout({L}, {T}).bytes == {verify_stage}"
                          f', "verify stage bytes at L={L}, T={T} differ from core/layouts.py");')
+    if speculative and not per_channel_gate:
+        lines.append(f'static_assert(kMaxGroup == {GDN_PREP_MAX_GROUP}, "kMaxGroup differs from core/layouts.py '
+                     f'GDN_PREP_MAX_GROUP");')
     return "\n".join(lines)

@@ -15,8 +15,8 @@ from trtllm_replayssm.core.cache import GDNLayerCache, KDALayerCache
 from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
-from trtllm_replayssm.core.layouts import (DELTA_PARAMS, delta_fold_bytes, delta_fused_bytes, delta_record_len,
-                                           delta_size_checks, delta_stage_bytes, delta_verify_rec_floats,
+from trtllm_replayssm.core.layouts import (DELTA_PARAMS, GDN_PREP_MAX_GROUP, delta_fold_bytes, delta_fused_bytes,
+                                           delta_record_len, delta_size_checks, delta_stage_bytes, delta_verify_rec_floats,
                                            delta_verify_stage_bytes, key_ring_dtype, stored_state_params)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
@@ -432,15 +432,18 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN/KDA verify of ``batch`` rows and windows of ``window`` tokens: the grid kernel
     (mode ``grid``, no prep) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
-    VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM), else the verify prep kernel and the persistent verify kernel (mode
-    ``replay``) with the largest row tile up to the state kernels' heuristic whose stage fits twice per CTA."""
+    VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM) or for GDN with more than GDN_PREP_MAX_GROUP value heads per key head,
+    else the verify prep kernel (a CTA per row and key ring head: key head for GDN, value head for KDA) and the
+    persistent verify kernel (mode ``replay``) with the largest row tile up to the state kernels' heuristic whose
+    stage fits twice per CTA."""
     _, HV, V, K = layer.require_state().shape
     L, dev = layer.buffer_len, device or device_of(layer.state.device)
     key = verify_plan_key(layer, batch, window)
     if not dev.is_cuda:
         return LaunchPlan("replay", key, 0, (0, 0, 0))
-    work = batch * HV
-    if work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
+    work, key_heads = batch * HV, layer.k_ring.shape[1]
+    small = work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning)
+    if small or HV // key_heads > GDN_PREP_MAX_GROUP:
         tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
         return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
     state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
@@ -449,7 +452,7 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
              for t in tile_choices(V, K)}
     tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
     return persistent_verify_plan(key, stage, state_tile(V, K, work, dev, tuning), work * V, act_elem, 0,
-                                  resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning, prep_grid=(HV, batch, 1),
+                                  resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning, prep_grid=(key_heads, batch, 1),
                                   prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
 
 
