@@ -229,6 +229,54 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const 
     if (k < hist) state[k] = k + 1 < hist ? window[k + 1] : x_new;
 }
 
+#include "ConvWindowParams.h"  // generated from lab/layers/ops.py (the struct's one description)
+
+// A speculative window of the causal depthwise conv1d, one thread per (row, channel), the inputs of the window
+// in = [conv_state (W - 1 inputs), x_0 .. x_{T-1}]. Verify (p.out set): y_t = sum_k w_k in[t + k] + bias (rounded to
+// act_t like the reference), optionally SiLU, the state unchanged. Commit (p.accepted set): the state becomes
+// in[a .. a + W - 1) for the row's accepted count a (1 .. T; a row with another count is left as it is).
+extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const ConvWindowParams p) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const long long b = blockIdx.y;
+  if (c >= p.channels) return;
+  const int hist = p.width - 1, T = p.window;
+  act_t* state = p.conv_state + (b * p.channels + c) * hist;
+  const act_t* x = p.x + b * p.s_x_b + c;
+  act_t in[kMaxConvWidth - 1 + rssm::kMaxWindow];
+#pragma unroll
+  for (int k = 0; k < kMaxConvWidth - 1; ++k)
+    if (k < hist) in[k] = state[k];
+#pragma unroll
+  for (int t = 0; t < rssm::kMaxWindow; ++t)
+    if (t < T) in[hist + t] = x[t * p.s_x_t];
+  if (p.accepted) {
+    const long long a = p.accepted[b];
+    if (a < 1 || a > T) return;
+#pragma unroll
+    for (int k = 0; k < kMaxConvWidth - 1; ++k) {
+      if (k >= hist) break;
+#pragma unroll
+      for (int j = 1; j <= rssm::kMaxWindow; ++j)  // in[a + k], a register index known at compile time
+        if (j == a) state[k] = in[j + k];
+    }
+    return;
+  }
+  float w[kMaxConvWidth];
+#pragma unroll
+  for (int k = 0; k < kMaxConvWidth; ++k) w[k] = k < p.width ? rssm::to_float(p.weight[(long long)c * p.width + k]) : 0.f;
+  const float bias = p.bias ? rssm::to_float(p.bias[c]) : 0.f;
+#pragma unroll
+  for (int t = 0; t < rssm::kMaxWindow; ++t) {
+    if (t >= T) break;
+    float y = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxConvWidth; ++k)
+      if (k < p.width) y = fmaf(w[k], rssm::to_float(in[t + k]), y);
+    y = rounded(y + bias);
+    p.out[(b * T + t) * p.channels + c] = rssm::from_float<act_t>(p.silu ? rssm::siluf(y) : y);
+  }
+}
+
 #include "ActParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 __device__ __forceinline__ float mlp_act(float a, float b, int kind) {

@@ -1,6 +1,6 @@
-"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update, MLP activations, RoPE, attention) against
-float64 math written out here: the CUDA kernels on a GPU (vector and element paths: aligned and odd sizes / strides), the
-PyTorch reference (their CPU path) without one."""
+"""Fused decoder-layer ops (RMSNorm + residual, gated RMSNorm, conv1d update and speculative window, MLP activations,
+RoPE, attention) against float64 math written out here: the CUDA kernels on a GPU (vector and element paths: aligned
+and odd sizes / strides), the PyTorch reference (their CPU path) without one."""
 from __future__ import annotations
 
 import pytest
@@ -115,6 +115,53 @@ def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu, channels
         torch.testing.assert_close(got.double(), want, **_tol(dtype))
         window = window[:, :, 1:]
         torch.testing.assert_close(state.double(), window, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width,bias,silu", [(4, True, True), (3, False, False)])
+@pytest.mark.parametrize("T", [1, 4, 8])
+def test_conv1d_window_verifies_and_commits_the_accepted_prefix(dtype, width, bias, silu, T):
+    """conv1d_verify of a window (row- and token-strided inputs): every token's output from the committed inputs and
+    the window up to it, the state untouched; conv1d_commit_: each row's state is its last W-1 inputs after exactly
+    its accepted count (all, only the first, mixed), unchanged for pad rows whose counts are out of range on CUDA."""
+    gen = torch.Generator().manual_seed(T * 10 + width)
+    batch, channels = 6, 300
+    weight = _rnd(gen, channels, 1, width, dtype=dtype)
+    b = _rnd(gen, channels, dtype=dtype) if bias else None
+    state = _rnd(gen, batch, channels, width - 1, dtype=dtype)
+    for _ in range(4):
+        x = _rnd(gen, batch, T, channels + 8, dtype=dtype)[:, :, 3:3 + channels]
+        inputs = torch.cat([state.double(), x.double().transpose(1, 2)], -1)  # [b, C, W-1+T]
+        windows = inputs.unfold(-1, width, 1)  # [b, C, T, W]
+        y = (windows * weight[:, 0].double()[None, :, None, :]).sum(-1).transpose(1, 2)
+        y = y + (b.double() if bias else 0)
+        before = state.clone()
+        got = ops.conv1d_verify(x, state, weight, b, silu)
+        torch.testing.assert_close(got.double(), _silu64(y) if silu else y, **_tol(dtype))
+        assert torch.equal(state, before)
+        accepted = torch.randint(1, T + 1, (batch,), generator=gen)
+        accepted[0], accepted[1] = T, 1
+        ops.conv1d_commit_(state, x.contiguous(), accepted.to(DEV))
+        for r in range(batch):
+            a = int(accepted[r])
+            assert torch.equal(state[r].double(), inputs[r, :, a:a + width - 1]), f"row {r} accepted {a}"
+    with pytest.raises(ValueError, match=r"^accepted: expected 1..%d per row" % T):
+        ops.conv1d_commit_(state, x.contiguous(), torch.zeros(batch, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match=r"^x: expected a window of 1 to 8 tokens"):
+        ops.conv1d_verify(torch.zeros(batch, 9, channels, dtype=dtype, device=DEV), state, weight, b, silu)
+    with pytest.raises(ValueError, match=r"^conv_state: expected shape"):
+        ops.conv1d_verify(x, state[:, :4], weight, b, silu)
+
+
+@pytest.mark.gpu
+def test_conv1d_commit_leaves_rows_with_out_of_range_counts():
+    """On CUDA the commit kernel writes no row whose count is outside 1 .. T (a pad row in a captured graph)."""
+    gen = torch.Generator().manual_seed(9)
+    state = _rnd(gen, 3, 64, 3, dtype=torch.bfloat16)
+    x = _rnd(gen, 3, 4, 64, dtype=torch.bfloat16)
+    before = state.clone()
+    torch.ops.replayssm.conv1d_commit(state, x, torch.tensor([0, 5, 2], device="cuda"))
+    assert torch.equal(state[:2], before[:2]) and torch.equal(state[2, :, :1], before[2, :, 2:])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,6 +1,6 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
-the residual add), gated RMSNorm, the causal conv1d state update, the MLP activations, RoPE and single-token
-attention over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
+the residual add), gated RMSNorm, the causal conv1d state update and its speculative window (verify, commit), the
+MLP activations, RoPE and single-token attention over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
 elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the
 baseline and the replay decoders alike."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from trtllm_replayssm.core.formats import DTYPES, get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import ParamLayout
+from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.core.ops.launch import define_op, ptr
 from trtllm_replayssm.lab.layers import reference as ref
 
@@ -50,6 +51,15 @@ CONV_PARAMS = ParamLayout("ConvParams", """
   long long s_x, s_out;
   int channels, width;
   int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors""")
+CONV_WINDOW_PARAMS = ParamLayout("ConvWindowParams", """
+  const act_t* x;                // [batch, window, channels] (strides s_x_b, s_x_t; channels dense): the window's inputs
+  act_t* conv_state;             // [batch, channels, width - 1] contiguous: the committed inputs, oldest first
+  const act_t* weight;           // [channels, width] contiguous
+  const act_t* bias;             // nullable, [channels]
+  act_t* out;                    // verify: [batch, window, channels] contiguous; null for a commit
+  const long long* accepted;     // commit: [batch] accepted counts (1 .. window); null for a verify
+  long long s_x_b, s_x_t;
+  int channels, width, window, silu;""")
 ACT_PARAMS = ParamLayout("ActParams", """
   const act_t* a;  // [rows, cols] (row stride s_a): the activation's input (SwiGLU: the gate projection)
   const act_t* b;  // [rows, cols] (row stride s_b): SwiGLU's up projection (kind 1), else null
@@ -78,17 +88,17 @@ ATTN_PARAMS = ParamLayout("AttnParams", """
   int heads, kv_heads, head_dim, max_len;
   float scale;
   int window;            // 0: positions 0..pos; W: the last W positions of a ring (position t in slot t % max_len)""")
-LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
+LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, CONV_WINDOW_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
 
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
-    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update, MLP
-    activations, RoPE, single-token attention) for one activation dtype."""
+    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update and
+    speculative window, MLP activations, RoPE, single-token attention) for one activation dtype."""
     return KernelConfig(
         family="layers",
         source="decoder_layers.cu",
-        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "mlp_act_kernel", "rope_kernel",
-                 "attention_decode_kernel"),
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "conv1d_window_kernel",
+                 "mlp_act_kernel", "rope_kernel", "attention_decode_kernel"),
         params=(("act_t", get_dtype(act_dtype).cuda),),
         layouts=LAYOUTS,
     )
@@ -226,6 +236,34 @@ def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
            (MAX_THREADS, 1, 1), params)
 
 
+def _conv1d_verify_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      silu: bool, out: torch.Tensor) -> None:
+    out.copy_(ref.conv1d_verify(x, conv_state, weight, bias, silu))
+
+
+def _conv1d_commit_cpu(conv_state: torch.Tensor, x: torch.Tensor, accepted: torch.Tensor) -> None:
+    ref.conv1d_commit_(conv_state, x, accepted)
+
+
+def _conv1d_window_launch(x, conv_state, weight, bias, silu, out, accepted) -> None:
+    batch, window, channels = x.shape
+    if batch == 0:
+        return
+    params = CONV_WINDOW_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias),
+                                     out=ptr(out), accepted=ptr(accepted), s_x_b=x.stride(0), s_x_t=x.stride(1),
+                                     channels=channels, width=conv_state.shape[-1] + 1, window=window, silu=int(silu))
+    launch(_kernel("conv1d_window_kernel", x), ((channels + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
+           (MAX_THREADS, 1, 1), params)
+
+
+def _conv1d_verify_cuda(x, conv_state, weight, bias, silu, out) -> None:
+    _conv1d_window_launch(x, conv_state, weight, bias, silu, out, None)
+
+
+def _conv1d_commit_cuda(conv_state, x, accepted) -> None:
+    _conv1d_window_launch(x, conv_state, None, None, False, None, accepted)
+
+
 def _mlp_act_cpu(a: torch.Tensor, b: Optional[torch.Tensor], kind: str, out: torch.Tensor) -> None:
     out.copy_(ref.mlp_act(a, b, kind))
 
@@ -294,6 +332,8 @@ define_op("rms_norm", ("out",), _rms_norm_cpu, _rms_norm_cuda)
 define_op("add_rms_norm", ("residual", "out"), _add_rms_norm_cpu, _add_rms_norm_cuda)
 define_op("gated_rms_norm", ("out",), _gated_rms_norm_cpu, _gated_rms_norm_cuda)
 define_op("conv1d_update", ("conv_state", "out"), _conv1d_update_cpu, _conv1d_update_cuda)
+define_op("conv1d_verify", ("out",), _conv1d_verify_cpu, _conv1d_verify_cuda)
+define_op("conv1d_commit", ("conv_state",), _conv1d_commit_cpu, _conv1d_commit_cuda)
 define_op("mlp_act", ("out",), _mlp_act_cpu, _mlp_act_cuda)
 define_op("rope", ("out",), _rope_cpu, _rope_cuda)
 define_op("attention_decode", ("k_cache", "v_cache", "out"), _attention_decode_cpu, _attention_decode_cuda)
@@ -365,6 +405,47 @@ def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
     torch.ops.replayssm.conv1d_update(x, conv_state, weight, bias, bool(silu), out)
     return out
+
+
+def _check_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor | None) -> None:
+    chk.check_tensor("x", x, (None, None, None), chk.FLOAT_DTYPES, inner_contiguous=1)
+    batch, window, channels = x.shape
+    if not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"x: expected a window of 1 to {MAX_WINDOW} tokens (dim 1), got {window}")
+    width = conv_state.shape[-1] + 1 if conv_state.dim() == 3 else 0
+    if not 2 <= width <= MAX_CONV_WIDTH:
+        raise ValueError(f"conv_state: expected [batch, channels, width - 1] with a conv width in [2, {MAX_CONV_WIDTH}],"
+                         f" got shape {list(conv_state.shape)}")
+    chk.check_tensor("conv_state", conv_state, (batch, channels, width - 1), (x.dtype,), x.device, inner_contiguous=3)
+    if weight is not None:
+        chk.check_tensor("weight", weight, (channels, 1, width) if weight.dim() == 3 else (channels, width), (x.dtype,),
+                         x.device, inner_contiguous=weight.dim())
+
+
+def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu: bool = True) -> torch.Tensor:
+    """A speculative window of a causal depthwise conv1d: ``x [b, T, C]`` (channels dense), ``conv_state
+    [b, C, W-1]`` (contiguous, not written), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous), ``bias [C]``; returns
+    ``[b, T, C]``: token t's conv over the committed inputs and the window up to t, as :func:`conv1d_update` would
+    give it (+ bias, rounded to ``x.dtype``, then SiLU if ``silu``)."""
+    _check_conv_window(x, conv_state, weight)
+    chk.check_optional("bias", bias, (x.shape[2],), (x.dtype,), x.device)
+    if _autograd(x, weight):
+        return ref.conv1d_verify(x, conv_state, weight, bias, silu)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.ops.replayssm.conv1d_verify(x, conv_state, weight, bias, bool(silu), out)
+    return out
+
+
+def conv1d_commit_(conv_state: torch.Tensor, x: torch.Tensor, accepted: torch.Tensor) -> None:
+    """After :func:`conv1d_verify` of ``x [b, T, C]``: each row's ``conv_state [b, C, W-1]`` becomes its last W-1
+    inputs up to its accepted count (``accepted [b]``, 1 .. T), in place. The counts are checked outside CUDA graph
+    capture (the check reads them on the host); on CUDA a row with another count keeps its state."""
+    _check_conv_window(x, conv_state, None)
+    chk.check_tensor("accepted", accepted, (x.shape[0],), (torch.int64,), x.device)
+    if not chk.capturing() and ((accepted < 1) | (accepted > x.shape[1])).any():
+        raise ValueError(f"accepted: expected 1..{x.shape[1]} per row, got {accepted.tolist()}")
+    torch.ops.replayssm.conv1d_commit(conv_state, x, accepted)
 
 
 def mlp_act(a: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from trtllm_replayssm.lab.layers.reference import conv1d_commit_
+from trtllm_replayssm.lab.layers.ops import conv1d_commit_
 
 from .config import HybridConfig
 from .layers import Attention, DenseExpertMoE, GatedRMSNorm, KVCache, ReluSqMLP, RMSNorm, SwiGLUMLP
@@ -297,7 +297,7 @@ class HybridLM(nn.Module):
         """After :meth:`verify_step`: row b keeps its first ``accepted[b]`` window tokens (``[b]``, 1 .. T, the
         bonus token counted). The SSM layers commit them (:meth:`SSMStates.commit`), the conv windows shift by them
         and the KV caches grow by them; the rejected tokens leave no trace."""
-        accepted = accepted.to(self.device)
+        accepted = accepted.to(self.device, torch.long)
         for j in range(len(self.cfg.ssm_layers)):
             state.ssm.commit(j, accepted)
             conv1d_commit_(state.conv[j], state.conv_window[j], accepted)
@@ -312,6 +312,8 @@ class HybridLM(nn.Module):
         gen = torch.Generator(device=self.device).manual_seed(seed)
         mixers = [self.trunk.layers[i].mixer for i in self.cfg.ssm_layers]
         window = accepted is not None
+        if window:
+            accepted = accepted.to(self.device)  # a graph of the probe cannot copy it from the host
         lead = (state.batch, state.ssm.spec_tokens) if window else (state.batch,)
         inputs = [m.probe_inputs(lead, self.dtype, gen) for m in mixers]
 
