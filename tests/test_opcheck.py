@@ -27,7 +27,8 @@ STORED_OPS = [f"{name}_stored" for name in SSM_OPS]  # quantized / dual / SR che
 # speculative ops: verify from checkpoint + ring, the per-draft-state baseline, every family's commit (a cursor move)
 SPEC_OPS = [f"{family}_{op}" for family in DIMS for op in ("verify_decode", "per_draft_verify")]
 SPEC_OPS += ["mamba2_per_draft_commit", "delta_per_draft_commit", "spec_commit"]
-LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "mlp_act", "rope", "attention_decode"]
+LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "conv1d_verify", "conv1d_commit",
+             "mlp_act", "rope", "attention_decode"]
 
 
 def _ssm_sample(name: str, gen: torch.Generator) -> tuple:
@@ -138,6 +139,10 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
         return rnd(rows, dim), rnd(rows, dim), rnd(dim), 64, 1e-5, False, rnd(rows, dim)
     if name == "conv1d_update":
         return rnd(rows, dim), rnd(rows, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, dim)
+    if name == "conv1d_verify":
+        return rnd(rows, 4, dim), rnd(rows, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, 4, dim)
+    if name == "conv1d_commit":
+        return rnd(rows, dim, 3), rnd(rows, 4, dim), torch.tensor([1, 4, 2], device=DEV)
     if name == "mlp_act":
         return rnd(rows, dim), rnd(rows, dim), "swiglu", rnd(rows, dim)
     if name == "rope":
