@@ -231,34 +231,102 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const 
 
 #include "ConvWindowParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
-// A speculative window of the causal depthwise conv1d, one thread per (row, channel), the inputs of the window
-// in = [conv_state (W - 1 inputs), x_0 .. x_{T-1}]. Verify (p.out set): y_t = sum_k w_k in[t + k] + bias (rounded to
-// act_t like the reference), optionally SiLU, the state unchanged. Commit (p.accepted set): the state becomes
-// in[a .. a + W - 1) for the row's accepted count a (1 .. T; a row with another count is left as it is).
+// Commit of a conv window: the state becomes in[a .. a + W - 1) of the window's inputs `in` ([tap][E] per thread;
+// a: the row's accepted count, 1 .. kMaxWindow, a register index known at compile time only per unrolled case).
+template <int kHist, int E>
+__device__ __forceinline__ void committed_taps(const float (&in)[kHist + rssm::kMaxWindow][E], int a,
+                                               float (&taps)[kHist][E]) {
+#pragma unroll
+  for (int j = 1; j <= rssm::kMaxWindow; ++j) {
+    if (j != a) continue;
+#pragma unroll
+    for (int k = 0; k < kHist; ++k)
+#pragma unroll
+      for (int e = 0; e < E; ++e) taps[k][e] = in[j + k][e];
+  }
+}
+
+// A speculative window of the causal depthwise conv1d, the inputs of the window in = [conv_state (W - 1 inputs),
+// x_0 .. x_{T-1}]. Verify (p.out set): y_t = sum_k w_k in[t + k] + bias (rounded to act_t like the reference),
+// optionally SiLU, the state unchanged. Commit (p.accepted set): the state becomes in[a .. a + W - 1) for the row's
+// accepted count a (1 .. T; a row with another count is left as it is). One thread per (row, kVec channels) on the
+// vector path (width 4, 16-byte vectors: conv1d_update_kernel's layout), else per (row, channel).
 extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const ConvWindowParams p) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t_idx = blockIdx.x * blockDim.x + threadIdx.x;
   const long long b = blockIdx.y;
+  const int T = p.window;
+  const long long a = p.accepted ? p.accepted[b] : 0;
+  if (p.accepted && (a < 1 || a > T)) return;
+  if (p.vec) {
+    constexpr int kHist = kVecConvWidth - 1;
+    const int c0 = t_idx * kVec;
+    if (c0 >= p.channels) return;
+    act_t* state = p.conv_state + (b * p.channels + c0) * kHist;
+    float in[kHist + rssm::kMaxWindow][kVec];
+    {
+      float s[kHist * kVec];  // channel e's taps at s[e kHist ...] (the state's [channel][tap] order)
+#pragma unroll
+      for (int k = 0; k < kHist; ++k)
+        rssm::load_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
+#pragma unroll
+      for (int k = 0; k < kHist; ++k)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) in[k][e] = s[e * kHist + k];
+    }
+#pragma unroll
+    for (int t = 0; t < rssm::kMaxWindow; ++t)
+      if (t < T) rssm::load_vec<act_t, kVec>(p.x + b * p.s_x_b + t * p.s_x_t + c0, in[kHist + t]);
+    if (p.accepted) {
+      float taps[kHist][kVec], s[kHist * kVec];
+      committed_taps<kHist, kVec>(in, int(a), taps);
+#pragma unroll
+      for (int k = 0; k < kHist; ++k)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) s[e * kHist + k] = taps[k][e];
+#pragma unroll
+      for (int k = 0; k < kHist; ++k)
+        rssm::store_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
+      return;
+    }
+    float w[kVecConvWidth * kVec], bias[kVec] = {};
+#pragma unroll
+    for (int k = 0; k < kVecConvWidth; ++k)
+      rssm::load_vec<act_t, kVec>(p.weight + (long long)c0 * kVecConvWidth + k * kVec,
+                                  reinterpret_cast<float(&)[kVec]>(w[k * kVec]));
+    if (p.bias) rssm::load_vec<act_t, kVec>(p.bias + c0, bias);
+#pragma unroll
+    for (int t = 0; t < rssm::kMaxWindow; ++t) {
+      if (t >= T) break;
+      float y[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {  // channel c0 + e: weights w[e width ...]
+        float acc = 0.f;
+#pragma unroll
+        for (int k = 0; k < kVecConvWidth; ++k) acc = fmaf(w[e * kVecConvWidth + k], in[t + k][e], acc);
+        acc = rounded(acc + bias[e]);
+        y[e] = p.silu ? rssm::siluf(acc) : acc;
+      }
+      rssm::store_vec<act_t, kVec>(p.out + (b * T + t) * p.channels + c0, y);
+    }
+    return;
+  }
+  const int c = t_idx;
   if (c >= p.channels) return;
-  const int hist = p.width - 1, T = p.window;
+  const int hist = p.width - 1;
   act_t* state = p.conv_state + (b * p.channels + c) * hist;
-  const act_t* x = p.x + b * p.s_x_b + c;
-  act_t in[kMaxConvWidth - 1 + rssm::kMaxWindow];
+  float in[kMaxConvWidth - 1 + rssm::kMaxWindow][1];
 #pragma unroll
   for (int k = 0; k < kMaxConvWidth - 1; ++k)
-    if (k < hist) in[k] = state[k];
+    if (k < hist) in[k][0] = rssm::to_float(state[k]);
 #pragma unroll
   for (int t = 0; t < rssm::kMaxWindow; ++t)
-    if (t < T) in[hist + t] = x[t * p.s_x_t];
+    if (t < T) in[hist + t][0] = rssm::to_float(p.x[b * p.s_x_b + t * p.s_x_t + c]);
   if (p.accepted) {
-    const long long a = p.accepted[b];
-    if (a < 1 || a > T) return;
+    float taps[kMaxConvWidth - 1][1];
+    committed_taps<kMaxConvWidth - 1, 1>(in, int(a), taps);
 #pragma unroll
-    for (int k = 0; k < kMaxConvWidth - 1; ++k) {
-      if (k >= hist) break;
-#pragma unroll
-      for (int j = 1; j <= rssm::kMaxWindow; ++j)  // in[a + k], a register index known at compile time
-        if (j == a) state[k] = in[j + k];
-    }
+    for (int k = 0; k < kMaxConvWidth - 1; ++k)
+      if (k < hist) state[k] = rssm::from_float<act_t>(taps[k][0]);
     return;
   }
   float w[kMaxConvWidth];
@@ -271,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const 
     float y = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxConvWidth; ++k)
-      if (k < p.width) y = fmaf(w[k], rssm::to_float(in[t + k]), y);
+      if (k < p.width) y = fmaf(w[k], in[t + k][0], y);
     y = rounded(y + bias);
     p.out[(b * T + t) * p.channels + c] = rssm::from_float<act_t>(p.silu ? rssm::siluf(y) : y);
   }

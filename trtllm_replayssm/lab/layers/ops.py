@@ -59,7 +59,8 @@ CONV_WINDOW_PARAMS = ParamLayout("ConvWindowParams", """
   act_t* out;                    // verify: [batch, window, channels] contiguous; null for a commit
   const long long* accepted;     // commit: [batch] accepted counts (1 .. window); null for a verify
   long long s_x_b, s_x_t;
-  int channels, width, window, silu;""")
+  int channels, width, window, silu;
+  int vec, pad0;                 // vec: width 4 and 16-byte vectors of kVec channels (as ConvParams.vec)""")
 ACT_PARAMS = ParamLayout("ActParams", """
   const act_t* a;  // [rows, cols] (row stride s_a): the activation's input (SwiGLU: the gate projection)
   const act_t* b;  // [rows, cols] (row stride s_b): SwiGLU's up projection (kind 1), else null
@@ -249,11 +250,16 @@ def _conv1d_window_launch(x, conv_state, weight, bias, silu, out, accepted) -> N
     batch, window, channels = x.shape
     if batch == 0:
         return
+    width, elems = conv_state.shape[-1] + 1, vector_elems(x)
+    vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
+                                                    [x.stride(0), x.stride(1), channels])
+    threads = channels // elems if vec else channels
     params = CONV_WINDOW_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias),
                                      out=ptr(out), accepted=ptr(accepted), s_x_b=x.stride(0), s_x_t=x.stride(1),
-                                     channels=channels, width=conv_state.shape[-1] + 1, window=window, silu=int(silu))
-    launch(_kernel("conv1d_window_kernel", x), ((channels + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
-           (MAX_THREADS, 1, 1), params)
+                                     channels=channels, width=width, window=window, silu=int(silu), vec=int(vec),
+                                     pad0=0)
+    block = MAX_THREADS // 2  # the vector path's registers: 3 such CTAs per SM, where 256 threads would fit once
+    launch(_kernel("conv1d_window_kernel", x), ((threads + block - 1) // block, batch, 1), (block, 1, 1), params)
 
 
 def _conv1d_verify_cuda(x, conv_state, weight, bias, silu, out) -> None:
