@@ -120,17 +120,18 @@ def test_conv1d_update_steps_a_sliding_window(dtype, width, bias, silu, channels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width,bias,silu", [(4, True, True), (3, False, False)])
 @pytest.mark.parametrize("T", [1, 4, 8])
-def test_conv1d_window_verifies_and_commits_the_accepted_prefix(dtype, width, bias, silu, T):
+@pytest.mark.parametrize("channels,offset", [(304, 0), (300, 3)])  # vector path (width 4) / element path
+def test_conv1d_window_verifies_and_commits_the_accepted_prefix(dtype, width, bias, silu, T, channels, offset):
     """conv1d_verify of a window (row- and token-strided inputs): every token's output from the committed inputs and
     the window up to it, the state untouched; conv1d_commit_: each row's state is its last W-1 inputs after exactly
     its accepted count (all, only the first, mixed), unchanged for pad rows whose counts are out of range on CUDA."""
     gen = torch.Generator().manual_seed(T * 10 + width)
-    batch, channels = 6, 300
+    batch = 6
     weight = _rnd(gen, channels, 1, width, dtype=dtype)
     b = _rnd(gen, channels, dtype=dtype) if bias else None
     state = _rnd(gen, batch, channels, width - 1, dtype=dtype)
     for _ in range(4):
-        x = _rnd(gen, batch, T, channels + 8, dtype=dtype)[:, :, 3:3 + channels]
+        x = _rnd(gen, batch, T, channels + 8, dtype=dtype)[:, :, offset:offset + channels]
         inputs = torch.cat([state.double(), x.double().transpose(1, 2)], -1)  # [b, C, W-1+T]
         windows = inputs.unfold(-1, width, 1)  # [b, C, T, W]
         y = (windows * weight[:, 0].double()[None, :, None, :]).sum(-1).transpose(1, 2)
