@@ -228,8 +228,8 @@ class ServingLoop:
             prefill = [0.1 * torch.randn(num_contexts, *self.pool.all_ssm_states.shape[2:], generator=self.gen)
                        for _ in self.layer_ids]
             prefill = [p.to(self.device) for p in prefill]
-            for c, req in enumerate(contexts):  # the float64 references live on the CPU
-                req.states = [p[c].double().cpu() for p in prefill]
+            for c, req in enumerate(contexts):  # the float64 references live on the loop's device
+                req.states = [p[c].double() for p in prefill]
         steps, outs = self._draw(padded), self._out(padded)
         accepted = [self._accepted_count() for _ in decodes]
         if self.window > 1:
@@ -304,12 +304,11 @@ class ServingLoop:
                 for t in range(T):
                     token = window_token(steps[i], t) if T > 1 else steps[i]
                     row_step = step_rows(token, [row])
-                    row_step = replace(row_step, **{name: v.cpu() for name, v in vars(row_step).items()})
                     out_ref, new_state = self.fam.reference_step(state[None], row_step)
                     state = new_state[0]
                     if t < accepted[row]:
                         req.states[i] = state
-                    got = (outs[i][row, t] if T > 1 else outs[i][row]).double().cpu()
+                    got = (outs[i][row, t] if T > 1 else outs[i][row]).double()
                     err = float((got - out_ref[0]).norm() / out_ref[0].norm().clamp_min(1e-30))
                     rep.worst_rel_err = max(rep.worst_rel_err, err)
             # padding rows: the first computes against the dummy's block, every repeat is a pad row (zeros)
