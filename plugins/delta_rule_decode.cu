@@ -2035,11 +2035,7 @@ __device__ __forceinline__ void key_head_prep(const DeltaParams& p, int b, int s
 // (rssm::kSkipStep for a row the verify skips); the last prep CTA of a folding row moves the cursor past the history.
 // Reads history records only where no launch of the step writes. Lets the persistent verify kernel launch once the
 // previous grid has finished (rssm::prep_begin).
-// CTAs per SM the verify prep's registers allow: the latency-bound GDN prep (up to 128 key channels) fits 48 registers
-// without spills, 10 CTAs instead of the 8 its 64 would allow; KDA's and 256 channels' need more.
-constexpr int kVerifyPrepMinBlocks = !kPerChannel && kEpl <= 4 ? 10 : 1;
-
-extern "C" __global__ void __launch_bounds__(rssm::kThreads, kVerifyPrepMinBlocks) delta_verify_prep_kernel(const DeltaParams p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_prep_kernel(const DeltaParams p) {
   rssm::prep_begin(p.step - 1);
   const int b = blockIdx.y, T = p.window, L = p.L;
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
