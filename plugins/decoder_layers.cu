@@ -403,82 +403,99 @@ extern "C" __global__ void __launch_bounds__(kBlock) rope_kernel(const RopeParam
 
 constexpr int kAttnMaxLanesElems = 8;  // head_dim / 32 (head_dim <= 256)
 
-// Single-token GQA attention over a static KV cache, a CTA per (key/value head, batch row): appends this token's key
-// and value at `pos`, scores q·k (rounded to act_t, then scaled, as the reference's matmul + float), softmax in fp32
-// over the attended positions (probabilities rounded to act_t), then probabilities · V (fp32 accumulation), optionally
-// gated. window 0: positions 0..pos, position t in slot t; window W > 0: positions max(0, pos - W + 1)..pos of a ring
-// (position t in slot t % max_len, W <= max_len). Dynamic shared memory: the group's queries [rep][head_dim] and
-// scores [rep][max_len] in fp32. A row whose pos is negative, or past the cache without a window, writes nothing to
-// it and NaN outputs (the host cannot check device positions without a sync).
+// GQA attention of `tokens` consecutive tokens per row over a static KV cache (1: a decode step, T: a speculative
+// window), a CTA per (key/value head, batch row): appends token t's key and value at position pos + t, then query t
+// attends over the positions up to pos + t: scores q·k (rounded to act_t, then scaled, as the reference's matmul +
+// float), softmax in fp32 over the attended positions (probabilities rounded to act_t), then probabilities · V (fp32
+// accumulation), optionally gated. window 0: positions 0..pos + t, position u in slot u; window W > 0: positions
+// max(0, pos + t - W + 1)..pos + t of a ring (position u in slot u % max_len, W <= max_len; the host sizes a window's
+// ring so that its last token's keys do not overwrite a position its first token attends). The CTA's positions are
+// the union of its tokens' ranges, index i at position first + i. Dynamic shared memory: the group's queries
+// [tokens][rep][head_dim] and scores [tokens][rep][span] in fp32 (span: the union's length, at most max_len). A row
+// whose pos is negative, whose last token lies past the cache without a window, or whose union is longer than the
+// ring writes nothing to the cache and NaN outputs (the host cannot check device positions without a sync).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) attention_decode_kernel(const AttnParams p) {
   extern __shared__ float attn_smem[];
-  const int kvh = blockIdx.x, b = blockIdx.y, rep = p.heads / p.kv_heads, hd = p.head_dim;
+  const int kvh = blockIdx.x, b = blockIdx.y, rep = p.heads / p.kv_heads, hd = p.head_dim, T = p.tokens;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
-  const int nwarps = blockDim.x / rssm::kWarpSize;
-  const long long t_new = p.pos[b];
-  const bool ring = p.window > 0;
-  if (t_new < 0 || (!ring && t_new >= p.max_len)) {  // a full cache: nothing written outside it, outputs NaN
-    for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
-      p.out[((long long)b * p.heads + kvh * rep) * hd + i] = rssm::from_float<act_t>(__int_as_float(0x7fc00000));
+  const int nwarps = blockDim.x / rssm::kWarpSize, rows = T * rep;  // query row qr = t rep + r
+  const long long pos = p.pos[b], last = pos + T - 1;
+  const bool ring = p.window > 0;  // token t attends positions lo(t) .. pos + t; the union starts at lo(0)
+  auto out_at = [&](int t, int head) { return p.out + (((long long)b * T + t) * p.heads + head) * hd; };
+  auto lo = [&](int t) { return ring && pos + t + 1 > p.window ? pos + t + 1 - p.window : 0ll; };
+  const long long first = lo(0);
+  const int span = int(last - first + 1);
+  if (pos < 0 || (!ring && last >= p.max_len) || span > p.max_len) {  // nothing written outside the cache, NaN outputs
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x)
+      out_at(i / (rep * hd), kvh * rep + i / hd % rep)[i % hd] = rssm::from_float<act_t>(__int_as_float(0x7fc00000));
     return;
   }
-  float* q_s = attn_smem;                // [rep][hd]
-  float* s_s = attn_smem + rep * hd;     // [rep][max_len]
+  float* q_s = attn_smem;               // [rows][hd]
+  float* s_s = attn_smem + rows * hd;   // [rows][span]
   const long long cache_row = ((long long)b * p.kv_heads + kvh) * p.max_len;
   act_t* k_cache = p.k_cache + cache_row * hd;
   act_t* v_cache = p.v_cache + cache_row * hd;
-  const long long slot_new = ring ? t_new % p.max_len : t_new;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    k_cache[slot_new * hd + d] = p.k_new[b * p.s_k_b + kvh * p.s_k_h + d];
-    v_cache[slot_new * hd + d] = p.v_new[b * p.s_v_b + kvh * p.s_v_h + d];
+  auto slot_of = [&](long long position) { return ring ? position % p.max_len : position; };
+  for (int i = threadIdx.x; i < T * hd; i += blockDim.x) {
+    const int t = i / hd, d = i % hd;
+    const long long slot = slot_of(pos + t);
+    k_cache[slot * hd + d] = p.k_new[b * p.s_k_b + t * p.s_k_t + kvh * p.s_k_h + d];
+    v_cache[slot * hd + d] = p.v_new[b * p.s_v_b + t * p.s_v_t + kvh * p.s_v_h + d];
   }
-  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x)
-    q_s[i] = rssm::to_float(p.q[b * p.s_q_b + (long long)(kvh * rep + i / hd) * p.s_q_h + i % hd]);
-  __syncthreads();  // the appended key/value and the queries are visible to the CTA
+  for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+    const int qr = i / hd, t = qr / rep, r = qr % rep;
+    q_s[i] = rssm::to_float(p.q[b * p.s_q_b + t * p.s_q_t + (long long)(kvh * rep + r) * p.s_q_h + i % hd]);
+  }
+  __syncthreads();  // the appended keys/values and the queries are visible to the CTA
 
-  // Score t belongs to position first + t, in slot (first_slot + t) mod max_len (without a window: slot t).
-  const int n_pos = ring ? int(t_new + 1 < p.window ? t_new + 1 : p.window) : int(t_new) + 1;
-  const int first_slot = int((t_new + 1 - n_pos) % p.max_len), per_lane = hd / rssm::kWarpSize;
-  for (int t = warp; t < n_pos; t += nwarps) {  // a warp per attended position: lane holds head_dim / 32 channels
-    const long long slot = first_slot + t < p.max_len ? first_slot + t : first_slot + t - p.max_len;
+  const int per_lane = hd / rssm::kWarpSize;
+  for (int u = warp; u < span; u += nwarps) {  // a warp per position of the union: lane holds head_dim / 32 channels
+    const long long position = first + u, slot = slot_of(position);
     float kv[kAttnMaxLanesElems];
 #pragma unroll
     for (int e = 0; e < kAttnMaxLanesElems; ++e)
       if (e < per_lane) kv[e] = rssm::to_float(k_cache[slot * hd + e * rssm::kWarpSize + lane]);
-    for (int r = 0; r < rep; ++r) {
+    for (int qr = 0; qr < rows; ++qr) {
+      const int t = qr / rep;
+      if (position < lo(t) || position > pos + t) continue;  // outside token t's range (never read)
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < kAttnMaxLanesElems; ++e)
-        if (e < per_lane) dot = fmaf(q_s[r * hd + e * rssm::kWarpSize + lane], kv[e], dot);
+        if (e < per_lane) dot = fmaf(q_s[qr * hd + e * rssm::kWarpSize + lane], kv[e], dot);
       dot = rssm::warp_sum(dot);
-      if (lane == 0) s_s[r * p.max_len + t] = rounded(dot) * p.scale;
+      if (lane == 0) s_s[qr * span + u] = rounded(dot) * p.scale;
     }
   }
   __syncthreads();
-  for (int r = warp; r < rep; r += nwarps) {  // a warp per query head: softmax over the positions
-    float* s = s_s + r * p.max_len;
+  for (int qr = warp; qr < rows; qr += nwarps) {  // a warp per query row: softmax over its token's positions
+    const int t = qr / rep, u0 = int(lo(t) - first), u1 = int(pos + t - first) + 1;
+    float* s = s_s + qr * span;
     float m = -__int_as_float(0x7f800000);  // -inf
-    for (int t = lane; t < n_pos; t += rssm::kWarpSize) m = fmaxf(m, s[t]);
+    for (int u = u0 + lane; u < u1; u += rssm::kWarpSize) m = fmaxf(m, s[u]);
 #pragma unroll
     for (int o = rssm::kWarpSize / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float sum = 0.f;
-    for (int t = lane; t < n_pos; t += rssm::kWarpSize) {
-      const float e = expf(s[t] - m);
-      s[t] = e;
+    for (int u = u0 + lane; u < u1; u += rssm::kWarpSize) {
+      const float e = expf(s[u] - m);
+      s[u] = e;
       sum += e;
     }
     const float inv = 1.f / rssm::warp_sum(sum);
-    for (int t = lane; t < n_pos; t += rssm::kWarpSize) s[t] = rounded(s[t] * inv);
+    for (int u = u0 + lane; u < u1; u += rssm::kWarpSize) s[u] = rounded(s[u] * inv);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x) {  // a thread per (head, channel): o = sum_t p_t v_t
-    const int r = i / hd, d = i % hd, head = kvh * rep + r;         // (the group's V rows are re-read from L1)
-    const float* probs = s_s + r * p.max_len;
+  for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {  // a thread per (row, channel): o = sum_u p_u v_u
+    const int qr = i / hd, d = i % hd, t = qr / rep, head = kvh * rep + qr % rep;  // (V rows re-read from L1)
+    const int u0 = int(lo(t) - first), u1 = int(pos + t - first) + 1;
+    const float* probs = s_s + qr * span;
     float acc = 0.f;
-    for (int t = 0, slot = first_slot; t < n_pos; ++t, slot = slot + 1 < p.max_len ? slot + 1 : 0)
-      acc = fmaf(probs[t], rssm::to_float(v_cache[(long long)slot * hd + d]), acc);
+    long long slot = slot_of(first + u0);
+    for (int u = u0; u < u1; ++u, slot = slot + 1 < p.max_len ? slot + 1 : 0)
+      acc = fmaf(probs[u], rssm::to_float(v_cache[slot * hd + d]), acc);
     float o = rounded(acc);
-    if (p.gate) o *= rounded(rssm::sigmoidf(rssm::to_float(p.gate[b * p.s_g_b + (long long)head * p.s_g_h + d])));
-    p.out[((long long)b * p.heads + head) * hd + d] = rssm::from_float<act_t>(o);
+    if (p.gate)
+      o *= rounded(rssm::sigmoidf(
+          rssm::to_float(p.gate[b * p.s_g_b + t * p.s_g_t + (long long)head * p.s_g_h + d])));
+    out_at(t, head)[d] = rssm::from_float<act_t>(o);
   }
 }

@@ -250,6 +250,42 @@ def test_sliding_window_attention_over_a_ring_cache(window):
         ops.attention_decode(q, k, v, k_cache, v_cache, pos, 1.0, window=slots + 1)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,window,slots", [(4, 0, 40), (1, 0, 40), (8, 0, 40), (4, 6, 9), (3, 5, 7)])
+def test_attention_verify_attends_each_token_up_to_its_position(dtype, T, window, slots):
+    """A window of T tokens (gated, strided q and keys as the packed projections give them): token t's keys and values
+    at position pos + t, its output over the positions up to pos + t (the last `window` of a ring), every other slot
+    untouched; rows before, at and past a ring's wrap, a full cache's rows at its start and end."""
+    gen = torch.Generator().manual_seed(T * 10 + window)
+    b, heads, kv_heads, hd = 4, 8, 2, 64
+    k_cache, v_cache = _rnd(gen, b, kv_heads, slots, hd, dtype=dtype), _rnd(gen, b, kv_heads, slots, hd, dtype=dtype)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    q, gate = _rnd(gen, b, T, heads, 2 * hd, dtype=dtype).chunk(2, dim=-1)
+    k = _rnd(gen, b, T, kv_heads + 1, hd, dtype=dtype)[:, :, 1:]
+    v = _rnd(gen, b, T, kv_heads, hd, dtype=dtype)
+    last = slots - T if not window else 40
+    pos = torch.tensor([0, 3, 6, last], dtype=torch.int64, device=DEV)
+    out = ops.attention_verify(q, k, v, k_cache, v_cache, pos, hd ** -0.5, gate, window)
+    rep = heads // kv_heads
+    for row in range(b):
+        p = int(pos[row])
+        for t in range(T):
+            k0[row, :, (p + t) % slots], v0[row, :, (p + t) % slots] = k[row, t], v[row, t]
+        torch.testing.assert_close(k_cache[row], k0[row], rtol=0, atol=0)
+        torch.testing.assert_close(v_cache[row], v0[row], rtol=0, atol=0)
+        for t in range(T):
+            seen = [a % slots for a in range(max(0, p + t - window + 1) if window else 0, p + t + 1)]
+            for h in range(heads):
+                keys, vals = k0[row, h // rep, seen].double(), v0[row, h // rep, seen].double()
+                want = torch.softmax(keys @ q[row, t, h].double() * hd ** -0.5, 0) @ vals
+                want = want * torch.sigmoid(gate[row, t, h].double())
+                torch.testing.assert_close(out[row, t, h * hd:(h + 1) * hd].double(), want, **_tol(dtype))
+    with pytest.raises(ValueError, match="q: expected a window of 1 to 8 tokens"):
+        ops.attention_verify(torch.zeros(b, 9, heads, hd, dtype=dtype, device=DEV), k, v, k_cache, v_cache, pos, 1.0)
+    with pytest.raises(ValueError, match=r"^k: expected shape"):
+        ops.attention_verify(q, k[:, :, :1], v, k_cache, v_cache, pos, 1.0)
+
+
 @pytest.mark.gpu
 def test_attention_decode_full_cache_writes_nothing_outside():
     gen = torch.Generator().manual_seed(9)

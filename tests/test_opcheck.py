@@ -28,7 +28,7 @@ STORED_OPS = [f"{name}_stored" for name in SSM_OPS]  # quantized / dual / SR che
 SPEC_OPS = [f"{family}_{op}" for family in DIMS for op in ("verify_decode", "per_draft_verify")]
 SPEC_OPS += ["mamba2_per_draft_commit", "delta_per_draft_commit", "spec_commit"]
 LAYER_OPS = ["rms_norm", "add_rms_norm", "gated_rms_norm", "conv1d_update", "conv1d_verify", "conv1d_commit",
-             "mlp_act", "rope", "attention_decode"]
+             "mlp_act", "rope", "attention_decode", "attention_verify"]
 
 
 def _ssm_sample(name: str, gen: torch.Generator) -> tuple:
@@ -147,7 +147,11 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
         return rnd(rows, dim), rnd(rows, dim), "swiglu", rnd(rows, dim)
     if name == "rope":
         return rnd(rows, 4, 64), torch.arange(rows, device=DEV), 32, 10000.0, rnd(rows, 4, 64)
-    heads, kv_heads, head_dim, max_len = 4, 2, 64, 8  # attention_decode
+    heads, kv_heads, head_dim, max_len = 4, 2, 64, 8  # attention_decode, attention_verify
+    if name == "attention_verify":
+        return (rnd(rows, 2, heads, head_dim), rnd(rows, 2, kv_heads, head_dim), rnd(rows, 2, kv_heads, head_dim),
+                None, rnd(rows, kv_heads, max_len, head_dim), rnd(rows, kv_heads, max_len, head_dim),
+                torch.tensor([2, 5, 6], device=DEV), head_dim ** -0.5, 0, rnd(rows, 2, heads * head_dim))
     return (rnd(rows, heads, head_dim), rnd(rows, kv_heads, head_dim), rnd(rows, kv_heads, head_dim), None,
             rnd(rows, kv_heads, max_len, head_dim), rnd(rows, kv_heads, max_len, head_dim),
             torch.tensor([2, 5, 7], device=DEV), head_dim ** -0.5, 0, rnd(rows, heads * head_dim))

@@ -1,6 +1,6 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
 the residual add), gated RMSNorm, the causal conv1d state update and its speculative window (verify, commit), the
-MLP activations, RoPE and single-token attention over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
+MLP activations, RoPE and attention of one token or a speculative window over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
 elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the
 baseline and the replay decoders alike."""
 from __future__ import annotations
@@ -77,19 +77,21 @@ ROPE_PARAMS = ParamLayout("RopeParams", """
   int heads, head_dim, rotary_dim;
   float theta;""")
 ATTN_PARAMS = ParamLayout("AttnParams", """
-  const act_t* q;        // [batch, heads, head_dim] (strides s_q_b, s_q_h)
-  const act_t* k_new;    // [batch, kv_heads, head_dim] (strides s_k_b, s_k_h): this token's key
-  const act_t* v_new;    // [batch, kv_heads, head_dim] (strides s_v_b, s_v_h): this token's value
-  const act_t* gate;     // nullable, [batch, heads, head_dim] (strides s_g_b, s_g_h): output gate, o * sigmoid(gate)
+  const act_t* q;        // [batch, tokens, heads, head_dim] (strides s_q_b, s_q_t, s_q_h)
+  const act_t* k_new;    // [batch, tokens, kv_heads, head_dim] (strides s_k_b, s_k_t, s_k_h): the tokens' keys
+  const act_t* v_new;    // [batch, tokens, kv_heads, head_dim] (strides s_v_b, s_v_t, s_v_h): the tokens' values
+  const act_t* gate;     // nullable, as q (strides s_g_b, s_g_t, s_g_h): output gate, o * sigmoid(gate)
   act_t* k_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
   act_t* v_cache;        // [batch, kv_heads, max_len, head_dim] contiguous
-  const long long* pos;  // [batch]: cached tokens before this one (this token goes to position pos)
-  act_t* out;            // [batch, heads * head_dim] contiguous
-  long long s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, s_g_b, s_g_h;
+  const long long* pos;  // [batch]: cached tokens before the first one (token t goes to position pos + t)
+  act_t* out;            // [batch, tokens, heads * head_dim] contiguous
+  long long s_q_b, s_q_t, s_q_h, s_k_b, s_k_t, s_k_h, s_v_b, s_v_t, s_v_h, s_g_b, s_g_t, s_g_h;
   int heads, kv_heads, head_dim, max_len;
   float scale;
-  int window;            // 0: positions 0..pos; W: the last W positions of a ring (position t in slot t % max_len)""")
-LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, CONV_WINDOW_PARAMS, ACT_PARAMS, ATTN_PARAMS, ROPE_PARAMS)
+  int window;            // 0: positions 0..pos + t; W: the last W positions of a ring (position u in slot u % max_len)
+  int tokens, pad0;      // 1: a decode step; T: a speculative window, token t attending up to position pos + t""")
+LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, CONV_WINDOW_PARAMS, ACT_PARAMS, ATTN_PARAMS,
+           ROPE_PARAMS)
 
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
@@ -311,27 +313,59 @@ def _attention_decode_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gat
     out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale, window))
 
 
-def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: int) -> int:
-    """Dynamic shared memory of the attention kernel: a group's queries and scores in fp32."""
-    return 4 * (heads // kv_heads) * (head_dim + max_len)
+def attention_shared_bytes(heads: int, kv_heads: int, head_dim: int, max_len: int, tokens: int = 1) -> int:
+    """Dynamic shared memory of the attention kernel: a group's queries and scores of every token in fp32."""
+    return 4 * tokens * (heads // kv_heads) * (head_dim + max_len)
+
+
+def _attention_launchable(q: torch.Tensor, k_cache: torch.Tensor, tokens: int) -> bool:
+    """Whether the attention kernel takes this shape: head_dim a multiple of 32 up to 256, a group's queries and
+    scores of every token within ATTN_MAX_SHARED."""
+    heads, hd = q.shape[-2:]
+    kv_heads, max_len = k_cache.shape[1:3]
+    return hd % 32 == 0 and hd <= 256 and attention_shared_bytes(heads, kv_heads, hd, max_len, tokens) <= ATTN_MAX_SHARED
+
+
+def _attention_launch(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
+    """The attention kernel on ``q [b, T, heads, hd]`` and the tokens' ``k, v [b, T, kv_heads, hd]``."""
+    b, T, heads, head_dim = q.shape
+    _, kv_heads, max_len, _ = k_cache.shape
+    g = [gate.stride(i) for i in range(3)] if gate is not None else [0, 0, 0]
+    params = ATTN_PARAMS.pack(q=ptr(q), k_new=ptr(k), v_new=ptr(v), gate=ptr(gate), k_cache=ptr(k_cache),
+                              v_cache=ptr(v_cache), pos=ptr(pos), out=ptr(out), s_q_b=q.stride(0), s_q_t=q.stride(1),
+                              s_q_h=q.stride(2), s_k_b=k.stride(0), s_k_t=k.stride(1), s_k_h=k.stride(2),
+                              s_v_b=v.stride(0), s_v_t=v.stride(1), s_v_h=v.stride(2), s_g_b=g[0], s_g_t=g[1],
+                              s_g_h=g[2], heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_len=max_len,
+                              scale=float(scale), window=window, tokens=T, pad0=0)
+    launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params,
+           shared_bytes=attention_shared_bytes(heads, kv_heads, head_dim, max_len, T))
 
 
 def _attention_decode_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
-    b, heads, head_dim = q.shape
-    _, kv_heads, max_len, _ = k_cache.shape
-    if b == 0:
+    if q.shape[0] == 0:
         return
-    shared = attention_shared_bytes(heads, kv_heads, head_dim, max_len)
-    if head_dim % 32 or head_dim > 256 or shared > ATTN_MAX_SHARED:  # what the kernel does not take
+    if not _attention_launchable(q, k_cache, 1):  # what the kernel does not take
         out.copy_(ref.attention_decode_(q, k, v, gate, k_cache, v_cache, pos, scale, window))
         return
-    g_b, g_h = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
-    params = ATTN_PARAMS.pack(q=ptr(q), k_new=ptr(k), v_new=ptr(v), gate=ptr(gate), k_cache=ptr(k_cache),
-                              v_cache=ptr(v_cache), pos=ptr(pos), out=ptr(out), s_q_b=q.stride(0), s_q_h=q.stride(1),
-                              s_k_b=k.stride(0), s_k_h=k.stride(1), s_v_b=v.stride(0), s_v_h=v.stride(1), s_g_b=g_b,
-                              s_g_h=g_h, heads=heads, kv_heads=kv_heads, head_dim=head_dim, max_len=max_len,
-                              scale=float(scale), window=window)
-    launch(_kernel("attention_decode_kernel", q), (kv_heads, b, 1), (128, 1, 1), params, shared_bytes=shared)
+    _attention_launch(q[:, None], k[:, None], v[:, None], None if gate is None else gate[:, None], k_cache, v_cache,
+                      pos, scale, window, out)
+
+
+def _attention_verify_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float, window: int,
+                          out: torch.Tensor) -> None:
+    for t in range(q.shape[1]):
+        out[:, t].copy_(ref.attention_decode_(q[:, t], k[:, t], v[:, t], None if gate is None else gate[:, t],
+                                              k_cache, v_cache, pos + t, scale, window))
+
+
+def _attention_verify_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
+    if q.shape[0] == 0:
+        return
+    if not _attention_launchable(q, k_cache, q.shape[1]):
+        _attention_verify_cpu(q, k, v, gate, k_cache, v_cache, pos, scale, window, out)
+        return
+    _attention_launch(q, k, v, gate, k_cache, v_cache, pos, scale, window, out)
 
 
 define_op("rms_norm", ("out",), _rms_norm_cpu, _rms_norm_cuda)
@@ -343,6 +377,7 @@ define_op("conv1d_commit", ("conv_state",), _conv1d_commit_cpu, _conv1d_commit_c
 define_op("mlp_act", ("out",), _mlp_act_cpu, _mlp_act_cuda)
 define_op("rope", ("out",), _rope_cpu, _rope_cuda)
 define_op("attention_decode", ("k_cache", "v_cache", "out"), _attention_decode_cpu, _attention_decode_cuda)
+define_op("attention_verify", ("k_cache", "v_cache", "out"), _attention_verify_cpu, _attention_verify_cuda)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -518,4 +553,34 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                          f"{k_cache.shape[2]} slots, got {window!r}")
     out = torch.empty((b, heads * hd), dtype=q.dtype, device=q.device)
     torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), window, out)
+    return out
+
+
+def attention_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
+    """A speculative window of GQA attention over a static KV cache: appends the T tokens' ``k, v [b, T, kv_heads,
+    hd]`` at positions ``pos .. pos + T - 1`` (``pos [b]``, int64) and attends ``q [b, T, heads, hd]``: token t over
+    positions up to ``pos + t``, as T calls of :func:`attention_decode` at ``pos + t`` would (``gate`` as ``q``).
+    Returns ``[b, T, heads * hd]``; ``pos`` is not advanced. On CUDA one launch for the window where the kernel takes
+    the shape (as :func:`attention_decode`, the scores of T tokens within 48 KiB), else a call per token; a ring
+    (``window`` > 0) must hold the window and the T tokens (``max_len >= window + T - 1`` once positions wrap), or the
+    kernel writes nothing and NaN outputs for that row."""
+    chk.check_tensor("q", q, (None, None, None, None), chk.FLOAT_DTYPES)
+    b, T, heads, hd = q.shape
+    if not 1 <= T <= MAX_WINDOW:
+        raise ValueError(f"q: expected a window of 1 to {MAX_WINDOW} tokens (dim 1), got {T}")
+    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
+    kv_heads = k_cache.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
+    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
+    chk.check_tensor("k", k, (b, T, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("v", v, (b, T, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_optional("gate", gate, (b, T, heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= k_cache.shape[2]:
+        raise ValueError(f"window: expected 0 (full attention) or a window of at most the cache's "
+                         f"{k_cache.shape[2]} slots, got {window!r}")
+    out = torch.empty((b, T, heads * hd), dtype=q.dtype, device=q.device)
+    torch.ops.replayssm.attention_verify(q, k, v, gate, k_cache, v_cache, pos, float(scale), window, out)
     return out

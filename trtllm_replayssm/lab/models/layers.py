@@ -247,8 +247,6 @@ class Attention(nn.Module):
         """A speculative window ``h [b, T, D]`` after the ``pos`` cached tokens: token t goes to position
         ``pos + t`` and attends causally over ``0..pos+t``. ``pos`` stays (the commit adds the accepted count), so
         the entries of rejected tokens lie past it and the next window overwrites them."""
-        window = h.shape[1]
-        q, k, v, gate = self._qkv(h, kv.pos[:, None] + torch.arange(window, device=h.device))
-        o = [self._attend(q[:, t], k[:, t], v[:, t], None if gate is None else gate[:, t], kv, kv.pos + t)
-             for t in range(window)]
-        return self.o_proj(torch.stack(o, 1))
+        q, k, v, gate = self._qkv(h, kv.pos[:, None] + torch.arange(h.shape[1], device=h.device))
+        window = min(self.window, kv.k.shape[2])
+        return self.o_proj(fused.attention_verify(q, k, v, kv.k, kv.v, kv.pos, self.head_dim ** -0.5, gate, window))
