@@ -254,7 +254,7 @@ def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, ac
                  + _r16(d_state * act_elem) + heads * _r16(L * head_rows * act_elem))
 
 
-GDN_PREP_MAX_GROUP = 16  # value heads per key head the GDN verify prep shares a CTA among (delta_rule_decode.cu kMaxGroup)
+GDN_PREP_MAX_GROUP = 16  # value heads per key head sharing a GDN verify prep CTA (delta_rule_decode.cu kMaxGroup)
 VERIFY_WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_{grid,main}_t<k>)
 
 

@@ -16,8 +16,9 @@ from trtllm_replayssm.core.checkpoint import Checkpoint
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (DELTA_PARAMS, GDN_PREP_MAX_GROUP, delta_fold_bytes, delta_fused_bytes,
-                                           delta_record_len, delta_size_checks, delta_stage_bytes, delta_verify_rec_floats,
-                                           delta_verify_stage_bytes, key_ring_dtype, stored_state_params)
+                                           delta_record_len, delta_size_checks, delta_stage_bytes,
+                                           delta_verify_rec_floats, delta_verify_stage_bytes, key_ring_dtype,
+                                           stored_state_params)
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
@@ -452,7 +453,8 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
              for t in tile_choices(V, K)}
     tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, verify_ctas_per_sm(K)))
     return persistent_verify_plan(key, stage, state_tile(V, K, work, dev, tuning), work * V, act_elem, 0,
-                                  resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning, prep_grid=(key_heads, batch, 1),
+                                  resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning,
+                                  prep_grid=(key_heads, batch, 1),
                                   prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
 
 

@@ -1,8 +1,8 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
 the residual add), gated RMSNorm, the causal conv1d state update and its speculative window (verify, commit), the
-MLP activations, RoPE and attention of one token or a speculative window over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of
-elementwise kernels; the CPU path is the PyTorch reference (:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the
-baseline and the replay decoders alike."""
+MLP activations, RoPE and attention of one token or a speculative window over a static KV cache. One CUDA launch each
+(plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch reference
+(:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the baseline and the replay decoders alike."""
 from __future__ import annotations
 
 from typing import Optional
@@ -52,7 +52,7 @@ CONV_PARAMS = ParamLayout("ConvParams", """
   int channels, width;
   int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors""")
 CONV_WINDOW_PARAMS = ParamLayout("ConvWindowParams", """
-  const act_t* x;                // [batch, window, channels] (strides s_x_b, s_x_t; channels dense): the window's inputs
+  const act_t* x;                // [batch, window, channels] (strides s_x_b, s_x_t; channels dense): the inputs
   act_t* conv_state;             // [batch, channels, width - 1] contiguous: the committed inputs, oldest first
   const act_t* weight;           // [channels, width] contiguous
   const act_t* bias;             // nullable, [channels]
@@ -96,7 +96,7 @@ LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, CONV_WINDOW_PARAMS, A
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
     """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update and
-    speculative window, MLP activations, RoPE, single-token attention) for one activation dtype."""
+    speculative window, MLP activations, RoPE, attention of one token or a window) for one activation dtype."""
     return KernelConfig(
         family="layers",
         source="decoder_layers.cu",
@@ -323,7 +323,8 @@ def _attention_launchable(q: torch.Tensor, k_cache: torch.Tensor, tokens: int) -
     scores of every token within ATTN_MAX_SHARED."""
     heads, hd = q.shape[-2:]
     kv_heads, max_len = k_cache.shape[1:3]
-    return hd % 32 == 0 and hd <= 256 and attention_shared_bytes(heads, kv_heads, hd, max_len, tokens) <= ATTN_MAX_SHARED
+    shared = attention_shared_bytes(heads, kv_heads, hd, max_len, tokens)
+    return hd % 32 == 0 and hd <= 256 and shared <= ATTN_MAX_SHARED
 
 
 def _attention_launch(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
@@ -455,8 +456,8 @@ def _check_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
         raise ValueError(f"x: expected a window of 1 to {MAX_WINDOW} tokens (dim 1), got {window}")
     width = conv_state.shape[-1] + 1 if conv_state.dim() == 3 else 0
     if not 2 <= width <= MAX_CONV_WIDTH:
-        raise ValueError(f"conv_state: expected [batch, channels, width - 1] with a conv width in [2, {MAX_CONV_WIDTH}],"
-                         f" got shape {list(conv_state.shape)}")
+        raise ValueError(f"conv_state: expected [batch, channels, width - 1] with a conv width in "
+                         f"[2, {MAX_CONV_WIDTH}], got shape {list(conv_state.shape)}")
     chk.check_tensor("conv_state", conv_state, (batch, channels, width - 1), (x.dtype,), x.device, inner_contiguous=3)
     if weight is not None:
         chk.check_tensor("weight", weight, (channels, 1, width) if weight.dim() == 3 else (channels, width), (x.dtype,),
@@ -557,7 +558,8 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
 
 
 def attention_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
+                     pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None,
+                     window: int = 0) -> torch.Tensor:
     """A speculative window of GQA attention over a static KV cache: appends the T tokens' ``k, v [b, T, kv_heads,
     hd]`` at positions ``pos .. pos + T - 1`` (``pos [b]``, int64) and attends ``q [b, T, heads, hd]``: token t over
     positions up to ``pos + t``, as T calls of :func:`attention_decode` at ``pos + t`` would (``gate`` as ``q``).
