@@ -251,11 +251,13 @@ def test_sliding_window_attention_over_a_ring_cache(window):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,window,slots", [(4, 0, 40), (1, 0, 40), (8, 0, 40), (4, 6, 9), (3, 5, 7)])
+@pytest.mark.parametrize("T,window,slots", [(4, 0, 40), (1, 0, 40), (8, 0, 40), (4, 6, 9), (3, 5, 7),
+                                            (8, 0, 400)])  # the last: 8 tokens' scores exceed the kernel's 48 KiB
 def test_attention_verify_attends_each_token_up_to_its_position(dtype, T, window, slots):
     """A window of T tokens (gated, strided q and keys as the packed projections give them): token t's keys and values
     at position pos + t, its output over the positions up to pos + t (the last `window` of a ring), every other slot
-    untouched; rows before, at and past a ring's wrap, a full cache's rows at its start and end."""
+    untouched; rows before, at and past a ring's wrap, a full cache's rows at its start and end; a window too long for
+    one launch runs a decode step per token."""
     gen = torch.Generator().manual_seed(T * 10 + window)
     b, heads, kv_heads, hd = 4, 8, 2, 64
     k_cache, v_cache = _rnd(gen, b, kv_heads, slots, hd, dtype=dtype), _rnd(gen, b, kv_heads, slots, hd, dtype=dtype)

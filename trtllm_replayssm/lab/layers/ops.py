@@ -363,10 +363,14 @@ def _attention_verify_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gat
 def _attention_verify_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, out) -> None:
     if q.shape[0] == 0:
         return
-    if not _attention_launchable(q, k_cache, q.shape[1]):
-        _attention_verify_cpu(q, k, v, gate, k_cache, v_cache, pos, scale, window, out)
+    if _attention_launchable(q, k_cache, q.shape[1]):
+        _attention_launch(q, k, v, gate, k_cache, v_cache, pos, scale, window, out)
         return
-    _attention_launch(q, k, v, gate, k_cache, v_cache, pos, scale, window, out)
+    token_out = torch.empty_like(out[:, 0])
+    for t in range(q.shape[1]):  # the window's scores do not fit: a decode step per token
+        _attention_decode_cuda(q[:, t], k[:, t], v[:, t], None if gate is None else gate[:, t], k_cache, v_cache,
+                               pos + t, scale, window, token_out)
+        out[:, t].copy_(token_out)
 
 
 define_op("rms_norm", ("out",), _rms_norm_cpu, _rms_norm_cuda)
@@ -564,7 +568,7 @@ def attention_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     hd]`` at positions ``pos .. pos + T - 1`` (``pos [b]``, int64) and attends ``q [b, T, heads, hd]``: token t over
     positions up to ``pos + t``, as T calls of :func:`attention_decode` at ``pos + t`` would (``gate`` as ``q``).
     Returns ``[b, T, heads * hd]``; ``pos`` is not advanced. On CUDA one launch for the window where the kernel takes
-    the shape (as :func:`attention_decode`, the scores of T tokens within 48 KiB), else a call per token; a ring
+    the shape (as :func:`attention_decode`, the scores of T tokens within 48 KiB), else a decode step per token; a ring
     (``window`` > 0) must hold the window and the T tokens (``max_len >= window + T - 1`` once positions wrap), or the
     kernel writes nothing and NaN outputs for that row."""
     chk.check_tensor("q", q, (None, None, None, None), chk.FLOAT_DTYPES)
