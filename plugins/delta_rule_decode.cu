@@ -1861,14 +1861,22 @@ __host__ __device__ constexpr VerifyStageLayout verify_stage_layout(int L, int T
 
 namespace {
 
-// The verify record's per-row part (VerifyRec) from the verify prologue's `sm`, for value head hv.
-__device__ __forceinline__ void write_record(const DeltaParams& p, const VerifyShared& sm, int b, int hv, int w) {
+// Value head hv's verify record (VerifyRec) of row b, with the window's xq and xk [T][K] written.
+__device__ __forceinline__ float* record_with_rows(const DeltaParams& p, int b, int hv, const float (&xq)[kMaxWindow][kK],
+                                                  const float (&xk)[kMaxWindow][kK]) {
   const int T = p.window, L = p.L;
   float* rec = p.coef + b * p.s_coef_row + (long long)hv * VerifyRec::stride(L, T);
   for (int i = threadIdx.x; i < T * kK; i += rssm::kThreads) {
-    rec[VerifyRec::xq(L, T) + i] = sm.xq[i / kK][i % kK];
-    rec[VerifyRec::xk(L, T) + i] = sm.xk[i / kK][i % kK];
+    rec[VerifyRec::xq(L, T) + i] = xq[i / kK][i % kK];
+    rec[VerifyRec::xk(L, T) + i] = xk[i / kK][i % kK];
   }
+  return rec;
+}
+
+// The verify record's per-row part (VerifyRec) from the verify prologue's `sm`, for value head hv.
+__device__ __forceinline__ void write_record(const DeltaParams& p, const VerifyShared& sm, int b, int hv, int w) {
+  const int T = p.window, L = p.L;
+  float* rec = record_with_rows(p, b, hv, sm.xq, sm.xk);
   for (int i = threadIdx.x; i < T * L; i += rssm::kThreads) {
     const int t = i / L, j = i % L;
     if (j < w + t) {
@@ -1988,11 +1996,7 @@ __device__ __forceinline__ void key_head_prep(const DeltaParams& p, GdnPrepShare
   __syncthreads();
   for (int g = 0; g < group; ++g) {
     const int hv = h * group + g;
-    float* rec = p.coef + b * p.s_coef_row + (long long)hv * VerifyRec::stride(L, T);
-    for (int i = threadIdx.x; i < T * kK; i += rssm::kThreads) {
-      rec[VerifyRec::xq(L, T) + i] = sm.xq[i / kK][i % kK];
-      rec[VerifyRec::xk(L, T) + i] = sm.xk[i / kK][i % kK];
-    }
+    float* rec = record_with_rows(p, b, hv, sm.xq, sm.xk);
     for (int i = threadIdx.x; i < T * L; i += rssm::kThreads) {
       const int t = i / L, j = i % L;
       if (j < w + t) {
