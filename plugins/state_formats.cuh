@@ -484,7 +484,9 @@ struct QuantRowDots {
   __half2 c[NV][8];
   float unscale[NV];  // 2^-shift
 
-  // From the values of the lane's columns ((lane % kLanes) · 16 ...) of each vector; warp-collective.
+  __device__ __forceinline__ static int col0(int lane) { return lane % kLanes * kCols; }
+
+  // From the values of the lane's columns col0(lane) ... of each vector; warp-collective.
   __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
@@ -573,6 +575,173 @@ struct QuantRowDots {
     const float rs = lane < kRows ? rows.scale[lane] : 0.f;
 #pragma unroll
     for (int v = 0; v < NV; ++v) out[v] *= rs * unscale[v];
+  }
+};
+
+// Dots of FP8 or NVFP4 rows (FMT) of C = 64 or 128 columns with NV vectors on the tensor cores (mma.sync m16n8k16,
+// fp16 in, fp32 sums), 16 rows per mma group. Lane (g = lane / 4, t = lane % 4) holds rows g and g + 8 of a group,
+// their bytes t · kDataBytes / 4 ... (columns t · C / 4 ..., one load each), and feeds k-step j (kSteps = C / 16) four
+// of those columns as A slots 2t, 2t+1 and 2t+8, 2t+9: NVFP4 word j / 2, code pairs (2r, 2r+4) and (2r+1, 2r+5) with
+// r = j % 2 (the byte-permute decode of QuantRowDots); FP8 word j, bytes (0, 1) and (2, 3). Those columns lie in
+// block b(j) = t · kSteps / 4 + j / 4 (16 columns; an NVFP4 block), and B is block-diagonal: column n of B holds the
+// vector's values of block n only, so D[row][n] is the row's dot over block n, and a lane's D columns 2t, 2t+1 are its
+// own blocks, whose E4M3 scales it applies in fp32 before the quad sums. Each vector is scaled by a warp-wide power of
+// two that puts its largest magnitude in [2^14, 2^15) and rounded to fp16 (E2M1 and E4M3 values are exact in fp16).
+// Same interface as QuantRowDots: init from the 16 columns col0(lane) ... (block g), then dots. kRows: 16 or 32.
+template <int FMT, int C, int NV = 1>
+struct QuantRowMma {
+  static constexpr int kCols = 16;             // columns per lane given to init (one block)
+  static constexpr int kSteps = C / 16;        // k-steps per group (= blocks per row)
+  static constexpr int kLaneSteps = kSteps / 4;  // a lane's blocks
+  static_assert(C == 64 || C == 128, "tensor-core row dots: 64 or 128 columns (8 blocks at most: n = 8)");
+  static_assert(FMT == kFmtFp8 || FMT == kFmtNvfp4, "tensor-core row dots: FP8 or NVFP4 rows");
+  static constexpr int kLaneBytes = (FMT == kFmtNvfp4 ? C / 2 : C) / 4;  // code bytes of a row per lane
+  static constexpr int kLaneWords = kLaneBytes / 4;
+
+  unsigned int b[NV][kSteps][2];  // B fragments (fp16 pairs, zero off the diagonal)
+  float unscale[NV];              // 2^-shift
+
+  __device__ __forceinline__ static int col0(int lane) { return (lane / 4) % kSteps * kCols; }
+
+  // From the values of columns col0(lane) ... of each vector; warp-collective.
+  __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
+    const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+    const int own = g - t * kLaneSteps;  // the lane's B is nonzero at k-steps 4 own .. 4 own + 3
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      unsigned int m = 0u;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
+      m = __reduce_max_sync(0xffffffffu, m);
+      // a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
+      const int shift = m == 0u || m >= kInfBits ? 0 : min(max(14 - (int(m >> 23) - 127), -100), 100);
+      const float up = __uint_as_float(unsigned(127 + shift) << 23);
+      unscale[v] = __uint_as_float(unsigned(127 - shift) << 23);
+      unsigned int pairs[4][2];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // NVFP4: (8 (jj / 2) + 2 (jj % 2) + h, + 4); FP8: (4 jj + 2 h, + 1)
+          const int a = FMT == kFmtNvfp4 ? 8 * (jj / 2) + 2 * (jj % 2) + h : 4 * jj + 2 * h;
+          const int bcol = FMT == kFmtNvfp4 ? a + 4 : a + 1;
+          const __half2 p2 = __floats2half2_rn(x[v][a] * up, x[v][bcol] * up);
+          pairs[jj][h] = *reinterpret_cast<const unsigned int*>(&p2);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        b[v][j][0] = j / 4 == own ? pairs[j % 4][0] : 0u;
+        b[v][j][1] = j / 4 == own ? pairs[j % 4][1] : 0u;
+      }
+    }
+  }
+
+  // A slots of k-step j from a row's code words: lo (slots 2t, 2t+1) and hi (2t+8, 2t+9), fp16 pairs.
+  __device__ __forceinline__ static void a_pairs(const unsigned int (&w)[kLaneWords], int j, unsigned int& lo,
+                                                 unsigned int& hi) {
+    if constexpr (FMT == kFmtNvfp4) {
+      constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
+      const unsigned int word = w[j / 2];
+      const unsigned int m0 = __byte_perm(kLutLo, kLutHi, word & 0x7777u);
+      const unsigned int m1 = __byte_perm(kLutLo, kLutHi, (word >> 16) & 0x7777u);
+      const int i = 2 * (j % 2);
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(lo) : "r"(m0), "r"(m1), "r"(0x4808u + 0x1010u * i));
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(hi) : "r"(m0), "r"(m1), "r"(0x4808u + 0x1010u * (i + 1)));
+      lo |= (word << (12 - 4 * i)) & 0x80008000u;
+      hi |= (word << (8 - 4 * i)) & 0x80008000u;
+    } else {
+      const __half2 l = e4m3x2_to_half2(static_cast<unsigned short>(w[j] & 0xffffu));
+      const __half2 h = e4m3x2_to_half2(static_cast<unsigned short>(w[j] >> 16));
+      lo = *reinterpret_cast<const unsigned int*>(&l);
+      hi = *reinterpret_cast<const unsigned int*>(&h);
+    }
+  }
+
+  // The code words of row r held by lane slot t.
+  template <class R>
+  __device__ __forceinline__ static void load_words(const R& rows, int r, int t, unsigned int (&w)[kLaneWords]) {
+    const unsigned char* src = rows.data + r * R::kDataBytes + t * kLaneBytes;
+    if constexpr (kLaneWords == 4) {
+      const uint4 q = *reinterpret_cast<const uint4*>(src);
+      w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
+    } else if constexpr (kLaneWords == 8) {
+      const uint4 q0 = reinterpret_cast<const uint4*>(src)[0], q1 = reinterpret_cast<const uint4*>(src)[1];
+      w[0] = q0.x, w[1] = q0.y, w[2] = q0.z, w[3] = q0.w, w[4] = q1.x, w[5] = q1.y, w[6] = q1.z, w[7] = q1.w;
+    } else {
+      const uint2 q = *reinterpret_cast<const uint2*>(src);
+      w[0] = q.x, w[1] = q.y;
+    }
+  }
+
+  // The E4M3 scales of blocks 2t, 2t+1 of row r (NVFP4; 1 for FP8 and for blocks past the row's).
+  template <class R>
+  __device__ __forceinline__ static float2 block_scales(const R& rows, int r, int t) {
+    if constexpr (FMT == kFmtNvfp4) {
+      if (2 * t >= kSteps) return make_float2(0.f, 0.f);
+      const unsigned short pair = *reinterpret_cast<const unsigned short*>(rows.block + r * R::kBlockBytes + 2 * t);
+      return e4m3x2_to_float2(pair);
+    } else {
+      return make_float2(1.f, 1.f);
+    }
+  }
+
+  // Rows 0 .. kRows - 1 of `rows` (kRows = 16 or 32): lane r < kRows gets row r's dots in out[v]. R: Rows<FMT, T, C>.
+  template <int kRows, class R>
+  __device__ __forceinline__ void dots(const R& rows, int lane, float (&out)[NV]) const {
+    static_assert(kRows == 16 || kRows == 32, "tensor-core row dots: 16 or 32 rows per warp");
+    constexpr int kGroups = kRows / 16, kVals = 2 * kGroups;  // value k: row 8 k + g
+    const int g = lane / 4, t = lane % 4;
+    float val[NV][kVals];
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      unsigned int w_lo[kLaneWords], w_hi[kLaneWords];
+      load_words(rows, 16 * q + g, t, w_lo);
+      load_words(rows, 16 * q + g + 8, t, w_hi);
+      float d[NV][4];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) d[v][0] = d[v][1] = d[v][2] = d[v][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        unsigned int a[4];
+        a_pairs(w_lo, j, a[0], a[2]);
+        a_pairs(w_hi, j, a[1], a[3]);
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+              "{%0,%1,%2,%3};"
+              : "+f"(d[v][0]), "+f"(d[v][1]), "+f"(d[v][2]), "+f"(d[v][3])
+              : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[v][j][0]), "r"(b[v][j][1]));
+      }
+      const float2 s_lo = block_scales(rows, 16 * q + g, t), s_hi = block_scales(rows, 16 * q + g + 8, t);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        val[v][2 * q] = fmaf(d[v][0], s_lo.x, d[v][1] * s_lo.y);
+        val[v][2 * q + 1] = fmaf(d[v][2], s_hi.x, d[v][3] * s_hi.y);
+      }
+    }
+    const float rs = lane < kRows ? rows.scale[lane] : 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      // Sums over the quad (lanes 4g .. 4g+3), transposed: lane 4g + k keeps value k (k < kVals).
+      float u;
+      if constexpr (kVals == 4) {
+        const bool up2 = t & 2;
+        const float s0 = __shfl_xor_sync(0xffffffffu, up2 ? val[v][0] : val[v][2], 2);
+        const float s1 = __shfl_xor_sync(0xffffffffu, up2 ? val[v][1] : val[v][3], 2);
+        const float w0 = (up2 ? val[v][2] : val[v][0]) + s0, w1 = (up2 ? val[v][3] : val[v][1]) + s1;
+        const float s = __shfl_xor_sync(0xffffffffu, (t & 1) ? w0 : w1, 1);
+        u = ((t & 1) ? w1 : w0) + s;
+      } else {
+        const float w0 = val[v][0] + __shfl_xor_sync(0xffffffffu, val[v][0], 2);
+        const float w1 = val[v][1] + __shfl_xor_sync(0xffffffffu, val[v][1], 2);
+        const float s = __shfl_xor_sync(0xffffffffu, (t & 1) ? w0 : w1, 1);
+        u = ((t & 1) ? w1 : w0) + s;
+      }
+      // row r = 8 k + g' sits on lane 4 g' + k
+      const float row = __shfl_sync(0xffffffffu, u, 4 * (lane % 8) + (lane / 8) % kVals);
+      out[v] = row * rs * unscale[v];
+    }
   }
 };
 
