@@ -125,14 +125,9 @@ constexpr int kReplayCtasPerSm = (SR && kDual) || (kStored && kTile >= 128) ? 2 
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
 using ReadRows = rssm::Rows<kReadFmt, state_t, kK>;
-// FP8 and NVFP4 rows read from the stage take their dots with xq and xk on the tensor cores where K is 64 or 128 and a
-// warp holds 16 or 32 rows (rssm::QuantRowMma), elsewhere as fp16x2 products (rssm::QuantRowDots).
+// FP8 and NVFP4 rows read from the stage take their dots with xq and xk as fp16x2 products (rssm::QuantRowDots).
 constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && 32 % (kK / 16) == 0 &&
                                kRows % (rssm::kWarpSize / (kK / 16)) == 0;
-constexpr bool kQuantRowMma = kQuantRowDots && (kK == 64 || kK == 128) && (kRows == 16 || kRows == 32);
-using QuantDots = rssm::conditional_t<kQuantRowMma, rssm::QuantRowMma<kQuantRowMma ? kReadFmt : rssm::kFmtNvfp4,
-                                                                      kQuantRowMma ? kK : 128, 2>,
-                                      rssm::QuantRowDots<kReadFmt, kK, 2>>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 
 // Rows row0 ... of the master checkpoint of (slot, value head hv).
@@ -1143,14 +1138,14 @@ __device__ __forceinline__ void row_dots(LoadRow load_row, const float (&xq)[kEp
   }
 }
 
-// Quantized checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (QuantDots): lane r < kRows
+// Quantized checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (rssm::QuantRowDots): lane r < kRows
 // gets aq_r and ak_r; each lane builds xq and xk for its 16 columns from the stage's q~, k~ and log-gates.
 template <class R>
 __device__ __forceinline__ void quant_checkpoint_dots(const DeltaParams& p, const R& rows, const act_t* qk_s,
                                                       const float* rec, float q_mul, float k_mul, float& aq,
                                                       float& ak) {
-  using Dots = QuantDots;
-  const int lane = threadIdx.x % rssm::kWarpSize, col0 = Dots::col0(lane);
+  using Dots = rssm::QuantRowDots<kReadFmt, kK, 2>;
+  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane % Dots::kLanes * Dots::kCols;
   float x[2][Dots::kCols], lg[Dots::kCols], d[2];
   rssm::load_vec<act_t, Dots::kCols>(qk_s + col0, x[0]);
   rssm::load_vec<act_t, Dots::kCols>(qk_s + kK + col0, x[1]);

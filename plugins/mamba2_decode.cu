@@ -65,14 +65,9 @@ constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
 using ReadRows = rssm::Rows<kReadFmt, state_t, N>;
-// FP8 and NVFP4 rows read by non-flush steps take their dots on the tensor cores where d_state is 64 or 128 and a
-// warp holds 16 or 32 rows (rssm::QuantRowMma), elsewhere as fp16x2 products (rssm::QuantRowDots).
+// FP8 and NVFP4 rows read by non-flush steps take their dots as fp16x2 products (rssm::QuantRowDots).
 constexpr bool kQuantRowDots = kReadFmt != rssm::kFmtPlain && N % 16 == 0 && 32 % (N / 16) == 0 &&
                                kRowsPerWarp % (rssm::kWarpSize / (N / 16)) == 0;
-constexpr bool kQuantRowMma = kQuantRowDots && (N == 64 || N == 128) && (kRowsPerWarp == 16 || kRowsPerWarp == 32);
-using QuantDots = rssm::conditional_t<kQuantRowMma, rssm::QuantRowMma<kQuantRowMma ? kReadFmt : rssm::kFmtNvfp4,
-                                                                      kQuantRowMma ? N : 128>,
-                                      rssm::QuantRowDots<kReadFmt, N>>;
 static_assert(MASTER_FMT == rssm::kFmtPlain || sizeof(state_t) == 1, "quantized checkpoints hold byte codes");
 static_assert(N % rssm::kWarpSize == 0, "d_state must be a multiple of 32");
 static_assert(PT % rssm::kNumWarps == 0 && (P % PT == 0 || PT % P == 0) && PT <= rssm::kThreads,
@@ -1281,10 +1276,11 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     for (int g = 1; g < kRowGroups; ++g) total += __shfl_down_sync(0xffffffffu, part, g * kRowsPerWarp);
     extra += fmaf(coef[w], x, total);
     const float decay = coef[p.L];
-    if constexpr (kQuantRowDots) {  // QuantDots: tensor cores or fp16x2 products
-      using Dots = QuantDots;
+    if constexpr (kQuantRowDots) {  // fp16x2 products, a row's columns on neighbouring lanes (rssm::QuantRowDots)
+      using Dots = rssm::QuantRowDots<kReadFmt, N>;
       float cb[1][Dots::kCols], d[1];
-      rssm::load_vec<act_t, Dots::kCols>(reinterpret_cast<const act_t*>(stage + lay.C) + Dots::col0(lane), cb[0]);
+      rssm::load_vec<act_t, Dots::kCols>(
+          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * Dots::kCols, cb[0]);
       Dots dots;
       dots.init(cb);
       dots.template dots<kRowsPerWarp>(
