@@ -103,11 +103,11 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // 72 and 92 for 32-row tiles; docs/decisions.md, decode row tiles), but the GDN flush kernel of 32 elements per thread
 // 6 (with the programmatic prologue it spilled at 64 registers). The plain GDN one-launch replay of 16-bit states and
 // at most 16 elements per thread asks for 5 (unbounded, ptxas chose 80 registers and spilled 8 bytes; KDA's spills
-// at 5). A replay main kernel with stochastic rounding and a
-// read copy runs 2 CTAs per SM (at 3 its registers spill), a stored checkpoint's of
-// whole-head 128-row tiles 2 on sm_90 and 1 on sm_100 and later, whatever its rounding (asked for 2 there, ptxas kept
-// the KDA kernel with an FP8 read copy beside an fp32 master at 168 registers and spilled); core/plans.py
-// replay_tuning and core/ops/delta.py whole_head_tuning, applied after it, mirror them.
+// at 5). A stored checkpoint's replay main kernel never folds (its flush rows go to the flush-rows kernel): on sm_90
+// it runs 4 CTAs per SM (77-90 registers); on sm_100 and later 3, 2 with stochastic rounding and a read copy, 1 for
+// whole-head 128-row tiles (measured on sm_90 only; asked for 2 there, ptxas had kept a folding KDA kernel at 168
+// registers and spilled). A plain checkpoint's runs 3. core/ops/delta.py stored_replay_ctas and whole_head_tuning,
+// core/plans.py PLAIN_REPLAY_CTAS mirror them.
 #if __CUDA_ARCH__ >= 1000
 constexpr int kStateMinBlocks = 1;
 constexpr int kFlushMinBlocks = 1;
@@ -120,7 +120,7 @@ constexpr int kFusedMinBlocks = kStored ? 1 : (!kPerChannel && sizeof(state_t) =
 #if __CUDA_ARCH__ >= 1000
 constexpr int kReplayCtasPerSm = kStored && kTile >= 128 ? 1 : SR && kDual ? 2 : 3;
 #else
-constexpr int kReplayCtasPerSm = (SR && kDual) || (kStored && kTile >= 128) ? 2 : 3;
+constexpr int kReplayCtasPerSm = kStored ? 4 : 3;
 #endif
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, kK>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
@@ -1180,11 +1180,11 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
           rssm::from_float<act_t>(0.f);
     return;
   }
-  if (p.flush_apart && info < 0) {  // the flush-rows kernel's row
+  if ((kStored || p.flush_apart) && info < 0) {  // the flush-rows kernel's row (a stored checkpoint's always)
     rssm::release_stage(pipe, s);
     return;
   }
-  const bool flush = info < 0;
+  const bool flush = !kStored && info < 0;
   const int w = flush ? -info - 1 : info;
   const float* rec = reinterpret_cast<const float*>(stage + lay.rec);
   const act_t* v_s = reinterpret_cast<const act_t*>(stage + lay.v);
@@ -1298,6 +1298,7 @@ __device__ __forceinline__ void replay_tile(const DeltaParams& p, const TileCoor
 extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, kReplayCtasPerSm)
     delta_replay_main_kernel(const DeltaParams p) {
 #if __CUDA_ARCH__ >= 900
+  if (kStored && !p.flush_apart) __trap();  // a stored checkpoint's flush rows go to the flush-rows kernel
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * p.num_v_heads * (kV / kTile);

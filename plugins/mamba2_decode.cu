@@ -61,7 +61,10 @@ constexpr int kFusedMinBlocks = 1;
 #else
 constexpr int kFusedMinBlocks = kStateMinBlocks;
 #endif
-constexpr int kReplayCtasPerSm = SR && kDual ? 2 : 3;
+// The persistent replay kernel's CTAs per SM (launch bounds; core/ops/mamba2.py STORED_REPLAY_CTAS, plans.py
+// PLAIN_REPLAY_CTAS): a stored checkpoint's never folds (its flush rows go to the flush-rows kernel) and needs 72
+// registers, a plain one's folds.
+constexpr int kReplayCtasPerSm = kStored ? 5 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
 constexpr int kReadFmt = kDual ? READ_FMT : MASTER_FMT;  // the rows non-flush steps read
 using ReadRows = rssm::Rows<kReadFmt, state_t, N>;
@@ -1244,7 +1247,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     if (lane < kRowsPerWarp) out[lane] = rssm::from_float<act_t>(0.f);
     return;
   }
-  if (p.flush_apart && info < 0) {  // the flush-rows kernel's row
+  if ((kStored || p.flush_apart) && info < 0) {  // the flush-rows kernel's row (a stored checkpoint's always)
     rssm::release_stage(pipe, s);
     return;
   }
@@ -1255,7 +1258,7 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
   const act_t* z_s = reinterpret_cast<const act_t*>(stage + lay.z);
   const act_t* ring = reinterpret_cast<const act_t*>(stage + lay.x_ring + hl * lay.ring_head);
   const state_t* rows = reinterpret_cast<const state_t*>(stage) + warp * kRowsPerWarp * N + lane * kEpl;
-  const bool flush = info < 0;
+  const bool flush = !kStored && info < 0;
   const int w = flush ? -info - 1 : info;
   const int r = lane % kRowsPerWarp, wr = warp * kRowsPerWarp + r;  // lane r < kRowsPerWarp: tile row wr
   const int hr = rows_of_warp.head_row0 + r;                         // and its row among the head's in the tile
@@ -1334,12 +1337,14 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
 // Replay step 2, persistent (grid: a few CTAs per SM; 4 consumer warps + 1 producer warp; `stages` stages of
 // `stage_bytes` in dynamic shared memory): the producer streams each checkpoint tile with a bulk copy and the tile's
 // inputs with async copies, so consumer warps never wait on a global load outside a flush; consumers compute non-flush
-// rows from the checkpoint (never written) and fold flush rows into a new checkpoint. A programmatic dependent of the
+// rows from the checkpoint (never written) and fold flush rows into a new checkpoint (plain checkpoints; a stored
+// one's flush rows go to the flush-rows kernel). A programmatic dependent of the
 // prep kernel: the first state copies start while prep runs (it never writes the state).
 // Requires sm_90+ (bulk copies, mbarrier try_wait); the ops run the flush path on older GPUs.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, kReplayCtasPerSm)
     mamba2_replay_main_kernel(const Mamba2Params p) {
 #if __CUDA_ARCH__ >= 900
+  if (kStored && !p.flush_apart) __trap();  // a stored checkpoint's flush rows go to the flush-rows kernel
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   const int num_tiles = p.batch * (p.nheads / kTileHeads) * (P / kHeadRows);

@@ -312,8 +312,9 @@ def test_plan_words_round_trip():
 @pytest.mark.parametrize("label", ["nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16+sr", "bf16+sr", "fp32", "bf16"])
 def test_mamba2_stored_checkpoints_keep_flush_rows_apart(label):
     """Stored checkpoints: the persistent kernel leaves flush rows to the flush-rows kernel (the tuning's CTAs per
-    SM, at most one per (row, head)), keeps no fold buffer and claims only the plain states' tail; plain checkpoints
-    fold flush rows in the persistent kernel. A tuning chooses either way."""
+    SM, at most one per (row, head)), keeps no fold buffer and claims only the plain states' tail, and a tuning
+    cannot keep them in the main kernel (it never folds there); plain checkpoints fold flush rows in the persistent
+    kernel unless a tuning leaves them apart."""
     dims = get_preset("nemotron-3-super-120b").ssm_dims
     spec = parse_state_label(label)
     layer = _layer(dims, spec, torch.bfloat16, 16, slots=257)
@@ -324,17 +325,18 @@ def test_mamba2_stored_checkpoints_keep_flush_rows_apart(label):
         assert mamba2.replay_plan(layer, 1, "replay", device=H200).flush_ctas == dims.nheads  # one CTA per head
     else:
         assert plan.flush_ctas == 0 and plan.fold_bytes > 0
-    flipped = mamba2.replay_plan(layer, 256, "replay", Tuning(flush_apart=not spec.stored), device=H200)
-    assert bool(flipped.flush_ctas) is not spec.stored
-    if spec.stored:
-        assert flipped.tail_fraction == mamba2.STORED_TAIL_FRACTION
+    if spec.stored:  # its main kernel never folds
+        with pytest.raises(ValueError, match="flush_apart"):
+            mamba2.replay_plan(layer, 256, "replay", Tuning(flush_apart=False), device=H200)
+    else:
+        assert mamba2.replay_plan(layer, 256, "replay", Tuning(flush_apart=True), device=H200).flush_ctas > 0
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
     """GDN/KDA as Mamba-2: stored checkpoints leave flush rows to the flush-rows kernel (a CTA per row tile at most),
-    a shared FP8 one only where it streams whole heads; plain ones fold them in the persistent kernel; 16-bit plain
-    states, whose main kernel hands tiles out round-robin only, refuse flush rows apart."""
+    whatever their tile; plain ones fold them in the persistent kernel; 16-bit plain states, whose main kernel hands
+    tiles out round-robin only, refuse flush rows apart."""
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
     stored = fam.replay_plan(_layer(dims, state_spec("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
@@ -349,13 +351,14 @@ def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
     assert fp8.flush_ctas > 0 and fp8.rows_per_cta == delta.WHOLE_HEAD_ROWS  # whole heads: apart measured faster
     fp8_64 = fam.replay_plan(_layer(dims, state_spec("fp8"), torch.bfloat16, 16, slots=257), 256, "replay",
                              Tuning(rows_per_cta=64), device=H200)
-    assert fp8_64.flush_ctas > 0  # a forced tile keeps the shape's default
-    assert not delta.flush_apart_default(state_spec("fp8"), 128, 256, H200)
-    assert delta.flush_apart_default(state_spec("nvfp4"), 128, 256, H200)
-    if fam.name == "gdn":  # 256 key channels: no whole-head tiles, shared FP8 folds in the persistent kernel
+    assert fp8_64.flush_ctas > 0
+    with pytest.raises(ValueError, match="flush_apart"):
+        fam.replay_plan(_layer(dims, state_spec("fp8"), torch.bfloat16, 16, slots=257), 256, "replay",
+                        Tuning(flush_apart=False), device=H200)
+    if fam.name == "gdn":  # 256 key channels: no whole-head tiles, flush rows apart all the same
         wide_keys = fam.replay_plan(_layer(replace(dims, head_k_dim=256), state_spec("fp8"), torch.bfloat16, 16,
                                            slots=257), 256, "replay", device=H200)
-        assert wide_keys.flush_ctas == 0 and wide_keys.tail_fraction == delta.STORED_TAIL_FRACTION
+        assert wide_keys.flush_ctas > 0 and wide_keys.tail_fraction == delta.TAIL_FRACTION
     with pytest.raises(ValueError, match="flush_apart"):
         fam.replay_plan(_layer(dims, torch.bfloat16, torch.bfloat16, 16, slots=257), 256, "replay",
                         Tuning(flush_apart=True), device=H200)
@@ -408,30 +411,38 @@ def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():
     assert delta.verify_ctas_per_sm(256) == 1 and delta.verify_ctas_per_sm(128) == 2
 
 
-@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"])
-def test_replay_of_a_stochastically_rounded_read_copy_runs_two_ctas_per_sm(model):
-    """The replay main kernel's launch bounds: 2 CTAs per SM with stochastic rounding and a read copy (its registers
-    spill at 3), 3 otherwise; a tuning asking for fewer keeps its own."""
+@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"])
+def test_replay_main_kernel_ctas_per_sm_follow_its_launch_bounds(model):
+    """The replay main kernel's CTAs per SM on sm_90: on a stored checkpoint, whatever its rounding, the family's
+    default (Mamba-2 STORED_DEFAULT_CTAS, STORED_TWO_HEAD_CTAS with two-head tiles; GDN/KDA 4) at most its launch
+    bounds (Mamba-2 STORED_REPLAY_CTAS, GDN/KDA 4: it never folds); on a plain one 3; a tuning asking for fewer keeps
+    its own, one asking for more gets the bounds."""
     from trtllm_replayssm.core.formats import parse_state_label
 
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
-    for label, ctas in (("nvfp4/dual/fp16+sr", 2), ("fp8/dual/fp32+sr", 2), ("nvfp4/dual/fp16", 3), ("fp8+sr", 3),
-                        ("fp32", 3)):
+    for label in ("nvfp4/dual/fp16+sr", "fp8/dual/fp32+sr", "nvfp4/dual/fp16", "fp8+sr", "nvfp4", "fp32"):
         spec = parse_state_label(label)
-        forced = None if label == "fp32" else plans.Tuning(rows_per_cta=64)  # below GDN/KDA whole-head tiles
-        plan = fam.replay_plan(_layer(dims, spec, torch.bfloat16, 16, slots=513), 512, "replay",
-                               *([forced] if forced else []), device=H200)
-        assert plan.grid[0] == ctas * H200.sm_count, label
-        assert plans.replay_tuning(spec, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
+        layer = _layer(dims, spec, torch.bfloat16, 16, slots=513)
+        stored = (4, 4)
+        if fam.name == "mamba2":
+            two_heads = fam.replay_plan(layer, 512, "replay", device=H200).rows_per_cta > dims.head_dim
+            assert two_heads is (model == "nemotron-3-super-120b" and spec.stored), label
+            stored = (mamba2.STORED_TWO_HEAD_CTAS if two_heads else mamba2.STORED_DEFAULT_CTAS,
+                      mamba2.STORED_REPLAY_CTAS)
+        default, bound = stored if spec.stored else (plans.PLAIN_REPLAY_CTAS, plans.PLAIN_REPLAY_CTAS)
+        knob = "stored_ctas_per_sm" if spec.stored else "ctas_per_sm"
+        for tuning, ctas in ((plans.Tuning(), default), (plans.Tuning(**{knob: 1}), 1),
+                             (plans.Tuning(**{knob: 9}), bound)):
+            plan = fam.replay_plan(layer, 512, "replay", tuning, device=H200)
+            assert plan.grid[0] == ctas * H200.sm_count, (label, tuning)
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
-def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
-    """On sm_90, with flush rows apart, a stored checkpoint's replay takes tiles of a whole 128-row head where the
-    heuristic takes its largest tile, on 2 CTAs per SM (the 128-row main kernel's launch bounds), but an NVFP4 read
-    copy beside a master (measured no faster); smaller batches keep the heuristic's tile, and every whole-head module
-    is among the layer's kernel configs."""
+def test_delta_stored_replay_streams_whole_heads(model):
+    """On sm_90 a stored checkpoint's replay takes tiles of a whole 128-row head where the heuristic takes its largest
+    tile, on 4 CTAs per SM, but an NVFP4 read copy beside a master (measured no faster); smaller batches keep the
+    heuristic's tile, and every whole-head module is among the layer's kernel configs."""
     from trtllm_replayssm.core.formats import parse_state_label
 
     dims = get_preset(model).ssm_dims
@@ -444,7 +455,7 @@ def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
         plan = fam.replay_plan(layer, 256, "replay", device=H200)
         assert (plan.rows_per_cta == delta.WHOLE_HEAD_ROWS) == whole, label
         if whole:
-            assert plan.grid[0] == 2 * H200.sm_count and plan.flush_ctas > 0, label
+            assert plan.grid[0] == 4 * H200.sm_count and plan.flush_ctas > 0, label
         shipped = delta.kernel_configs(fam.name == "kda", K, V, spec, torch.bfloat16)
         wide = [c for c in shipped if c.family == fam.name and c.param("vtile") == delta.WHOLE_HEAD_ROWS]
         assert bool(wide) == whole, label
@@ -452,17 +463,17 @@ def test_delta_stored_replay_streams_whole_heads_at_two_ctas_per_sm(model):
                             device=H200)
     assert small.rows_per_cta < delta.WHOLE_HEAD_ROWS
     assert delta.whole_head_tuning(True, 128, H200, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
-    # sm_100 and later (not measured there): 64-row tiles, shared FP8 flush rows in the persistent kernel, and a
-    # forced whole-head tile on one CTA per SM (the kernel's launch bounds there)
+    # sm_100 and later (not measured there): 64-row tiles, flush rows apart, and a forced whole-head tile on one CTA
+    # per SM (the kernel's launch bounds there)
     b200 = plans.Device(148, 10, 0)
     for label in ("fp8", "nvfp4", "fp8/dual/fp32"):
         plan = fam.replay_plan(_layer(dims, parse_state_label(label), torch.bfloat16, 16, slots=257), 256, "replay",
                                device=b200)
-        assert plan.rows_per_cta < delta.WHOLE_HEAD_ROWS and bool(plan.flush_ctas) is (label != "fp8"), label
+        assert plan.rows_per_cta < delta.WHOLE_HEAD_ROWS and plan.flush_ctas > 0, label
     forced = fam.replay_plan(_layer(dims, parse_state_label("nvfp4"), torch.bfloat16, 16, slots=257), 256, "replay",
                              plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=b200)
     assert forced.grid[0] == b200.sm_count
-    for dev, ctas in ((H200, 2), (b200, 1)):  # stochastic rounding with a read copy: the whole-head bound still
+    for dev, ctas in ((H200, 4), (b200, 1)):  # stochastic rounding with a read copy: the whole-head bound still
         sr = fam.replay_plan(_layer(dims, parse_state_label("fp8/dual/fp32+sr"), torch.bfloat16, 16, slots=257), 256,
                              "replay", plans.Tuning(rows_per_cta=delta.WHOLE_HEAD_ROWS), device=dev)
         assert sr.grid[0] == ctas * dev.sm_count

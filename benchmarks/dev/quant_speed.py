@@ -108,6 +108,8 @@ def main() -> int:
     ap.add_argument("--rows-per-cta", default="", help="row tiles to try besides the planner's, e.g. 32,64")
     ap.add_argument("--tail-fractions", default="", help="claimed-tail shares to try besides the planner's, e.g. 0.5,1")
     ap.add_argument("--stages", default="", help="shared-memory stage counts to try besides the planner's, e.g. 4")
+    ap.add_argument("--stored-ctas", default="", help="main-kernel CTAs per SM on stored checkpoints to try besides "
+                    "the planner's, e.g. 3,5")
     ap.add_argument("--flush-apart", default="", help="Mamba-2 flush rows apart (1) or in the persistent kernel (0) "
                                                       "to try besides the planner's choice, e.g. 0,1")
     ap.add_argument("--flush-ctas", default="", help="flush-rows kernel CTAs per SM to try besides the default, e.g. 4")
@@ -125,6 +127,7 @@ def main() -> int:
     tilings = [Tuning()] + [Tuning(rows_per_cta=int(t)) for t in a.rows_per_cta.split(",") if t]
     tilings += [Tuning(tail_fraction=float(f)) for f in a.tail_fractions.split(",") if f]
     tilings += [Tuning(stages=int(n)) for n in a.stages.split(",") if n]
+    tilings += [Tuning(stored_ctas_per_sm=int(n)) for n in a.stored_ctas.split(",") if n]
     tilings += [Tuning(flush_apart=v == "1") for v in a.flush_apart.split(",") if v]
     tilings += [Tuning(flush_ctas_per_sm=int(n)) for n in a.flush_ctas.split(",") if n]
     tilings += [Tuning(programmatic_state=False)] if a.plain_state_launch else []
@@ -145,7 +148,7 @@ def main() -> int:
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
                           f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} st{rec['stages']} fold{rec['fold_bytes']} "
-                          f"apart{rec['flush_ctas']} pdl{int(rec['programmatic'])} "
+                          f"apart{rec['flush_ctas']} grid{rec['grid']} pdl{int(rec['programmatic'])} "
                           f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)

@@ -31,6 +31,7 @@ DECODE_MIN_CTAS_PER_SM = 1        # decode state kernels: the largest tile that 
 L2_HINT_MAX_CTAS_PER_SM = 2       # programmatic state kernels hint L2 before their wait on grids up to this (measured)
 FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
+PLAIN_REPLAY_CTAS = 3             # replay main kernels on plain checkpoints: CTAs per SM (kReplayCtasPerSm)
 PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
 ADAPTIVE_THRESHOLD_ENV = "TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD"
 DEFAULT = "default"  # Tuning.tail_fraction: the family's own choice
@@ -80,7 +81,8 @@ class Tuning:
     """The planner's knobs; the defaults are the shipped plans. Benchmark sweeps and tests pass their own.
 
     ``rows_per_cta``: the row tile (None: the heuristic); ``ctas_per_sm`` and ``stages``: the persistent replay
-    kernels' CTAs per SM and shared-memory stages (None: as many as fit); ``tail_fraction``: the share of the
+    kernels' CTAs per SM and shared-memory stages (None: as many as fit); ``stored_ctas_per_sm``: the replay main
+    kernel's CTAs per SM on a stored checkpoint (None: the family's); ``tail_fraction``: the share of the
     persistent kernels' tiles claimed at run time (None: all round-robin; DEFAULT: the family's);
     ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``flush_apart``: the persistent
     replay kernel leaves flush rows to a flush-rows kernel launched after it (None: the family's choice for the
@@ -93,6 +95,7 @@ class Tuning:
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3
+    stored_ctas_per_sm: int | None = None
     stages: int | None = None
     tail_fraction: float | None | str = DEFAULT
     fold_buffer: bool = True
@@ -106,6 +109,8 @@ class Tuning:
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm: expected >= 1, got {self.ctas_per_sm}")
+        if self.stored_ctas_per_sm is not None and self.stored_ctas_per_sm < 1:
+            raise ValueError(f"stored_ctas_per_sm: expected >= 1, got {self.stored_ctas_per_sm}")
         if self.flush_ctas_per_sm < 1:
             raise ValueError(f"flush_ctas_per_sm: expected >= 1, got {self.flush_ctas_per_sm}")
         if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
@@ -325,10 +330,15 @@ class Persistent:
     tail_fraction: float | None
 
 
-def flush_rows_apart(tuning: Tuning, family_default: bool) -> bool:
-    """Whether a replay's persistent kernel leaves flush rows to the flush-rows kernel: the tuning's choice, else the
-    family's for the checkpoint spec (docs/decisions.md, flush rows apart)."""
-    return tuning.flush_apart if tuning.flush_apart is not None else family_default
+def flush_rows_apart(tuning: Tuning, stored: bool) -> bool:
+    """Whether a replay's persistent kernel leaves flush rows to the flush-rows kernel: always for a stored checkpoint
+    (its main kernel never folds), for a plain one where the tuning says so (docs/decisions.md, flush rows apart)."""
+    if stored:
+        if tuning.flush_apart is False:
+            raise ValueError("flush_apart: False is for plain checkpoints; a stored checkpoint's flush rows always go "
+                             "to the flush-rows kernel")
+        return True
+    return bool(tuning.flush_apart)
 
 
 def flush_ctas(items: int, apart: bool, device: Device, tuning: Tuning) -> int:
@@ -337,11 +347,15 @@ def flush_ctas(items: int, apart: bool, device: Device, tuning: Tuning) -> int:
     return min(items, tuning.flush_ctas_per_sm * device.sm_count) if apart else 0
 
 
-def replay_tuning(spec: StateSpec, tuning: Tuning) -> Tuning:
-    """``tuning`` with at most the replay main kernel's CTAs per SM for a ``spec`` checkpoint (its launch bounds,
-    kReplayCtasPerSm in both kernel sources): 2 with stochastic rounding and a read copy (at 3 its registers
-    spill), else 3."""
-    return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 2 if spec.stochastic_rounding and spec.dual else 3))
+def replay_tuning(spec: StateSpec, tuning: Tuning, stored_default: int, stored_bound: int) -> Tuning:
+    """``tuning`` with the replay main kernel's CTAs per SM (``ctas_per_sm``) for a ``spec`` checkpoint: for a plain
+    one the tuning's ``ctas_per_sm``, for a stored one its ``stored_ctas_per_sm`` (None: the family's
+    ``stored_default``), each at most the kernel's launch bounds (kReplayCtasPerSm): PLAIN_REPLAY_CTAS, or the
+    family's ``stored_bound`` (a stored checkpoint's main kernel never folds and needs fewer registers)."""
+    if spec.stored:
+        ctas = stored_default if tuning.stored_ctas_per_sm is None else tuning.stored_ctas_per_sm
+        return replace(tuning, ctas_per_sm=min(ctas, stored_bound))
+    return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, PLAIN_REPLAY_CTAS))
 
 
 def persistent_plan(stage_bytes: int, num_tiles: int, fold_bytes: int, fold_first: bool,
@@ -352,6 +366,8 @@ def persistent_plan(stage_bytes: int, num_tiles: int, fold_bytes: int, fold_firs
     ctas = tuning.ctas_per_sm
     stages = tuning.stages
     if stages is None:
+        while ctas > 1 and stages_for(stage_bytes, ctas) < 2:  # fewer CTAs where the tuning's leave < 2 stages each
+            ctas -= 1
         stages = stages_for(stage_bytes, ctas)
         if fold_first and tuning.fold_buffer and fold_bytes:
             with_fold = stages_for(stage_bytes, ctas, fold_bytes)

@@ -41,25 +41,14 @@ KERNELS = {**DECODE_KERNELS, "verify": "delta_verify_kernel", "verify_prep": "de
 SUPPORTED_KEY_DIMS = (64, 128, 256)
 MAX_ROWS_PER_CTA = 128  # one output lane per row: at most 32 rows per warp
 REPLAY_STATE_DTYPES = (torch.float32, torch.bfloat16)  # replay measured faster than the baseline (fp16: not measured)
-# Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte plain states; kernels with 16-bit
-# plain states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail claims); stored checkpoints claim
-# every tile, as Mamba-2's (a flush tile's encode costs several non-flush tiles).
+# Share of the replay main kernel's tiles claimed at run time by kernels with 4-byte plain states or stored
+# checkpoints; kernels with 16-bit plain states keep the round-robin schedule (kTailClaims; docs/decisions.md, tail
+# claims).
 TAIL_FRACTION = 0.1
-STORED_TAIL_FRACTION = 1.0
-# Stored checkpoints whose flush rows run apart stream whole heads of this many rows per persistent-kernel tile on
-# sm_90 (the producer warp's per-tile work bounds small tiles); those modules run 2 CTAs per SM there
-# (kReplayCtasPerSm: at 3 the main kernel spills). docs/decisions.md, GDN/KDA stored checkpoints stream whole heads.
+# Stored checkpoints stream whole heads of this many rows per persistent-kernel tile on sm_90 (the producer warp's
+# per-tile work bounds small tiles; docs/decisions.md, GDN/KDA stored checkpoints stream whole heads).
 WHOLE_HEAD_ROWS = 128
 DEFAULT_TUNING = Tuning()
-
-
-def flush_apart_default(spec: StateSpec, value_dim: int, key_dim: int, device: Device) -> bool:
-    """Whether the replay leaves flush rows to the flush-rows kernel by default: for stored checkpoints, but for a
-    shared FP8 one only where it streams whole heads (its 64-row flush tiles the persistent kernel folds faster;
-    docs/decisions.md, flush rows apart)."""
-    if spec.mode == "shared" and spec.format == "fp8":
-        return whole_head_tiles(spec, value_dim, key_dim, device)
-    return spec.stored
 
 
 def whole_head_module(spec: StateSpec, value_dim: int, key_dim: int) -> bool:
@@ -150,10 +139,11 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                             lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning))
     if other is not None:
         return other
-    tuning = replay_tuning(layer.spec, tuning)
+    bound = stored_replay_ctas(layer.spec, dev)
+    tuning = replay_tuning(layer.spec, tuning, bound, bound)
     row_bytes, act_elem = layer.spec.read_format.row_bytes(K), get_dtype(act).bytes
     key_elem = key_ring_dtype(act, per_channel_gate).itemsize
-    apart = flush_rows_apart(tuning, flush_apart_default(layer.spec, V, K, dev))
+    apart = flush_rows_apart(tuning, layer.spec.stored)
     tile = _row_tile(V, K, batch * HV, dev, tuning)
     if tuning.rows_per_cta is None:
         if apart and whole_head_tiles(layer.spec, V, K, dev) and tile == max(tile_choices(V, K)):
@@ -165,9 +155,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     if apart and not claims_tail(layer.spec):
         raise ValueError(f"flush_apart: flush rows apart need a main kernel that claims its tail tiles (4-byte or "
                          f"stored checkpoints), not {layer.spec.label}")
-    # Flush tiles in the persistent kernel: stored checkpoints claim every tile (a flush tile costs several others).
-    fraction = (resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored and not apart else TAIL_FRACTION)
-                if claims_tail(layer.spec) else None)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION) if claims_tail(layer.spec) else None
     fold = 0 if apart else delta_fold_bytes(L, K, key_elem, per_channel_gate)
     main = persistent_plan(delta_stage_bytes(L, tile, K, row_bytes, act_elem, per_channel_gate), num_tiles, fold,
                            per_channel_gate, fraction, dev, tuning)
@@ -178,11 +166,17 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                       flush_ctas=flush_ctas(num_tiles, apart, dev, tuning))
 
 
+def stored_replay_ctas(spec: StateSpec, device: Device) -> int:
+    """The replay main kernel's CTAs per SM on a stored checkpoint (kReplayCtasPerSm; it never folds): 4 on sm_90; on
+    sm_100 and later 2 with stochastic rounding and a read copy, else 3 (whole_head_tuning: 1 for whole heads)."""
+    return 4 if device.major == 9 else 2 if spec.stochastic_rounding and spec.dual else 3
+
+
 def whole_head_tuning(stored: bool, tile: int, device: Device, tuning: Tuning) -> Tuning:
     """``tuning`` with at most the main kernel's CTAs per SM for a ``tile``-row stored module (kReplayCtasPerSm):
-    whole heads run 2 per SM on sm_90, 1 on sm_100 and later."""
-    if stored and tile >= WHOLE_HEAD_ROWS:
-        return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 2 if device.major == 9 else 1))
+    whole heads run 1 per SM on sm_100 and later (on sm_90 as many as stored_replay_ctas)."""
+    if stored and tile >= WHOLE_HEAD_ROWS and device.major != 9:
+        return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 1))
     return tuning
 
 

@@ -9,6 +9,7 @@ before any launch and plan with :func:`replay_plan` / :func:`state_update_plan` 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -41,9 +42,12 @@ SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).
 TAIL_FRACTION = 0.1
-# Stored checkpoints: every tile claimed at run time; a flush tile costs several non-flush ones (its encode), and
-# round-robin shares leave CTAs with more of them waiting (docs/decisions.md, claimed tiles for stored checkpoints).
-STORED_TAIL_FRACTION = 1.0
+# The replay main kernel on a stored checkpoint: at most STORED_REPLAY_CTAS CTAs per SM (kReplayCtasPerSm: it never
+# folds, 64-72 registers), by default STORED_DEFAULT_CTAS, STORED_TWO_HEAD_CTAS with tiles of two heads (H200, batch
+# 256, whole cycles: docs/decisions.md, a stored checkpoint's main kernel never folds).
+STORED_REPLAY_CTAS = 5
+STORED_DEFAULT_CTAS = 4
+STORED_TWO_HEAD_CTAS = 3
 DEFAULT_TUNING = Tuning()
 
 
@@ -103,7 +107,7 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
                             lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning))
     if other is not None:
         return other
-    tuning = replay_tuning(layer.spec, tuning)
+    tuning = replay_tuning(layer.spec, tuning, STORED_DEFAULT_CTAS, STORED_REPLAY_CTAS)
     row_bytes, act_elem = layer.spec.read_format.row_bytes(N), layer.x_ring.element_size()
     two_heads_ok = _two_head_tiles(layer)
     if tuning.rows_per_cta == 2 * P:
@@ -116,11 +120,11 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
         if tuning.rows_per_cta is None:  # two heads by default where non-flush steps read FP8 or NVFP4 (small tiles)
             tile = _fitting_tile(P, N, L, row_bytes, act_elem, tile, tuning.ctas_per_sm,
                                  two_heads_ok and layer.spec.read_format.quantized)
+    if tile > P and layer.spec.stored and tuning.stored_ctas_per_sm is None:
+        tuning = replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, STORED_TWO_HEAD_CTAS))
     num_tiles = batch * H * P // tile
-    stored = layer.storage is not None
     apart = flush_rows_apart(tuning, layer.spec.stored)
-    # Flush tiles in the persistent kernel: stored checkpoints claim every tile (a flush tile costs several others).
-    fraction = resolved_tail_fraction(tuning, STORED_TAIL_FRACTION if stored and not apart else TAIL_FRACTION)
+    fraction = resolved_tail_fraction(tuning, TAIL_FRACTION)
     # Tiles of two heads keep the fold buffer at the cost of a stage (H200, Super, batch 256, NVFP4 cycles: 302.0 ->
     # 278.0 µs; docs/decisions.md, the persistent producer bounds small tiles).
     main = persistent_plan(mamba2_stage_bytes(L, tile, N, row_bytes, act_elem, P), num_tiles,
