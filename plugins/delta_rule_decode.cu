@@ -104,7 +104,7 @@ constexpr bool kStored = kDual || MASTER_FMT != rssm::kFmtPlain || SR;
 // 6 (with the programmatic prologue it spilled at 64 registers). The plain GDN one-launch replay of 16-bit states and
 // at most 16 elements per thread asks for 5 (unbounded, ptxas chose 80 registers and spilled 8 bytes; KDA's spills
 // at 5). A stored checkpoint's replay main kernel never folds (its flush rows go to the flush-rows kernel): on sm_90
-// it runs 4 CTAs per SM (77-90 registers); on sm_100 and later 3, 2 with stochastic rounding and a read copy, 1 for
+// it runs 4 CTAs per SM (71-80 registers); on sm_100 and later 3, 2 with stochastic rounding and a read copy, 1 for
 // whole-head 128-row tiles (measured on sm_90 only; asked for 2 there, ptxas had kept a folding KDA kernel at 168
 // registers and spilled). A plain checkpoint's runs 3. core/ops/delta.py stored_replay_ctas and whole_head_tuning,
 // core/plans.py PLAIN_REPLAY_CTAS mirror them.

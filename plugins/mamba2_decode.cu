@@ -62,7 +62,7 @@ constexpr int kFusedMinBlocks = 1;
 constexpr int kFusedMinBlocks = kStateMinBlocks;
 #endif
 // The persistent replay kernel's CTAs per SM (launch bounds; core/ops/mamba2.py STORED_REPLAY_CTAS, plans.py
-// PLAIN_REPLAY_CTAS): a stored checkpoint's never folds (its flush rows go to the flush-rows kernel) and needs 72
+// PLAIN_REPLAY_CTAS): a stored checkpoint's never folds (its flush rows go to the flush-rows kernel) and needs 64-72
 // registers, a plain one's folds.
 constexpr int kReplayCtasPerSm = kStored ? 5 : 3;
 using MasterRows = rssm::Rows<MASTER_FMT, state_t, N>;
