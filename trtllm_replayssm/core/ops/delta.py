@@ -24,7 +24,8 @@ from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, TARGET_CTAS_PER_SM, Device,
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, PLAIN_REPLAY_CTAS,
+                                         TARGET_CTAS_PER_SM, Device,
                                          Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan, device_of,
                                          fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
                                          persistent_verify_plan, programmatic_prep, replay_tuning,
@@ -90,11 +91,15 @@ def _checks(spec: StateSpec, act_dtype: torch.dtype, config: KernelConfig) -> st
     per_channel = bool(config.param("kda"))
     key_elem = key_ring_dtype(act_dtype, per_channel).itemsize
     claims = "true" if claims_tail(spec) else "false"
+    ctas = {arch: replay_ctas(spec, config.param("vtile"), Device(0, major, 0)) for arch, major in (("90", 9),
+                                                                                                   ("100", 10))}
     return "\n".join((delta_size_checks(config.param("vtile"), config.param("dk"),
                                         spec.read_format.row_bytes(config.param("dk")), act_dtype.itemsize, key_elem,
                                         per_channel, not spec.stored),
                       f'static_assert(kTailClaims == {claims}, "kTailClaims differs from core/ops/delta.py '
-                      f'claims_tail");'))
+                      f'claims_tail");',
+                      f'static_assert(kReplayCtasPerSm == (__CUDA_ARCH__ >= 1000 ? {ctas["100"]} : {ctas["90"]}), '
+                      f'"kReplayCtasPerSm differs from core/ops/delta.py replay_ctas");'))
 
 
 def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype | StateSpec,
@@ -164,6 +169,15 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
                       main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
                       flush_ctas=flush_ctas(num_tiles, apart, dev, tuning))
+
+
+def replay_ctas(spec: StateSpec, tile: int, device: Device) -> int:
+    """The replay main kernel's launch bounds in CTAs per SM for a ``spec`` checkpoint and ``tile``-row module
+    (kReplayCtasPerSm): PLAIN_REPLAY_CTAS for a plain one, else stored_replay_ctas, one for whole heads on sm_100 and
+    later (whole_head_tuning)."""
+    if not spec.stored:
+        return PLAIN_REPLAY_CTAS
+    return 1 if tile >= WHOLE_HEAD_ROWS and device.major != 9 else stored_replay_ctas(spec, device)
 
 
 def stored_replay_ctas(spec: StateSpec, device: Device) -> int:

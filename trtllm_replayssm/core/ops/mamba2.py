@@ -26,7 +26,7 @@ from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS,
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, checked_plan,
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, PLAIN_REPLAY_CTAS, Device, Launch, LaunchPlan, Tuning, checked_plan,
                                          device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan,
                                          persistent_plan, programmatic_prep, replay_tuning, resolved_tail_fraction,
                                          state_l2_hints, state_tile)
@@ -67,11 +67,15 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
         params=(("p", head_dim), ("n", d_state), ("pt", rows_per_cta), *stored_state_params(spec),
                 ("act_t", get_dtype(act_dtype).cuda)),
         layouts=(MAMBA2_PARAMS,), checks=functools.partial(_checks, spec.read_format.row_bytes(d_state),
-                                                             get_dtype(act_dtype).bytes))
+                                                             get_dtype(act_dtype).bytes, spec.stored))
 
 
-def _checks(state_row_bytes: int, act_elem: int, config: KernelConfig) -> str:
-    return mamba2_size_checks(config.param("pt"), config.param("n"), state_row_bytes, act_elem, config.param("p"))
+def _checks(state_row_bytes: int, act_elem: int, stored: bool, config: KernelConfig) -> str:
+    ctas = STORED_REPLAY_CTAS if stored else PLAIN_REPLAY_CTAS
+    return "\n".join((mamba2_size_checks(config.param("pt"), config.param("n"), state_row_bytes, act_elem,
+                                         config.param("p")),
+                      f'static_assert(kReplayCtasPerSm == {ctas}, "kReplayCtasPerSm differs from core/ops/mamba2.py '
+                      f'STORED_REPLAY_CTAS or core/plans.py PLAIN_REPLAY_CTAS");'))
 
 
 def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
