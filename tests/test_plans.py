@@ -462,7 +462,8 @@ def test_delta_stored_replay_streams_whole_heads(model):
     small = fam.replay_plan(_layer(dims, parse_state_label("fp8"), torch.bfloat16, 16, slots=9), 8, "replay",
                             device=H200)
     assert small.rows_per_cta < delta.WHOLE_HEAD_ROWS
-    assert delta.whole_head_tuning(True, 128, H200, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
+    nvfp4 = parse_state_label("nvfp4")
+    assert delta.whole_head_tuning(nvfp4, 128, H200, plans.Tuning(ctas_per_sm=1)).ctas_per_sm == 1
     # sm_100 and later (not measured there): 64-row tiles, flush rows apart, and a forced whole-head tile on one CTA
     # per SM (the kernel's launch bounds there)
     b200 = plans.Device(148, 10, 0)

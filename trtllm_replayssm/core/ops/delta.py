@@ -155,7 +155,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
             tile = V
         else:
             tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
-    tuning = whole_head_tuning(stored, tile, dev, tuning)
+    tuning = whole_head_tuning(layer.spec, tile, dev, tuning)
     num_tiles = batch * HV * (V // tile)
     if apart and not claims_tail(layer.spec):
         raise ValueError(f"flush_apart: flush rows apart need a main kernel that claims its tail tiles (4-byte or "
@@ -174,7 +174,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
 def replay_ctas(spec: StateSpec, tile: int, device: Device) -> int:
     """The replay main kernel's launch bounds in CTAs per SM for a ``spec`` checkpoint and ``tile``-row module
     (kReplayCtasPerSm): PLAIN_REPLAY_CTAS for a plain one, else stored_replay_ctas, one for whole heads on sm_100 and
-    later (whole_head_tuning)."""
+    later (not measured there)."""
     if not spec.stored:
         return PLAIN_REPLAY_CTAS
     return 1 if tile >= WHOLE_HEAD_ROWS and device.major != 9 else stored_replay_ctas(spec, device)
@@ -182,16 +182,14 @@ def replay_ctas(spec: StateSpec, tile: int, device: Device) -> int:
 
 def stored_replay_ctas(spec: StateSpec, device: Device) -> int:
     """The replay main kernel's CTAs per SM on a stored checkpoint (kReplayCtasPerSm; it never folds): 4 on sm_90; on
-    sm_100 and later 2 with stochastic rounding and a read copy, else 3 (whole_head_tuning: 1 for whole heads)."""
+    sm_100 and later 2 with stochastic rounding and a read copy, else 3 (replay_ctas: 1 for whole heads)."""
     return 4 if device.major == 9 else 2 if spec.stochastic_rounding and spec.dual else 3
 
 
-def whole_head_tuning(stored: bool, tile: int, device: Device, tuning: Tuning) -> Tuning:
-    """``tuning`` with at most the main kernel's CTAs per SM for a ``tile``-row stored module (kReplayCtasPerSm):
-    whole heads run 1 per SM on sm_100 and later (on sm_90 as many as stored_replay_ctas)."""
-    if stored and tile >= WHOLE_HEAD_ROWS and device.major != 9:
-        return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, 1))
-    return tuning
+def whole_head_tuning(spec: StateSpec, tile: int, device: Device, tuning: Tuning) -> Tuning:
+    """``tuning`` with at most the launch bounds of the ``tile``-row module's main kernel (replay_ctas), applied once
+    the tile is known: whole heads of a stored checkpoint run 1 CTA per SM on sm_100 and later."""
+    return replace(tuning, ctas_per_sm=min(tuning.ctas_per_sm, replay_ctas(spec, tile, device)))
 
 
 def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: torch.dtype, per_channel_gate: bool,

@@ -532,6 +532,26 @@ def rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float) -> t
     return out
 
 
+def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, window: int,
+                     tokens: tuple[int, ...]) -> None:
+    """The checks of attention_decode (``tokens`` = ()) and attention_verify (``tokens`` = (T,)) on everything but
+    ``q [b, *tokens, heads, hd]``'s own rank and window length."""
+    b, heads, hd = q.shape[0], q.shape[-2], q.shape[-1]
+    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
+    kv_heads = k_cache.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
+    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
+    chk.check_tensor("k", k, (b, *tokens, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("v", v, (b, *tokens, kv_heads, hd), (q.dtype,), q.device)
+    chk.check_optional("gate", gate, (b, *tokens, heads, hd), (q.dtype,), q.device)
+    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= k_cache.shape[2]:
+        raise ValueError(f"window: expected 0 (full attention) or a window of at most the cache's "
+                         f"{k_cache.shape[2]} slots, got {window!r}")
+
+
 def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      pos: torch.Tensor, scale: float, gate: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """One decode step of GQA attention over a static KV cache: appends ``k, v [b, kv_heads, hd]`` at ``pos [b]``
@@ -544,18 +564,7 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     the cache a ring (position p in slot ``p % max_len``, ``max_len >= window``)."""
     chk.check_tensor("q", q, (None, None, None), chk.FLOAT_DTYPES)
     b, heads, hd = q.shape
-    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
-    kv_heads = k_cache.shape[1]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
-    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
-    chk.check_tensor("k", k, (b, kv_heads, hd), (q.dtype,), q.device)
-    chk.check_tensor("v", v, (b, kv_heads, hd), (q.dtype,), q.device)
-    chk.check_optional("gate", gate, (b, heads, hd), (q.dtype,), q.device)
-    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= k_cache.shape[2]:
-        raise ValueError(f"window: expected 0 (full attention) or a window of at most the cache's "
-                         f"{k_cache.shape[2]} slots, got {window!r}")
+    _check_attention(q, k, v, gate, k_cache, v_cache, pos, window, ())
     out = torch.empty((b, heads * hd), dtype=q.dtype, device=q.device)
     torch.ops.replayssm.attention_decode(q, k, v, gate, k_cache, v_cache, pos, float(scale), window, out)
     return out
@@ -575,18 +584,7 @@ def attention_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     b, T, heads, hd = q.shape
     if not 1 <= T <= MAX_WINDOW:
         raise ValueError(f"q: expected a window of 1 to {MAX_WINDOW} tokens (dim 1), got {T}")
-    chk.check_tensor("k_cache", k_cache, (b, None, None, hd), (q.dtype,), q.device, inner_contiguous=4)
-    kv_heads = k_cache.shape[1]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"k_cache: kv_heads (dim 1) must divide the {heads} query heads, got {kv_heads}")
-    chk.check_tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device, inner_contiguous=4)
-    chk.check_tensor("k", k, (b, T, kv_heads, hd), (q.dtype,), q.device)
-    chk.check_tensor("v", v, (b, T, kv_heads, hd), (q.dtype,), q.device)
-    chk.check_optional("gate", gate, (b, T, heads, hd), (q.dtype,), q.device)
-    chk.check_tensor("pos", pos, (b,), (torch.int64,), q.device)
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= k_cache.shape[2]:
-        raise ValueError(f"window: expected 0 (full attention) or a window of at most the cache's "
-                         f"{k_cache.shape[2]} slots, got {window!r}")
+    _check_attention(q, k, v, gate, k_cache, v_cache, pos, window, (T,))
     out = torch.empty((b, T, heads * hd), dtype=q.dtype, device=q.device)
     torch.ops.replayssm.attention_verify(q, k, v, gate, k_cache, v_cache, pos, float(scale), window, out)
     return out
