@@ -108,8 +108,9 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
     rc=$?; record "racecheck protocol kernel ($copy)" $rc "$(grep -h 'RACECHECK SUMMARY\|ERROR SUMMARY' "$log" | tail -n 1)"
   done
 fi
-if has bench; then  # fp32 state at every batch first, then bf16 state at serving batches (separate files)
-  # BENCH_ARGS narrows the run, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0 skips bf16.
+if has bench; then  # fp32 state at every batch first, then bf16 state at serving batches, then FP8 (separate files)
+  # BENCH_ARGS narrows the fp32 and bf16 runs, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0
+  # skips bf16, BENCH_FP8=0 the FP8 run.
   timeout "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
     -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1
   rc=$?; record "bench kernels fp32" $rc "$OUT/kernels-h200-fp32.json"
@@ -117,6 +118,11 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
     timeout "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
       ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1
     rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
+  fi
+  if [ "${BENCH_FP8:-1}" = 1 ]; then  # shared FP8 on Super beside FlashInfer's checkpointing_ssu with its FP8 state
+    timeout "${BENCH_FP8_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype fp8 --family mamba2 \
+      --models nemotron-3-super-120b --batch 1,8,64,256 -o "$OUT/kernels-h200-fp8.json" > "$OUT/bench_fp8.log" 2>&1
+    rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-h200-fp8.json"
   fi
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA

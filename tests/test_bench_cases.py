@@ -104,6 +104,25 @@ def test_peer_adapters_report_unavailability(monkeypatch, tmp_path):
         peers.build_peer("vllm", TINY["gdn"], 2, "fp32", step, 1, 16, gen, CPU)
 
 
+def test_checkpointing_peer_fp8_state_is_our_fp8_layout():
+    """FlashInfer checkpointing_ssu's FP8 state: E4M3 codes with an fp32 decode scale per (slot, head, state row),
+    within one E4M3 rounding of the random values; plain states carry no scale; other stored formats are refused."""
+    from trtllm_replayssm.lab.bench import peers
+
+    shape, gen = TINY["mamba2"], torch.Generator().manual_seed(0)
+    codes, scale = peers._checkpointing_state(shape, 3, "fp8", gen, CPU)
+    d = shape.dims
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == (3, d.heads, d.rows, d.cols)
+    assert scale.dtype == torch.float32 and scale.shape == (3, d.heads, d.rows)
+    values = codes.float() * scale[..., None]
+    assert values.abs().amax(dim=-1).sub(448 * scale).abs().max() <= 1e-6 * scale.max()  # each row's amax is 448
+    state, none = peers._checkpointing_state(shape, 3, "bf16", gen, CPU)
+    assert state.dtype == torch.bfloat16 and none is None
+    for label in ("nvfp4", "fp8/dual/fp32", "fp8+sr"):
+        with pytest.raises(peers.PeerUnavailable, match=f"no {label.replace('+', '[+]')} state"):
+            peers._checkpointing_fp8(label)
+
+
 @pytest.mark.gpu
 def test_kernel_bench_end_to_end_on_gpu():
     from trtllm_replayssm.lab.bench.kernels import KernelBenchConfig, run_kernel_bench
@@ -164,7 +183,8 @@ def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
 @pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8+sr"])
 def test_runner_times_stored_checkpoints(label):
     """Quantized / dual / stochastically rounded Mamba-2 state: our replay and baseline (not with SR), the spec's
-    fields in every record, the peers skipped with the reason; labels outside Mamba-2 are refused."""
+    fields in every record, the peers skipped with the reason (only FlashInfer's checkpointing_ssu has a stored state, FP8
+    shared); labels outside Mamba-2 are refused."""
     from trtllm_replayssm.core.formats import parse_state_label
     from trtllm_replayssm.lab.bench import byte_model, kernels
 
@@ -185,7 +205,9 @@ def test_runner_times_stored_checkpoints(label):
         assert r.finite
     assert recs[0].bytes_per_call == 4 * core.replay_bytes(shape.dims, spec, byte_model.ACT_DTYPE, 4)
     reasons = {s["impl"]: s["reason"] for s in skipped}
-    assert reasons["peers"] == f"no peer adapter times a {label} state"
+    assert reasons["flashinfer_ssu"] == reasons["mamba_ssm_ssu"].replace("mamba_ssm_ssu", "flashinfer_ssu") == (
+        f"flashinfer_ssu has no {label} state")
+    assert "flashinfer_checkpointing_ssu" in reasons  # its only stored state is fp8 (and never this tiny head_dim)
     assert ("baseline" in reasons) == spec.stochastic_rounding
 
 
@@ -208,3 +230,19 @@ def test_runner_times_each_call_after_a_plain_kernel_and_subtracts_it():
     n = 4 * recs[0].n_pools
     assert graphs == [n] + [2 * n] * len(recs)
     assert all(r.neighbour_us == 3.0 and r.median_us == 2 * 10.0 - 3.0 for r in recs)
+
+
+def test_flashinfer_prebuilt_module_list():
+    """The prebuilt FlashInfer modules: both ops at T = 1 with fp32 and bf16 state, checkpointing_ssu also with its
+    FP8 state (T = 1 only), fp32 alone for T > 1; ``state_dtypes`` keeps those dtypes' modules only."""
+    from trtllm_replayssm.lab.bench.flashinfer_aot import CheckpointingSsuModule, SsuModule, benchmark_modules
+
+    mods = benchmark_modules((1, 4))
+    fp8 = [m for m in mods if m.state_dtype == torch.float8_e4m3fn]
+    assert fp8 == [CheckpointingSsuModule(torch.float8_e4m3fn, dim=64, nheads=128, ngroups=8, tokens=1)]
+    assert {(type(m), m.tokens) for m in mods if m.state_dtype == torch.bfloat16} == {(SsuModule, 1),
+                                                                                     (CheckpointingSsuModule, 1)}
+    assert all(m.state_dtype == torch.float32 for m in mods if m.tokens == 4) and len(mods) == 7
+    assert benchmark_modules((1, 4), (torch.float8_e4m3fn,)) == fp8
+    with pytest.raises(ValueError, match="tokens"):
+        benchmark_modules((0,))

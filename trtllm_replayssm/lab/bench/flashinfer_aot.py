@@ -11,8 +11,10 @@ Run (flashinfer + apache-tvm-ffi + ninja importable, no GPU needed)::
 
 Both ops are specialised on the token count T of a call (``nt_T`` / ``np_T`` in the module name), so the
 speculative-decoding benchmark (T > 1 tokens per verify step) needs modules of its own: ``--tokens`` picks the
-T values (default 1,4; T > 1 only with fp32 state). Each fp32 checkpointing_ssu module takes about 7 minutes on two
-cores (bf16 state about 14), selective_state_update 0.5 (T = 1) to 2 minutes; ``--tokens 1,2,4,8`` adds T = 2 and 8.
+T values (default 1,4; T > 1 only with fp32 state) and ``--state-dtypes`` the state dtypes (fp32, bf16, fp8: the
+checkpointing_ssu module of FlashInfer's FP8 state, T = 1). An fp32 checkpointing_ssu module takes about 3.5 minutes
+on two cores (bf16 state about 14, FP8 1.5), selective_state_update 0.5 (T = 1) to 2 minutes; ``--tokens 1,2,4,8``
+adds T = 2 and 8.
 
 On the GPU host, extract the archive into ``<site>/flashinfer/data/aot/``.
 
@@ -39,6 +41,8 @@ import torch
 _INPUT_DTYPE = torch.bfloat16
 _WEIGHT_DTYPE = torch.float32
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
+# checkpointing_ssu's 8-bit state (T = 1): E4M3 codes with an fp32 decode scale per (slot, head, state row).
+_SCALED_STATE_DTYPES = (torch.float8_e4m3fn,)
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,9 @@ class CheckpointingSsuModule:
     def spec(self):  # -> flashinfer.jit.core.JitSpec
         from flashinfer.jit.mamba.checkpointing_ssu import gen_checkpointing_ssu_module
 
+        scale_dtype = torch.float32 if self.state_dtype in _SCALED_STATE_DTYPES else None
         return gen_checkpointing_ssu_module(
-            self.state_dtype, _INPUT_DTYPE, torch.float32, _WEIGHT_DTYPE, torch.float32, torch.int32, None,
+            self.state_dtype, _INPUT_DTYPE, torch.float32, _WEIGHT_DTYPE, torch.float32, torch.int32, scale_dtype,
             self.dim, self.dstate, self.tokens, self.window, self.nheads // self.ngroups, self.ngroups, 0, False,
         )
 
@@ -88,22 +93,27 @@ class CheckpointingSsuModule:
 DEFAULT_TOKENS: tuple[int, ...] = (1, 4)
 
 
-def benchmark_modules(tokens: tuple[int, ...] = DEFAULT_TOKENS) -> list[SsuModule | CheckpointingSsuModule]:
+def benchmark_modules(tokens: tuple[int, ...] = DEFAULT_TOKENS,
+                      state_dtypes: tuple[torch.dtype, ...] | None = None) -> list[SsuModule | CheckpointingSsuModule]:
     """Modules for the benchmark shapes that FlashInfer 0.7.0.post1 can compile: Super-120B (H 128, P 64, G 8),
-    for both ops; T = 1 with fp32 and bf16 state, each T > 1 in `tokens` (speculative verify) with fp32 state.
+    for both ops; T = 1 with fp32 and bf16 state (and ``checkpointing_ssu`` with its FP8 state), each T > 1 in
+    `tokens` (speculative verify) with fp32 state.
 
     Nano-4B's head_dim 80 compiles in neither (at any T): ``selective_state_update`` fails a static_assert
     (DIM_PER_CTA % ROWS_PER_PASS in the MTP-simple kernel; later 0.7.x releases fix DIMs that are not multiples of
-    64) and ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16.
+    64) and ``checkpointing_ssu`` needs head_dim / 2 to be a multiple of 16. `state_dtypes` (None: all) keeps the
+    modules of those state dtypes only.
     """
     if not tokens or any(not 1 <= t <= 16 for t in tokens):
         raise ValueError(f"tokens: expected values in 1..16 (FlashInfer's limit, T <= window), got {tokens}")
     mods: list[SsuModule | CheckpointingSsuModule] = []
     for t in sorted(set(tokens)):
-        state_dtypes = _STATE_DTYPES if t == 1 else (torch.float32,)
-        mods += [SsuModule(sd, 64, tokens=t) for sd in state_dtypes]
-        mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8, tokens=t) for sd in state_dtypes]
-    return mods
+        plain = _STATE_DTYPES if t == 1 else (torch.float32,)
+        mods += [SsuModule(sd, 64, tokens=t) for sd in plain]
+        mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8, tokens=t) for sd in plain]
+        if t == 1:
+            mods += [CheckpointingSsuModule(sd, dim=64, nheads=128, ngroups=8) for sd in _SCALED_STATE_DTYPES]
+    return [m for m in mods if state_dtypes is None or m.state_dtype in state_dtypes]
 
 
 def driver_stub_ldflags(stub_dir: Path, cuda_root: Path) -> str:
@@ -169,12 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack", type=Path, default=None, help="also write the modules into this .tar.xz")
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
                         help="comma-separated tokens per call T to build (T > 1: speculative verify, fp32 state)")
+    parser.add_argument("--state-dtypes", default="",
+                        help="comma-separated state dtypes to build (fp32, bf16, fp8; default: all)")
     args = parser.parse_args(argv)
     if args.driver_stub is not None:
         flags = driver_stub_ldflags(args.driver_stub, args.cuda_root)
         os.environ["FLASHINFER_EXTRA_LDFLAGS"] = f"{os.environ.get('FLASHINFER_EXTRA_LDFLAGS', '')} {flags}".strip()
     tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
-    status = build(args.out_dir, benchmark_modules(tokens))
+    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+    picked = [d.strip() for d in args.state_dtypes.split(",") if d.strip()]
+    if any(d not in names for d in picked):
+        parser.error(f"--state-dtypes: expected values among {sorted(names)}, got {args.state_dtypes!r}")
+    status = build(args.out_dir, benchmark_modules(tokens, tuple(names[d] for d in picked) or None))
     failed = {k: v for k, v in status.items() if v != "ok"}
     for name, err in failed.items():
         print(f"[aot] {name}:\n{err}", file=sys.stderr)

@@ -201,10 +201,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
     else:
         builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, spec, step, n_pools, gen,
                                                                       device)))
-    if config.peers and spec.stored:
-        skipped.append(dict(family=shape.family, model=shape.model, impl="peers", batch=batch, state_dtype=sd,
-                            mode=None, reason=f"no peer adapter times a {spec.label} state"))
-    elif config.peers:
+    if config.peers:
         for impl in (i for i in peers.PEERS_BY_FAMILY[shape.family]
                      if config.peer_impls is None or i in config.peer_impls):
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,

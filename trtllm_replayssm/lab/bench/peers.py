@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from trtllm_replayssm.core.formats import torch_dtype
+from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
+from trtllm_replayssm.core.quant import quantize_fp8_rows
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, random_state, slot_indices
 
 from .flashinfer_aot import CheckpointingSsuModule, SsuModule
@@ -220,14 +221,36 @@ def flashinfer_ssu_mtp(shape: BenchShape, batch: int, state_dtype: str, step: Ma
                     notes="commit: torch gather + index_copy_ in the timed step")
 
 
+def _checkpointing_fp8(state_dtype: str) -> bool:
+    """Whether `state_dtype` is ``checkpointing_ssu``'s FP8 state (PeerUnavailable for another stored format: its
+    8-bit state is our shared ``fp8`` checkpoint, rounded to nearest)."""
+    spec = parse_state_label(state_dtype, arg="state_dtype")
+    if spec.stored and spec.label != "fp8":
+        raise PeerUnavailable(f"checkpointing_ssu has no {spec.label} state (only plain and shared fp8 states)")
+    return spec.stored
+
+
+def _checkpointing_state(shape: BenchShape, slots: int, state_dtype: str, gen: torch.Generator,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A random ``checkpointing_ssu`` state pool and its ``state_scale``: a plain dtype (scale None) or ``fp8``,
+    E4M3 codes with an fp32 decode scale per (slot, head, state row), which is also our FP8 checkpoint's layout."""
+    if not _checkpointing_fp8(state_dtype):
+        return random_state(slots, shape.dims, state_dtype, gen, device), None
+    codes, scale = quantize_fp8_rows(random_state(slots, shape.dims, "fp32", gen, device))
+    return codes.to(torch.float8_e4m3fn), scale
+
+
 def _ring_pool(shape: BenchShape, slots: int, ring: int, state_dtype: str, act: torch.dtype,
-               gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
-    """One ``checkpointing_ssu`` pool of `slots` slots: the state, random ring records of `ring` rows (x and B in
-    `act`, Δ after bias + softplus in [1e-3, 1e-1]) and zeroed trackers ``ring_start`` / ``prev``."""
+               gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor | None]:
+    """One ``checkpointing_ssu`` pool of `slots` slots: the state (and its ``state_scale``, FP8 only), random ring
+    records of `ring` rows (x and B in `act`, Δ after bias + softplus in [1e-3, 1e-1]) and zeroed trackers
+    ``ring_start`` / ``prev``."""
     H, P, N, G = shape.dims.heads, shape.dims.rows, shape.dims.cols, shape.dims.key_heads
     dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    state, state_scale = _checkpointing_state(shape, slots, state_dtype, gen, device)
     return {
-        "state": random_state(slots, shape.dims, state_dtype, gen, device),
+        "state": state,
+        "state_scale": state_scale,
         "x_cache": torch.empty(slots, H, ring, P, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
         "B_cache": torch.empty(slots, G, ring, N, dtype=act, device=device).normal_(0, 0.1, generator=dev_gen),
         "dt_cache": torch.empty(slots, H, ring, device=device).uniform_(1e-3, 1e-1, generator=dev_gen),
@@ -259,10 +282,15 @@ def _tracker_kernel():
 def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step, n_pools: int,
                                  window: int, gen: torch.Generator, device: torch.device) -> PeerCase:
     """``flashinfer.mamba.checkpointing_ssu`` (ring API of 0.7.x, T = 1, R = window + 1), autotuned once under
-    ``flashinfer.autotune(True)``; the per-call tracker update (one small Triton kernel) is part of each step."""
+    ``flashinfer.autotune(True)``; the per-call tracker update (one small Triton kernel) is part of each step. An
+    ``fp8`` state runs FlashInfer's monolithic 8-bit kernel (it has no two-kernel split for 8-bit states)."""
     _check_checkpointing_shape("flashinfer_checkpointing_ssu", shape)
+    fp8 = _checkpointing_fp8(state_dtype)
     fi = _import("flashinfer")
     fim = _import("flashinfer.mamba")
+    if fp8:
+        _require_built(CheckpointingSsuModule(torch.float8_e4m3fn, shape.dims.rows, shape.dims.heads,
+                                              shape.dims.key_heads, window, shape.dims.cols))
     advance = _tracker_kernel()
     R = window + 1
     x4 = step.x[:, None]
@@ -270,7 +298,8 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
     tied = _tied(shape, step)
     dt4 = tied.dt[:, None]
     out = torch.empty_like(x4)
-    scratch = fim.allocate_checkpointing_ssu_scratch(batch, shape.dims.heads, 1, window, step.x.dtype, device)
+    scratch = (None,) * 3 if fp8 else fim.allocate_checkpointing_ssu_scratch(batch, shape.dims.heads, 1, window,
+                                                                            step.x.dtype, device)
     idx = _pools(n_pools, batch, gen, device)
     pools = []
     for p in range(n_pools):
@@ -288,8 +317,8 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
             fim.checkpointing_ssu(
                 pool["state"], pool["x_cache"], pool["B_cache"], pool["dt_cache"], pool["ring_start"], pool["prev"],
                 x4, dt4, tied.A, B4, C4, out, D=tied.D, z=None, dt_bias=tied.dt_bias, dt_softplus=True,
-                state_batch_indices=idx[p], pad_slot_id=-1, cb_scaled=scratch[0], cumAdt_vec=scratch[1],
-                cb_old=scratch[2], algorithm="auto")
+                state_batch_indices=idx[p], pad_slot_id=-1, state_scale=pool["state_scale"], cb_scaled=scratch[0],
+                cumAdt_vec=scratch[1], cb_old=scratch[2], algorithm="monolith" if fp8 else "auto")
             advance[grid](idx[p], pool["ring_start"], pool["prev"], batch, window, R, BLOCK=block)
         return run
 
@@ -299,7 +328,7 @@ def flashinfer_checkpointing_ssu(shape: BenchShape, batch: int, state_dtype: str
     for pool in pools:  # restore the staggered trackers after the tuning call
         pool["ring_start"].zero_()
         pool["prev"].copy_(pool["prev0"])
-    return PeerCase("flashinfer_checkpointing_ssu", calls, variant=f"autotuned, R={R}",
+    return PeerCase("flashinfer_checkpointing_ssu", calls, variant=f"{'monolith' if fp8 else 'autotuned'}, R={R}",
                     notes="tracker update (1 Triton launch) in the timed step", outputs=[out])
 
 
@@ -452,11 +481,16 @@ GDN_PEERS = ("fla_gdn",)
 KDA_PEERS = ("fla_kda",)
 PEERS_BY_FAMILY: dict[str, tuple[str, ...]] = {"mamba2": MAMBA2_PEERS, "gdn": GDN_PEERS, "kda": KDA_PEERS}
 SPEC_PEERS = ("flashinfer_checkpointing_ssu", "flashinfer_ssu_mtp")  # speculative verify (bench kernels --spec)
+STORED_STATE_PEERS = ("flashinfer_checkpointing_ssu",)  # the peers with a quantized state (FP8, shared)
 
 
 def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep,
                n_pools: int, buffer_len: int, gen: torch.Generator, device: torch.device) -> PeerCase:
-    """Build the step callables of peer `impl` or raise PeerUnavailable."""
+    """Build the step callables of peer `impl` or raise PeerUnavailable (also for a stored checkpoint format the
+    peer has no state of: only :data:`STORED_STATE_PEERS` take one)."""
+    spec = parse_state_label(state_dtype, arg="state_dtype")
+    if spec.stored and impl not in STORED_STATE_PEERS:
+        raise PeerUnavailable(f"{impl} has no {spec.label} state")
     if impl == "flashinfer_ssu":
         return flashinfer_ssu(shape, batch, state_dtype, step, n_pools, gen, device)
     if impl == "flashinfer_checkpointing_ssu":
