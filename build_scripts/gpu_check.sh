@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [spec] [compare] [profile]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [spec] [compare] [profile]
 #     [train] [accuracy]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
@@ -124,6 +124,13 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
       --models nemotron-3-super-120b --batch 1,8,64,256 -o "$OUT/kernels-h200-fp8.json" > "$OUT/bench_fp8.log" 2>&1
     rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-h200-fp8.json"
   fi
+fi
+if has quant-bench; then  # issue 23's small batches: every stored spec beside fp32 at batch 1 and 8, each family
+  timeout "${QUANT_BENCH_TIMEOUT:-540}" python3 -m trtllm_replayssm bench kernels --no-peers \
+    --state-format fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16 --batch "${QUANT_BENCH_BATCH:-1,8}" \
+    --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-h200-quant-small.json" \
+    > "$OUT/bench_quant.log" 2>&1
+  rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-h200-quant-small.json"
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
