@@ -183,8 +183,8 @@ def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
 @pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8+sr"])
 def test_runner_times_stored_checkpoints(label):
     """Quantized / dual / stochastically rounded Mamba-2 state: our replay and baseline (not with SR), the spec's
-    fields in every record, the peers skipped with the reason (only FlashInfer's checkpointing_ssu has a stored state, FP8
-    shared); labels outside Mamba-2 are refused."""
+    fields in every record, the peers skipped with the reason (only FlashInfer's checkpointing_ssu has a stored
+    state, FP8 shared); labels outside Mamba-2 are refused."""
     from trtllm_replayssm.core.formats import parse_state_label
     from trtllm_replayssm.lab.bench import byte_model, kernels
 

@@ -86,12 +86,13 @@ class Tuning:
     persistent kernels' tiles claimed at run time (None: all round-robin; DEFAULT: the family's);
     ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``flush_apart``: the persistent
     replay kernel leaves flush rows to a flush-rows kernel launched after it on ``flush_ctas_per_sm`` CTAs per SM
-    (a stored checkpoint's always, a plain one's where True; False refused for a stored checkpoint); ``programmatic_prep``: launch the
-    prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL, default on); ``programmatic_state``:
-    launch the state kernels (baseline, flush, one-launch replay) as programmatic dependents; ``l2_hints``: let them
-    hint L2 before their wait (None: state_l2_hints decides by grid size); ``adaptive_threshold``:
-    work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2 speculative verify runs
-    its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x SMs)."""
+    (a stored checkpoint's always, a plain one's where True; False refused for a stored checkpoint);
+    ``programmatic_prep``: launch the prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL,
+    default on); ``programmatic_state``: launch the state kernels (baseline, flush, one-launch replay) as programmatic
+    dependents; ``l2_hints``: let them hint L2 before their wait (None: state_l2_hints decides by grid size);
+    ``adaptive_threshold``: work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2
+    speculative verify runs its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x
+    SMs)."""
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3

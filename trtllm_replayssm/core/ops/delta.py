@@ -25,11 +25,10 @@ from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, PLAIN_REPLAY_CTAS,
-                                         TARGET_CTAS_PER_SM, Device,
-                                         Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan, device_of,
-                                         fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
-                                         persistent_verify_plan, programmatic_prep, replay_tuning,
-                                         resolved_tail_fraction, stages_for, state_l2_hints, state_tile)
+                                         TARGET_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
+                                         checked_plan, device_of, fitting_tiles, flush_ctas, flush_rows_apart,
+                                         non_replay_plan, persistent_plan, persistent_verify_plan, programmatic_prep,
+                                         replay_tuning, resolved_tail_fraction, stages_for, state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from trtllm_replayssm.core.formats import get_state_format
+
 # Benchmark dtypes: bf16 activations, fp32 dt/A/D/dt_bias ("weights"), int32 slot indices.
 _INPUT_DTYPE = torch.bfloat16
 _WEIGHT_DTYPE = torch.float32
@@ -186,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         flags = driver_stub_ldflags(args.driver_stub, args.cuda_root)
         os.environ["FLASHINFER_EXTRA_LDFLAGS"] = f"{os.environ.get('FLASHINFER_EXTRA_LDFLAGS', '')} {flags}".strip()
     tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
-    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-    picked = [d.strip() for d in args.state_dtypes.split(",") if d.strip()]
-    if any(d not in names for d in picked):
-        parser.error(f"--state-dtypes: expected values among {sorted(names)}, got {args.state_dtypes!r}")
-    status = build(args.out_dir, benchmark_modules(tokens, tuple(names[d] for d in picked) or None))
+    try:
+        picked = tuple(get_state_format(d.strip(), "--state-dtypes").storage_dtype
+                       for d in args.state_dtypes.split(",") if d.strip())
+    except ValueError as exc:
+        parser.error(str(exc))
+    status = build(args.out_dir, benchmark_modules(tokens, picked or None))
     failed = {k: v for k, v in status.items() if v != "ok"}
     for name, err in failed.items():
         print(f"[aot] {name}:\n{err}", file=sys.stderr)

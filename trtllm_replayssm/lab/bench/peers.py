@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
+from trtllm_replayssm.core.formats import get_state_format, parse_state_label, torch_dtype
 from trtllm_replayssm.core.quant import quantize_fp8_rows
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, random_state, slot_indices
 
@@ -233,11 +233,12 @@ def _checkpointing_fp8(state_dtype: str) -> bool:
 def _checkpointing_state(shape: BenchShape, slots: int, state_dtype: str, gen: torch.Generator,
                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A random ``checkpointing_ssu`` state pool and its ``state_scale``: a plain dtype (scale None) or ``fp8``,
-    E4M3 codes with an fp32 decode scale per (slot, head, state row), which is also our FP8 checkpoint's layout."""
-    if not _checkpointing_fp8(state_dtype):
+    E4M3 codes with an fp32 decode scale per (slot, head, state row), which is also our FP8 checkpoint's layout
+    (the adapter has refused other stored formats: _checkpointing_fp8)."""
+    if not parse_state_label(state_dtype, arg="state_dtype").stored:
         return random_state(slots, shape.dims, state_dtype, gen, device), None
     codes, scale = quantize_fp8_rows(random_state(slots, shape.dims, "fp32", gen, device))
-    return codes.to(torch.float8_e4m3fn), scale
+    return codes.to(get_state_format("fp8").storage_dtype), scale
 
 
 def _ring_pool(shape: BenchShape, slots: int, ring: int, state_dtype: str, act: torch.dtype,
