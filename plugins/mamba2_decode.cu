@@ -1359,14 +1359,22 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
 }
 
 namespace {
-// Checkpoint rows a flush-rows warp folds at once (registers): 4, or 2 with two stochastically rounded encodes per row.
-constexpr int kFlushRows = SR && kDual && MASTER_FMT != rssm::kFmtPlain ? 2 : 4;
+// The flush-rows kernel's lane layout: a lane holds one 16-column block of a state row (rssm::Rows' lane layout
+// EL = 16), the kFlushRowLanes = N / 16 lanes of a row interleaved with the other rows' (lane = block ·
+// kFlushPassRows + row), so that a warp folds kFlushPassRows rows at once: each lane keeps its block in registers
+// through the fold, the encode finds the block maximum in the lane and the row maximum over kFlushRowLanes lanes, and
+// lanes reading the same B_j block share a shared-memory word.
+constexpr int kFlushCols = 16;
+constexpr int kFlushRowLanes = N / kFlushCols;
+constexpr int kFlushPassRows = rssm::kWarpSize / kFlushRowLanes;
+static_assert(N % kFlushCols == 0 && rssm::kWarpSize % kFlushRowLanes == 0, "flush rows: d_state 32, 64, ... 512");
 
 // The flush of one (batch row, head) at cursor w with the prep kernel's weights `coef` (s_0..s_w, decay at L): the
-// ring's B rows and the token's B, and s_j x_j of the head's rows, staged; each warp folds its quarter of the head's
-// rows kFlushRows at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ), stores them and writes y = (S·C + D x) · gate.
-// Every thread of the CTA calls it (it synchronises).
-__device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slot, int h, int w, act_t (*s_B)[N],
+// ring's B rows and the token's B (fp32) and s_j x_j of the head's rows, staged; each warp folds its quarter of the
+// head's rows, kFlushPassRows at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ, the FMAs in ring order), stores them and
+// writes y = (S·C + D x) · gate. Where a warp's rows do not fill its last pass, the spare lanes repeat its last row
+// (same values, same stores). Every thread of the CTA calls it (it synchronises).
+__device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slot, int h, int w, float (*s_B)[N],
                                            float (*s_xs)[P]) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   constexpr int kWarpRows = P / rssm::kNumWarps;
@@ -1383,16 +1391,34 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
   const act_t* x_ring = x_ring_at(p, slot, h);
   const act_t* x_cur = static_cast<const act_t*>(p.x) + b * p.s_x_b + h * p.s_x_h;
   __syncthreads();  // the previous head's reads of s_B and s_xs are done
-  for (int i = threadIdx.x; i < (w + 1) * N; i += rssm::kThreads) {
-    const int j = i / N, n = i % N;
-    s_B[j][n] = j < w ? B_ring[(long long)j * N + n] : B_cur[n];
+  // B_j in fp32 and s_j x_j, by loads of kEpl columns (B and C rows are aligned to N / 32 elements) and of 4 bytes
+  // of x (core/ops/mamba2.py checks both).
+  for (int i = threadIdx.x; i < (w + 1) * (N / kEpl); i += rssm::kThreads) {
+    const int j = i / (N / kEpl), n = i % (N / kEpl) * kEpl;
+    float v[kEpl];
+    rssm::load_vec<act_t, kEpl>((j < w ? B_ring + (long long)j * N : B_cur) + n, v);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) s_B[j][n + e] = v[e];
   }
-  for (int i = threadIdx.x; i < (w + 1) * P; i += rssm::kThreads) {
-    const int j = i / P, r = i % P;
-    s_xs[j][r] = coef[j] * rssm::to_float(j < w ? x_ring[(long long)j * P + r] : x_cur[r]);
+  constexpr int kXElems = sizeof(act_t) < 4 ? 4 / int(sizeof(act_t)) : 1;
+  for (int i = threadIdx.x; i < (w + 1) * (P / kXElems); i += rssm::kThreads) {
+    const int j = i / (P / kXElems), r = i % (P / kXElems) * kXElems;
+    float v[kXElems];
+    rssm::load_vec<act_t, kXElems>((j < w ? x_ring + (long long)j * P : x_cur) + r, v);
+    const float c = coef[j];
+#pragma unroll
+    for (int e = 0; e < kXElems; ++e) s_xs[j][r + e] = c * v[e];
   }
-  float cv[kEpl];
-  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + lane * kEpl, cv);
+  const int pass_row = lane % kFlushPassRows, blk = lane / kFlushPassRows, c0 = blk * kFlushCols;
+  float cv[kFlushCols];
+  const act_t* C = group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + c0;
+#pragma unroll
+  for (int q = 0; q < kFlushCols / kEpl; ++q) {
+    float v[kEpl];
+    rssm::load_vec<act_t, kEpl>(C + kEpl * q, v);
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) cv[kEpl * q + e] = v[e];
+  }
   const float decay = coef[p.L];
   const float d_h = p.D ? p.D[h] : 0.f;
   const unsigned flushes = SR ? __ldcg(p.flushes + slot) - 1 : 0u;  // the prep kernel counted this write
@@ -1400,40 +1426,33 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
   act_t* out = static_cast<act_t*>(p.out) + b * p.s_out_b + h * p.s_out_h + row0;
   const act_t* z = p.z ? static_cast<const act_t*>(p.z) + b * p.s_z_b + h * p.s_z_h + row0 : nullptr;
   __syncthreads();
-  for (int r0 = 0; r0 < kWarpRows; r0 += kFlushRows) {
-    float acc[kFlushRows][kEpl];
+  for (int r0 = 0; r0 < kWarpRows; r0 += kFlushPassRows) {
+    const int r = min(r0 + pass_row, kWarpRows - 1);
+    float acc[kFlushCols];
+    master.decode(r, blk, acc);
 #pragma unroll
-    for (int r = 0; r < kFlushRows; ++r) {
-      if (r0 + r >= kWarpRows) break;
-      master.decode(r0 + r, lane, acc[r]);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) acc[r][e] *= decay;
-    }
+    for (int e = 0; e < kFlushCols; ++e) acc[e] *= decay;
     for (int j = 0; j <= w; ++j) {
-      float bv[kEpl];
-      rssm::load_vec<act_t, kEpl>(&s_B[j][lane * kEpl], bv);
+      const float xs = s_xs[j][row0 + r];
+      const float4* bj = reinterpret_cast<const float4*>(&s_B[j][c0]);
 #pragma unroll
-      for (int r = 0; r < kFlushRows; ++r) {
-        if (r0 + r >= kWarpRows) break;
-        const float xs = s_xs[j][row0 + r0 + r];
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) acc[r][e] = fmaf(xs, bv[e], acc[r][e]);
+      for (int q = 0; q < kFlushCols / 4; ++q) {
+        const float4 bv = bj[q];
+        acc[4 * q] = fmaf(xs, bv.x, acc[4 * q]);
+        acc[4 * q + 1] = fmaf(xs, bv.y, acc[4 * q + 1]);
+        acc[4 * q + 2] = fmaf(xs, bv.z, acc[4 * q + 2]);
+        acc[4 * q + 3] = fmaf(xs, bv.w, acc[4 * q + 3]);
       }
     }
+    if constexpr (kStored) ckpt.template store<kFlushCols, kFlushPassRows>(r, acc, flushes, p.seed, blk);
+    else master.template encode<kFlushCols, kFlushPassRows>(r, blk, acc, nullptr, 0);
+    float dot = 0.f;
 #pragma unroll
-    for (int r = 0; r < kFlushRows; ++r) {
-      if (r0 + r >= kWarpRows) break;
-      if constexpr (kStored) ckpt.store(r0 + r, acc[r], flushes, p.seed);
-      else rssm::store_vec<state_t, kEpl>(reinterpret_cast<state_t*>(master.data) + (r0 + r) * N + lane * kEpl, acc[r]);
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) dot = fmaf(acc[r][e], cv[e], dot);
-      dot = rssm::warp_sum(dot);
-      if (lane == 0) {
-        const int row = r0 + r;
-        const float gate = z ? rssm::siluf(rssm::to_float(z[row])) : 1.f;
-        out[row] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + row])) * gate);
-      }
+    for (int e = 0; e < kFlushCols; ++e) dot = fmaf(acc[e], cv[e], dot);
+    dot = rssm::group_sum<kFlushRowLanes, kFlushPassRows>(dot);
+    if (blk == 0) {
+      const float gate = z ? rssm::siluf(rssm::to_float(z[r])) : 1.f;
+      out[r] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + r])) * gate);
     }
   }
 }
@@ -1445,7 +1464,7 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
 // here flush heads run side by side on every SM. A programmatic dependent of the main kernel. One CTA per SM at least
 // in its launch bounds: without a minimum ptxas gives it too few registers on sm_100 and later (spills).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_replay_flush_kernel(const Mamba2Params p) {
-  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
+  __shared__ __align__(16) float s_B[rssm::kMaxL][N];
   __shared__ __align__(16) float s_xs[rssm::kMaxL][P];
   rssm::for_each_flush_item(p.step, p.slot_idx, p.pad_slot_id, p.slots, p.batch, p.nheads,
                             [&](int item, int b, int slot, int w) {

@@ -158,10 +158,34 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
+// Sum and maximum over a group of kLanes lanes (a power of two): the lanes that differ from this one in the lane bits
+// kStride ... kStride · kLanes / 2 only (kLanes = 32, kStride = 1: the warp). Every lane of the warp calls them.
+template <int kLanes, int kStride = 1>
+__device__ __forceinline__ float group_sum(float v) {
+  static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
 #pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  for (int m = kStride; m < kStride * kLanes; m *= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
+}
+
+template <int kLanes, int kStride = 1>
+__device__ __forceinline__ float group_max(float v) {
+  static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
+#pragma unroll
+  for (int m = kStride; m < kStride * kLanes; m *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+template <int kLanes, int kStride = 1>
+__device__ __forceinline__ unsigned int group_max(unsigned int v) {
+  static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
+  if constexpr (kLanes == kWarpSize) {
+    return __reduce_max_sync(0xffffffffu, v);
+  } else {
+#pragma unroll
+    for (int m = kStride; m < kStride * kLanes; m *= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
+    return v;
+  }
 }
 
 // Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the sum over its

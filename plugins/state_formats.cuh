@@ -254,6 +254,13 @@ struct Rows {
   static_assert(FMT != kFmtNvfp4 || (E % 2 == 0 && kNvfp4Block % E == 0),
                 "NVFP4 rows need an even number of columns per lane dividing 16 (64, 128, 256 or 512 columns)");
 
+  // Lane layouts of decode and encode: a row's C columns over C / EL lanes, each holding EL consecutive columns, its
+  // `slot` (columns slot · EL ...); the lanes of one row differ in the lane bits kStride ... kStride · C / EL / 2
+  // only. The default (EL = E, kStride = 1) is a row per warp, lane l holding slot l; EL = 16 and kStride =
+  // 32 / (C / 16) put 32 / (C / 16) rows on a warp, a lane per 16-column block (lane = slot · kStride + row).
+  template <int EL>
+  static constexpr int kLaneBytesOf = kDataBytes * EL / C;
+
   unsigned char* data;
   unsigned char* block;
   float* scale;
@@ -277,15 +284,16 @@ struct Rows {
     }
   }
 
-  // Row r's values of this lane, decoded to float.
-  __device__ __forceinline__ void decode(int r, int lane, float (&v)[E]) const {
-    const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;
+  // Row r's values of slot `slot` (EL columns; the default layout: slot = lane), decoded to float.
+  template <int EL = E>
+  __device__ __forceinline__ void decode(int r, int slot, float (&v)[EL]) const {
+    const unsigned char* src = data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
     if constexpr (FMT == kFmtPlain) {
-      load_vec<T, E>(reinterpret_cast<const T*>(src), v);
+      load_vec<T, EL>(reinterpret_cast<const T*>(src), v);
     } else {
-      const float s = unit_values(r, lane, src, v);
+      const float s = unit_values(r, slot, src, v);
 #pragma unroll
-      for (int i = 0; i < E; ++i) v[i] *= s;
+      for (int i = 0; i < EL; ++i) v[i] *= s;
     }
   }
 
@@ -304,109 +312,117 @@ struct Rows {
   }
 
   // The largest magnitude of the lane's values as fp32 bits (unsigned order is float order; NaN above Inf).
-  __device__ __forceinline__ static unsigned int lane_max_magnitude(const float (&v)[E]) {
+  template <int EL>
+  __device__ __forceinline__ static unsigned int lane_max_magnitude(const float (&v)[EL]) {
     unsigned int m = 0u;
 #pragma unroll
-    for (int i = 0; i < E; ++i) m = max(m, __float_as_uint(v[i]) & 0x7fffffffu);
+    for (int i = 0; i < EL; ++i) m = max(m, __float_as_uint(v[i]) & 0x7fffffffu);
     return m;
   }
 
-  // Row r from this lane's float values: FMT's codes, rounded to nearest or, with `sr` (key, and e0 the C-order
-  // index of the lane's first element in the slot's checkpoint), stochastically; every lane of the warp calls it
-  // (the row and block maxima are warp reductions).
-  __device__ __forceinline__ void encode(int r, int lane, const float (&v)[E], const SrKey* sr, long long e0) const {
-    float u[E];
-    if (sr) sr_uniforms<E>(*sr, e0, u);
-    unsigned char* dst = data + (long long)r * kDataBytes + lane * kLaneBytes;
+  // Row r from this lane's float values (slot `slot` of the lane layout EL, kStride above): FMT's codes, rounded to
+  // nearest or, with `sr` (key, and e0 the C-order index of the lane's first element in the slot's checkpoint),
+  // stochastically; every lane of the warp calls it (the row and block maxima are reductions over lane groups).
+  template <int EL = E, int kStride = 1>
+  __device__ __forceinline__ void encode(int r, int slot, const float (&v)[EL], const SrKey* sr, long long e0) const {
+    constexpr int kRowLanes = C / EL;
+    static_assert(C % EL == 0 && kRowLanes * kStride <= kWarpSize, "a row's lanes lie in one warp");
+    float u[EL];
+    if (sr) sr_uniforms<EL>(*sr, e0, u);
+    unsigned char* dst = data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
     if constexpr (FMT == kFmtPlain) {
-      float y[E];
+      float y[EL];
 #pragma unroll
-      for (int i = 0; i < E; ++i) y[i] = v[i];
+      for (int i = 0; i < EL; ++i) y[i] = v[i];
       if constexpr (sizeof(T) == 2) {
         if (sr) {
 #pragma unroll
-          for (int i = 0; i < E; ++i) y[i] = round_stochastic<SrKind<T>::value>(y[i], u[i]);
+          for (int i = 0; i < EL; ++i) y[i] = round_stochastic<SrKind<T>::value>(y[i], u[i]);
         }
       }
-      store_vec<T, E>(reinterpret_cast<T*>(dst), y);
+      store_vec<T, EL>(reinterpret_cast<T*>(dst), y);
     } else if constexpr (FMT == kFmtFp8) {
-      const unsigned int mag = __reduce_max_sync(0xffffffffu, lane_max_magnitude(v));
+      const unsigned int mag = group_max<kRowLanes, kStride>(lane_max_magnitude(v));
       const bool bad = mag >= kInfBits;  // a NaN or an Inf in the row
       const float amax = __uint_as_float(mag);
       const float s = !bad && amax >= kScaleFloor ? amax * kInv448 : 1.f;
       const float inv = div_rn(1.f, s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
-      float z[E];
+      float z[EL];
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
+      for (int i = 0; i < EL; ++i) {
         z[i] = bad ? 0.f : v[i] * inv;
         if (sr) z[i] = round_stochastic<kSrE4m3>(z[i], u[i]);
       }
-      unsigned int w[(E + 3) / 4] = {};
+      unsigned int w[(EL + 3) / 4] = {};
 #pragma unroll
-      for (int i = 0; i < E; i += 2) w[i / 4] |= float2_to_e4m3x2(z[i], i + 1 < E ? z[i + 1] : 0.f) << (8 * (i % 4));
-      store_codes(dst, w);
-      if (lane == 0) scale[r] = bad ? __int_as_float(0x7fc00000) : s;
+      for (int i = 0; i < EL; i += 2)
+        w[i / 4] |= float2_to_e4m3x2(z[i], i + 1 < EL ? z[i + 1] : 0.f) << (8 * (i % 4));
+      store_codes<kLaneBytesOf<EL>>(dst, w);
+      if (slot == 0) scale[r] = bad ? __int_as_float(0x7fc00000) : s;
     } else {
-      constexpr int kBlockLanes = kNvfp4Block / E;
+      static_assert(EL % 2 == 0 && kNvfp4Block % EL == 0, "NVFP4: an even number of columns per lane dividing 16");
+      constexpr int kBlockLanes = kNvfp4Block / EL;
       unsigned int bmag = lane_max_magnitude(v);
 #pragma unroll
-      for (int m = 1; m < kBlockLanes; m *= 2) bmag = max(bmag, __shfl_xor_sync(0xffffffffu, bmag, m));
+      for (int m = kStride; m < kStride * kBlockLanes; m *= 2) bmag = max(bmag, __shfl_xor_sync(0xffffffffu, bmag, m));
       const bool bad = bmag >= kInfBits;  // a NaN or an Inf in the block
       const float bamax = __uint_as_float(bmag);
-      const unsigned int mag = __reduce_max_sync(0xffffffffu, bmag);
+      const unsigned int mag = group_max<kRowLanes, kStride>(bmag);
       float amax = __uint_as_float(mag);
-      if (mag >= kInfBits) {  // (warp-uniform) the second-level scale takes the row's finite elements only
+      if (__any_sync(0xffffffffu, mag >= kInfBits)) {  // the second-level scale takes the row's finite elements only
         float a = 0.f;
 #pragma unroll
-        for (int i = 0; i < E; ++i) a = isfinite(v[i]) ? fmaxf(a, fabsf(v[i])) : a;
-        amax = warp_max(a);
+        for (int i = 0; i < EL; ++i) a = isfinite(v[i]) ? fmaxf(a, fabsf(v[i])) : a;
+        a = group_max<kRowLanes, kStride>(a);
+        if (mag >= kInfBits) amax = a;
       }
       float g, inv_g;
       pow2_scale<kNvfp4TopBits>(amax, g, inv_g);
       const unsigned int bcode = float_to_e4m3(bad ? __int_as_float(0x7fc00000) : bamax * (inv_g * kSixth));
       const float b = e4m3_to_float(bcode);
       const bool live = b > 0.f && !bad;
-      unsigned int w[(E / 2 + 3) / 4] = {};
+      unsigned int w[(EL / 2 + 3) / 4] = {};
       if (sr) {
         const float inv = live ? div_rn(1.f, b) * inv_g : 0.f;  // quant.quantize_nvfp4: RN(1 / b) / g, exact scaling
 #pragma unroll
-        for (int i = 0; i < E; ++i)
+        for (int i = 0; i < EL; ++i)
           w[i / 8] |= float_to_e2m1(round_stochastic<kSrE2m1>(live ? v[i] * inv : 0.f, u[i])) << (4 * (i % 8));
       } else if (live) {
         const float d = b * g;  // exact: g is a power of two
         const float t[7] = {0.25f * d, 0.75f * d, 1.25f * d, 1.75f * d, 2.5f * d, 3.5f * d, 5.f * d};
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
+        for (int i = 0; i < EL; ++i) {
           const unsigned int code = e2m1_quotient_code(fabsf(v[i]), t) | (__float_as_uint(v[i]) >> 31 << 3);
           w[i / 8] |= code << (4 * (i % 8));
         }
       }
-      store_codes(dst, w);
-      if (lane % kBlockLanes == 0) block[r * kBlockBytes + lane / kBlockLanes] = static_cast<unsigned char>(bcode);
-      if (lane == 0) scale[r] = g;
+      store_codes<kLaneBytesOf<EL>>(dst, w);
+      if (slot % kBlockLanes == 0) block[r * kBlockBytes + slot / kBlockLanes] = static_cast<unsigned char>(bcode);
+      if (slot == 0) scale[r] = g;
     }
   }
 
  private:
   // Row r's codes of this lane (at src) as values in units of the returned scale: FP8 the E4M3 values (scale: the
   // row's), NVFP4 the E2M1 values (scale: block scale times second-level scale).
-  __device__ __forceinline__ float unit_values(int r, int lane, const unsigned char* src, float (&v)[E]) const {
+  template <int EL>
+  __device__ __forceinline__ float unit_values(int r, int slot, const unsigned char* src, float (&v)[EL]) const {
     if constexpr (FMT == kFmtFp8) {
-      unsigned int w[(E + 3) / 4];
-      load_codes(src, w);
+      unsigned int w[(EL + 3) / 4];
+      load_codes<kLaneBytesOf<EL>>(src, w);
 #pragma unroll
-      for (int i = 0; i < E; i += 2) {
+      for (int i = 0; i < EL; i += 2) {
         const float2 f = e4m3x2_to_float2(static_cast<unsigned short>(w[i / 4] >> (8 * (i % 4))));
         v[i] = f.x;
-        if (i + 1 < E) v[i + 1] = f.y;
+        if (i + 1 < EL) v[i + 1] = f.y;
       }
       return scale[r];
     } else {
-      unsigned int w[(E / 2 + 3) / 4];
-      load_codes(src, w);
-      if constexpr (E % 4 == 0) {
+      unsigned int w[(EL / 2 + 3) / 4];
+      load_codes<kLaneBytesOf<EL>>(src, w);
+      if constexpr (EL % 4 == 0) {
 #pragma unroll
-        for (int i = 0; i < E; i += 4) {
+        for (int i = 0; i < EL; i += 4) {
           __half2 lo, hi;
           e2m1x4_to_half2x2(w[i / 8] >> (4 * (i % 8)), lo, hi);
           const float2 a = __half22float2(lo), b = __half22float2(hi);
@@ -415,32 +431,32 @@ struct Rows {
           v[i + 2] = b.x;
           v[i + 3] = b.y;
         }
-        return e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * scale[r];
+        return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * scale[r];
       } else {
 #pragma unroll
-        for (int i = 0; i < E; i += 2) {
+        for (int i = 0; i < EL; i += 2) {
           const float2 f = e2m1x2_to_float2_scaled((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu);
           v[i] = f.x;
           v[i + 1] = f.y;
         }
-        return e4m3_to_float(block[r * kBlockBytes + lane * E / kNvfp4Block]) * kE2m1Unscale * scale[r];
+        return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * kE2m1Unscale * scale[r];
       }
     }
   }
 
-  // The lane's kLaneBytes code bytes as 32-bit words (1, 2, 4, 8 or 16 bytes; one load where aligned).
-  template <int W>
+  // The lane's LB code bytes as 32-bit words (1, 2, 4, 8 or a multiple of 16 bytes; one load where aligned).
+  template <int LB = kLaneBytes, int W>
   __device__ __forceinline__ static void load_codes(const unsigned char* src, unsigned int (&w)[W]) {
-    if constexpr (kLaneBytes == 1) w[0] = *src;
-    else if constexpr (kLaneBytes == 2) w[0] = *reinterpret_cast<const unsigned short*>(src);
-    else if constexpr (kLaneBytes == 4) w[0] = *reinterpret_cast<const unsigned int*>(src);
-    else if constexpr (kLaneBytes == 8) {
+    if constexpr (LB == 1) w[0] = *src;
+    else if constexpr (LB == 2) w[0] = *reinterpret_cast<const unsigned short*>(src);
+    else if constexpr (LB == 4) w[0] = *reinterpret_cast<const unsigned int*>(src);
+    else if constexpr (LB == 8) {
       const uint2 r = *reinterpret_cast<const uint2*>(src);
       w[0] = r.x;
       w[1] = r.y;
     } else {
 #pragma unroll
-      for (int c = 0; c < kLaneBytes / 16; ++c) {
+      for (int c = 0; c < LB / 16; ++c) {
         const uint4 r = reinterpret_cast<const uint4*>(src)[c];
         w[4 * c] = r.x;
         w[4 * c + 1] = r.y;
@@ -450,15 +466,15 @@ struct Rows {
     }
   }
 
-  template <int W>
+  template <int LB = kLaneBytes, int W>
   __device__ __forceinline__ static void store_codes(unsigned char* dst, const unsigned int (&w)[W]) {
-    if constexpr (kLaneBytes == 1) *dst = static_cast<unsigned char>(w[0]);
-    else if constexpr (kLaneBytes == 2) *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(w[0]);
-    else if constexpr (kLaneBytes == 4) *reinterpret_cast<unsigned int*>(dst) = w[0];
-    else if constexpr (kLaneBytes == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    if constexpr (LB == 1) *dst = static_cast<unsigned char>(w[0]);
+    else if constexpr (LB == 2) *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(w[0]);
+    else if constexpr (LB == 4) *reinterpret_cast<unsigned int*>(dst) = w[0];
+    else if constexpr (LB == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
     else {
 #pragma unroll
-      for (int c = 0; c < kLaneBytes / 16; ++c)
+      for (int c = 0; c < LB / 16; ++c)
         reinterpret_cast<uint4*>(dst)[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
     }
   }
@@ -586,15 +602,17 @@ struct CheckpointRows {
   Rows<READ != kFmtPlain ? READ : MASTER, T, C> read;  // dual mode only
   int slot, head, row0;
 
-  __device__ __forceinline__ void store(int r, const float (&v)[C / kWarpSize], unsigned flushes, int seed) const {
-    const int lane = threadIdx.x % kWarpSize;
-    const long long e0 = ((long long)head * R + row0 + r) * C + lane * (C / kWarpSize);
+  // (EL, kStride, col_slot: the lane layout of Rows::encode; by default a row per warp, col_slot = lane.)
+  template <int EL = C / kWarpSize, int kStride = 1>
+  __device__ __forceinline__ void store(int r, const float (&v)[EL], unsigned flushes, int seed,
+                                        int col_slot = threadIdx.x % kWarpSize) const {
+    const long long e0 = ((long long)head * R + row0 + r) * C + col_slot * EL;
     const SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(seed)};
     constexpr bool kMasterSr = kSr && !(MASTER == kFmtPlain && sizeof(T) == 4);  // fp32: exact
-    master.encode(r, lane, v, kMasterSr ? &master_key : nullptr, e0);
+    master.template encode<EL, kStride>(r, col_slot, v, kMasterSr ? &master_key : nullptr, e0);
     if constexpr (READ != kFmtPlain) {
       const SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(seed)};
-      read.encode(r, lane, v, kSr ? &read_key : nullptr, e0);
+      read.template encode<EL, kStride>(r, col_slot, v, kSr ? &read_key : nullptr, e0);
     }
   }
 };
