@@ -568,23 +568,28 @@ struct QuantRowDots {
     }
   }
 
-  // Rows 0 .. kRows - 1 of `rows` (a multiple of kRowsPerPass): lane r < kRows gets row r's dots in out[v].
+  // Rows 0 .. kRows - 1 of `rows` (a multiple of kRowsPerPass): lane r < kRows gets row r's dots in out[v]. The
+  // passes' lane parts are summed by one transposed reduction per vector (rssm::warp_sum_scatter over the kLanes lanes
+  // of a row, the passes padded with zeros to a power of two): lane kLanes · i + j then holds row j · kRowsPerPass + i.
   template <int kRows, class R>  // R: as parts
   __device__ __forceinline__ void dots(const R& rows, int lane, float (&out)[NV]) const {
     static_assert(kRows % kRowsPerPass == 0 && kRows <= kWarpSize, "quantized row dots: whole passes of rows");
+    constexpr int kPasses = kRows / kRowsPerPass;
+    constexpr int kSlots = kPasses <= 1 ? 1 : kPasses <= 2 ? 2 : kPasses <= 4 ? 4 : kPasses <= 8 ? 8 : kPasses <= 16
+                                                                                                       ? 16 : 32;
+    float sums[NV][kSlots];
 #pragma unroll
-    for (int v = 0; v < NV; ++v) out[v] = 0.f;
+    for (int q = 0; q < kSlots; ++q) {
+      float sum[NV] = {};
+      if (q < kPasses) parts(rows, q * kRowsPerPass + lane / kLanes, lane, sum);
 #pragma unroll
-    for (int q = 0; q < kRows / kRowsPerPass; ++q) {
-      float sum[NV];
-      parts(rows, q * kRowsPerPass + lane / kLanes, lane, sum);
+      for (int v = 0; v < NV; ++v) sums[v][q] = sum[v];
+    }
+    const int holder = kLanes * (lane % kRowsPerPass) + (lane / kRowsPerPass) % kSlots;
 #pragma unroll
-      for (int v = 0; v < NV; ++v) {
-#pragma unroll
-        for (int m = kLanes / 2; m >= 1; m /= 2) sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], m);
-        const float row_sum = __shfl_sync(0xffffffffu, sum[v], (lane % kRowsPerPass) * kLanes);
-        if (lane / kRowsPerPass == q) out[v] = row_sum;
-      }
+    for (int v = 0; v < NV; ++v) {
+      const float row_sum = __shfl_sync(0xffffffffu, warp_sum_scatter<kSlots, kLanes>(sums[v]), holder);
+      out[v] = lane < kRows ? row_sum : 0.f;
     }
     const float rs = lane < kRows ? rows.scale[lane] : 0.f;
 #pragma unroll
