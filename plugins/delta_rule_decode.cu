@@ -379,7 +379,7 @@ __device__ __forceinline__ void row_parts(const float (&row)[kEpl], const float 
 
 // The row dots of this warp's rows against xq and xk: lane r < kRows gets aq_r = S[r]·xq and ak_r = S[r]·xk. With
 // 2 kRows <= 32 one transposed reduction (rssm::warp_sum_scatter: lane r aq_r, lane kRows + r ak_r), then one shuffle
-// moves ak_r to lane r; else a warp_sum per dot.
+// moves ak_r to lane r; with more rows, a multiple of 8, one per 8 rows; else a warp_sum per dot.
 __device__ __forceinline__ void row_dots(const float (&acc)[kRows][kEpl], const float (&xq)[kEpl],
                                          const float (&xk)[kEpl], float& aq, float& ak) {
   const int lane = threadIdx.x % rssm::kWarpSize;
@@ -389,6 +389,27 @@ __device__ __forceinline__ void row_dots(const float (&acc)[kRows][kEpl], const 
     for (int r = 0; r < kRows; ++r) row_parts(acc[r], xq, xk, parts[r], parts[kRows + r]);
     aq = rssm::warp_sum_scatter<2 * kRows>(parts);
     ak = __shfl_sync(0xffffffffu, aq, kRows + lane % kRows);
+  } else if constexpr (kRows % 8 == 0 && kRows >= 8) {
+    // Chunks of 8 rows, one transposed reduction of their 16 dots each: lane l gets row 8 c + l % 8's aq (l % 16 < 8)
+    // or ak (l % 16 >= 8) of chunk c; lane r then takes its chunk's two.
+    constexpr int kChunks = kRows >= 8 ? kRows / 8 : 1;  // (a non-template function: checked for every kRows)
+    float got[kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      float parts[16];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) row_parts(acc[min(8 * c + i, kRows - 1)], xq, xk, parts[i], parts[8 + i]);
+      got[c] = rssm::warp_sum_scatter<16>(parts);
+    }
+    aq = ak = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const float q = __shfl_sync(0xffffffffu, got[c], lane % 8), k = __shfl_sync(0xffffffffu, got[c], 8 + lane % 8);
+      if (lane / 8 == c) {
+        aq = q;
+        ak = k;
+      }
+    }
   } else {
     aq = ak = 0.f;
 #pragma unroll
@@ -548,6 +569,50 @@ __device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at)
     if (warp == 3 && lane < n)
       rssm::prefetch_line_l2(static_cast<const act_t*>(p.u_ring) + slot * p.s_ur_slot + hv * p.s_ur_head +
                              (long long)lane * kV + at.row0);
+  }
+}
+
+// The flush-rows kernel's stored rows are encoded in rssm::Rows' lane layout EL = 16 (a lane per 16-column block of a
+// row, kEncRowLanes = K / 16 lanes per row, kEncPassRows rows per warp at once): the block maximum is a lane's own and
+// a row's maximum takes log2(kEncRowLanes) shuffles, where the registers' layout (a row per warp, kEpl columns per
+// lane) spends a warp reduction per row.
+constexpr int kEncCols = 16;
+constexpr int kEncRowLanes = kK / kEncCols;
+constexpr int kEncPassRows = rssm::kWarpSize / kEncRowLanes;
+static_assert(kK % kEncCols == 0 && rssm::kWarpSize % kEncRowLanes == 0, "K: 32, 64, ... 512");
+// Every stored spec but two stochastically rounded encodes per row (a quantized master and a read copy), whose Philox
+// streams for 16 columns spill beside the warp's rows (KDA, sm_90a): those keep the registers' layout.
+constexpr bool kEncodeByBlocks = kStored && !(SR && kDual && MASTER_FMT != rssm::kFmtPlain);
+
+// Stores this warp's kRows rows (`acc`: this lane's kEpl columns of each, from column lane · kEpl) through a
+// per-warp shared-memory transpose, kEncPassRows rows at a time; where the rows do not fill the last pass, the spare
+// lanes repeat the warp's last row (same values, same stores).
+__device__ __forceinline__ void store_rows_by_blocks(const CheckpointRows& ckpt, const float (&acc)[kRows][kEpl],
+                                                     unsigned flushes, int seed) {
+  __shared__ __align__(16) float s_rows[rssm::kNumWarps][kEncPassRows][kK + 4];  // + 4: no bank conflicts
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  float(*rows)[kK + 4] = s_rows[warp];
+  const int pass_row = lane % kEncPassRows, blk = lane / kEncPassRows;
+#pragma unroll
+  for (int r0 = 0; r0 < kRows; r0 += kEncPassRows) {
+#pragma unroll
+    for (int i = 0; i < kEncPassRows; ++i) {
+      const int r = r0 + i < kRows ? r0 + i : kRows - 1;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) rows[i][lane * kEpl + e] = acc[r][e];
+    }
+    __syncwarp();
+    float v[kEncCols];
+#pragma unroll
+    for (int q = 0; q < kEncCols / 4; ++q) {
+      const float4 c = *reinterpret_cast<const float4*>(&rows[pass_row][blk * kEncCols + 4 * q]);
+      v[4 * q] = c.x;
+      v[4 * q + 1] = c.y;
+      v[4 * q + 2] = c.z;
+      v[4 * q + 3] = c.w;
+    }
+    ckpt.template store<kEncCols, kEncPassRows>(min(r0 + pass_row, kRows - 1), v, flushes, seed, blk);
+    __syncwarp();  // the pass's rows are read before the next pass rewrites them
   }
 }
 
@@ -736,10 +801,14 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
     advance();
     return;
   }
+  if constexpr (kApart && kEncodeByBlocks) {
+    store_rows_by_blocks(ckpt, acc, flushes, p.seed);
+  } else {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
-    else rssm::store_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+    for (int r = 0; r < kRows; ++r) {
+      if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
+      else rssm::store_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
+    }
   }
   if constexpr (kReplay) advance();
 }
