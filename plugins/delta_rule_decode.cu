@@ -572,46 +572,42 @@ __device__ __forceinline__ void prefetch_step(const DeltaParams& p, StepTile at)
   }
 }
 
-// The flush-rows kernel's stored rows are encoded in rssm::Rows' lane layout EL = 16 (a lane per 16-column block of a
-// row, kEncRowLanes = K / 16 lanes per row, kEncPassRows rows per warp at once): the block maximum is a lane's own and
-// a row's maximum takes log2(kEncRowLanes) shuffles, where the registers' layout (a row per warp, kEpl columns per
-// lane) spends a warp reduction per row.
-constexpr int kEncCols = 16;
-constexpr int kEncRowLanes = kK / kEncCols;
-constexpr int kEncPassRows = rssm::kWarpSize / kEncRowLanes;
-static_assert(kK % kEncCols == 0 && rssm::kWarpSize % kEncRowLanes == 0, "K: 32, 64, ... 512");
+// The flush-rows kernel's stored rows are encoded in the block lane layout (rssm::BlockLanes): the block maximum is a
+// lane's own and a row's maximum takes log2(K / 16) shuffles, where the registers' layout (a row per warp, kEpl
+// columns per lane) spends a warp reduction per row.
+using EncLanes = rssm::BlockLanes<kK>;
 // Every stored spec but two stochastically rounded encodes per row (a quantized master and a read copy), whose Philox
 // streams for 16 columns spill beside the warp's rows (KDA, sm_90a): those keep the registers' layout.
 constexpr bool kEncodeByBlocks = kStored && !(SR && kDual && MASTER_FMT != rssm::kFmtPlain);
 
 // Stores this warp's kRows rows (`acc`: this lane's kEpl columns of each, from column lane · kEpl) through a
-// per-warp shared-memory transpose, kEncPassRows rows at a time; where the rows do not fill the last pass, the spare
-// lanes repeat the warp's last row (same values, same stores).
+// per-warp shared-memory transpose, a pass of rows (EncLanes::kPassRows) at a time; where the rows do not fill the
+// last pass, the spare lanes repeat the warp's last row (same values, same stores).
 __device__ __forceinline__ void store_rows_by_blocks(const CheckpointRows& ckpt, const float (&acc)[kRows][kEpl],
                                                      unsigned flushes, int seed) {
-  __shared__ __align__(16) float s_rows[rssm::kNumWarps][kEncPassRows][kK + 4];  // + 4: no bank conflicts
+  __shared__ __align__(16) float s_rows[rssm::kNumWarps][EncLanes::kPassRows][kK + 4];  // + 4: no bank conflicts
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   float(*rows)[kK + 4] = s_rows[warp];
-  const int pass_row = lane % kEncPassRows, blk = lane / kEncPassRows;
+  const int pass_row = lane % EncLanes::kPassRows, blk = lane / EncLanes::kPassRows;
 #pragma unroll
-  for (int r0 = 0; r0 < kRows; r0 += kEncPassRows) {
+  for (int r0 = 0; r0 < kRows; r0 += EncLanes::kPassRows) {
 #pragma unroll
-    for (int i = 0; i < kEncPassRows; ++i) {
+    for (int i = 0; i < EncLanes::kPassRows; ++i) {
       const int r = r0 + i < kRows ? r0 + i : kRows - 1;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) rows[i][lane * kEpl + e] = acc[r][e];
     }
     __syncwarp();
-    float v[kEncCols];
+    float v[EncLanes::kCols];
 #pragma unroll
-    for (int q = 0; q < kEncCols / 4; ++q) {
-      const float4 c = *reinterpret_cast<const float4*>(&rows[pass_row][blk * kEncCols + 4 * q]);
+    for (int q = 0; q < EncLanes::kCols / 4; ++q) {
+      const float4 c = *reinterpret_cast<const float4*>(&rows[pass_row][blk * EncLanes::kCols + 4 * q]);
       v[4 * q] = c.x;
       v[4 * q + 1] = c.y;
       v[4 * q + 2] = c.z;
       v[4 * q + 3] = c.w;
     }
-    ckpt.template store<kEncCols, kEncPassRows>(min(r0 + pass_row, kRows - 1), v, flushes, seed, blk);
+    ckpt.template store<EncLanes::kCols, EncLanes::kPassRows>(min(r0 + pass_row, kRows - 1), v, flushes, seed, blk);
     __syncwarp();  // the pass's rows are read before the next pass rewrites them
   }
 }

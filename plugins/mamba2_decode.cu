@@ -1359,20 +1359,15 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
 }
 
 namespace {
-// The flush-rows kernel's lane layout: a lane holds one 16-column block of a state row (rssm::Rows' lane layout
-// EL = 16), the kFlushRowLanes = N / 16 lanes of a row interleaved with the other rows' (lane = block ·
-// kFlushPassRows + row), so that a warp folds kFlushPassRows rows at once: each lane keeps its block in registers
-// through the fold, the encode finds the block maximum in the lane and the row maximum over kFlushRowLanes lanes, and
-// lanes reading the same B_j block share a shared-memory word.
-constexpr int kFlushCols = 16;
-constexpr int kFlushRowLanes = N / kFlushCols;
-constexpr int kFlushPassRows = rssm::kWarpSize / kFlushRowLanes;
-static_assert(N % kFlushCols == 0 && rssm::kWarpSize % kFlushRowLanes == 0, "flush rows: d_state 32, 64, ... 512");
+// The flush-rows kernel's lanes (rssm::BlockLanes): each keeps a 16-column block of a state row in registers through
+// the fold, the encode finds the block maximum in the lane and the row maximum over N / 16 lanes, and lanes reading
+// the same B_j block share a shared-memory word.
+using FlushLanes = rssm::BlockLanes<N>;
 
 // The flush of one (batch row, head) at cursor w with the prep kernel's weights `coef` (s_0..s_w, decay at L): the
 // ring's B rows and the token's B (fp32) and s_j x_j of the head's rows, staged; each warp folds its quarter of the
-// head's rows, kFlushPassRows at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ, the FMAs in ring order), stores them and
-// writes y = (S·C + D x) · gate. Where a warp's rows do not fill its last pass, the spare lanes repeat its last row
+// head's rows, a pass of rows (FlushLanes::kPassRows) at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ, the FMAs in
+// ring order), stores them and writes y = (S·C + D x) · gate. Where a warp's rows do not fill its last pass, the spare lanes repeat its last row
 // (same values, same stores). Every thread of the CTA calls it (it synchronises).
 __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slot, int h, int w, float (*s_B)[N],
                                            float (*s_xs)[P]) {
@@ -1409,11 +1404,11 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
 #pragma unroll
     for (int e = 0; e < kXElems; ++e) s_xs[j][r + e] = c * v[e];
   }
-  const int pass_row = lane % kFlushPassRows, blk = lane / kFlushPassRows, c0 = blk * kFlushCols;
-  float cv[kFlushCols];
+  const int pass_row = lane % FlushLanes::kPassRows, blk = lane / FlushLanes::kPassRows, c0 = blk * FlushLanes::kCols;
+  float cv[FlushLanes::kCols];
   const act_t* C = group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + c0;
 #pragma unroll
-  for (int q = 0; q < kFlushCols / kEpl; ++q) {
+  for (int q = 0; q < FlushLanes::kCols / kEpl; ++q) {
     float v[kEpl];
     rssm::load_vec<act_t, kEpl>(C + kEpl * q, v);
 #pragma unroll
@@ -1426,17 +1421,17 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
   act_t* out = static_cast<act_t*>(p.out) + b * p.s_out_b + h * p.s_out_h + row0;
   const act_t* z = p.z ? static_cast<const act_t*>(p.z) + b * p.s_z_b + h * p.s_z_h + row0 : nullptr;
   __syncthreads();
-  for (int r0 = 0; r0 < kWarpRows; r0 += kFlushPassRows) {
+  for (int r0 = 0; r0 < kWarpRows; r0 += FlushLanes::kPassRows) {
     const int r = min(r0 + pass_row, kWarpRows - 1);
-    float acc[kFlushCols];
+    float acc[FlushLanes::kCols];
     master.decode(r, blk, acc);
 #pragma unroll
-    for (int e = 0; e < kFlushCols; ++e) acc[e] *= decay;
+    for (int e = 0; e < FlushLanes::kCols; ++e) acc[e] *= decay;
     for (int j = 0; j <= w; ++j) {
       const float xs = s_xs[j][row0 + r];
       const float4* bj = reinterpret_cast<const float4*>(&s_B[j][c0]);
 #pragma unroll
-      for (int q = 0; q < kFlushCols / 4; ++q) {
+      for (int q = 0; q < FlushLanes::kCols / 4; ++q) {
         const float4 bv = bj[q];
         acc[4 * q] = fmaf(xs, bv.x, acc[4 * q]);
         acc[4 * q + 1] = fmaf(xs, bv.y, acc[4 * q + 1]);
@@ -1444,12 +1439,12 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
         acc[4 * q + 3] = fmaf(xs, bv.w, acc[4 * q + 3]);
       }
     }
-    if constexpr (kStored) ckpt.template store<kFlushCols, kFlushPassRows>(r, acc, flushes, p.seed, blk);
-    else master.template encode<kFlushCols, kFlushPassRows>(r, blk, acc, nullptr, 0);
+    if constexpr (kStored) ckpt.template store<FlushLanes::kCols, FlushLanes::kPassRows>(r, acc, flushes, p.seed, blk);
+    else master.template encode<FlushLanes::kCols, FlushLanes::kPassRows>(r, blk, acc, nullptr, 0);
     float dot = 0.f;
 #pragma unroll
-    for (int e = 0; e < kFlushCols; ++e) dot = fmaf(acc[e], cv[e], dot);
-    dot = rssm::group_sum<kFlushRowLanes, kFlushPassRows>(dot);
+    for (int e = 0; e < FlushLanes::kCols; ++e) dot = fmaf(acc[e], cv[e], dot);
+    dot = rssm::group_sum<FlushLanes::kRowLanes, FlushLanes::kPassRows>(dot);
     if (blk == 0) {
       const float gate = z ? rssm::siluf(rssm::to_float(z[r])) : 1.f;
       out[r] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + r])) * gate);

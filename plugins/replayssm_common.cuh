@@ -152,27 +152,23 @@ __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src
 }
 
 // ---------------------------------------------------------------------------------------------- warp collectives
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 // Sum and maximum over a group of kLanes lanes (a power of two): the lanes that differ from this one in the lane bits
 // kStride ... kStride · kLanes / 2 only (kLanes = 32, kStride = 1: the warp). Every lane of the warp calls them.
 template <int kLanes, int kStride = 1>
 __device__ __forceinline__ float group_sum(float v) {
   static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
 #pragma unroll
-  for (int m = kStride; m < kStride * kLanes; m *= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
 }
+
+__device__ __forceinline__ float warp_sum(float v) { return group_sum<kWarpSize>(v); }
 
 template <int kLanes, int kStride = 1>
 __device__ __forceinline__ float group_max(float v) {
   static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
 #pragma unroll
-  for (int m = kStride; m < kStride * kLanes; m *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
   return v;
 }
 
@@ -183,7 +179,7 @@ __device__ __forceinline__ unsigned int group_max(unsigned int v) {
     return __reduce_max_sync(0xffffffffu, v);
   } else {
 #pragma unroll
-    for (int m = kStride; m < kStride * kLanes; m *= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
+    for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
   }
 }

@@ -242,6 +242,17 @@ __device__ __forceinline__ float round_stochastic(float v, float u) {
 // codes (T elements for plain rows), `block` its E4M3 block scales (NVFP4), `scale` its fp32 row scale (FP8,
 // NVFP4); row r follows at r * kDataBytes, r * kBlockBytes, r. A warp holds a row: lane l its E = C / 32 consecutive
 // columns l * E ...
+// The block lane layout of a row of C columns: a lane holds kCols = 16 consecutive columns (an NVFP4 block), kRowLanes
+// = C / 16 lanes per row, kPassRows = 32 / kRowLanes rows on a warp at once. With Rows::decode/encode (EL = kCols,
+// kStride = kPassRows) the lanes of a row are interleaved with the other rows' (lane = block · kPassRows + row).
+template <int C>
+struct BlockLanes {
+  static constexpr int kCols = 16;
+  static constexpr int kRowLanes = C / kCols;
+  static constexpr int kPassRows = kWarpSize / kRowLanes;
+  static_assert(C % kCols == 0 && kWarpSize % kRowLanes == 0, "block lanes: rows of 32, 64, ... 512 columns");
+};
+
 template <int FMT, typename T, int C>
 struct Rows {
   static constexpr int E = C / kWarpSize;
@@ -362,9 +373,7 @@ struct Rows {
     } else {
       static_assert(EL % 2 == 0 && kNvfp4Block % EL == 0, "NVFP4: an even number of columns per lane dividing 16");
       constexpr int kBlockLanes = kNvfp4Block / EL;
-      unsigned int bmag = lane_max_magnitude(v);
-#pragma unroll
-      for (int m = kStride; m < kStride * kBlockLanes; m *= 2) bmag = max(bmag, __shfl_xor_sync(0xffffffffu, bmag, m));
+      const unsigned int bmag = group_max<kBlockLanes, kStride>(lane_max_magnitude(v));
       const bool bad = bmag >= kInfBits;  // a NaN or an Inf in the block
       const float bamax = __uint_as_float(bmag);
       const unsigned int mag = group_max<kRowLanes, kStride>(bmag);
@@ -490,11 +499,10 @@ struct Rows {
 // FMT: kFmtFp8 or kFmtNvfp4 (the plain modules name the type in discarded code only).
 template <int FMT, int C, int NV = 1>
 struct QuantRowDots {
-  static constexpr int kCols = 16;                 // columns per lane and row (an NVFP4 block)
-  static constexpr int kLanes = C / kCols;         // lanes per row
-  static constexpr int kRowsPerPass = kWarpSize / kLanes;
+  static constexpr int kCols = BlockLanes<C>::kCols;          // columns per lane and row (an NVFP4 block)
+  static constexpr int kLanes = BlockLanes<C>::kRowLanes;      // lanes per row (here a row's lanes are adjacent)
+  static constexpr int kRowsPerPass = BlockLanes<C>::kPassRows;
   static constexpr int kTopExp = FMT == kFmtNvfp4 ? 6 : 3;
-  static_assert(kWarpSize % kLanes == 0, "quantized row dots: C / 16 must divide 32 (C = 16 ... 512)");
   // The lane's columns of vector v times 2^shift as fp16 pairs in the order the codes decode: NVFP4 word j, pair i
   // -> (x_{8j+i}, x_{8j+i+4}) (c[v][4 j + i]); FP8 -> (x_{2k}, x_{2k+1}) (c[v][k]).
   __half2 c[NV][8];
