@@ -88,21 +88,19 @@ __device__ __forceinline__ float2 e2m1x2_to_float2_scaled(unsigned int byte) {
 }
 constexpr float kE2m1Unscale = 16384.f;  // 2^14
 
-// Four E2M1 codes (bits 0..15, element 0 lowest) as two fp16 pairs of their exact values: a byte permute looks the
-// magnitudes' fp16 high bytes up in an eight-byte table, two more place them, and two sign-replicating permutes of
-// the codes give the sign bits (element 0's sign is bit 3, brought to a byte's top by the shift).
-__device__ __forceinline__ void e2m1x4_to_half2x2(unsigned int codes, __half2& lo, __half2& hi) {
-  constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
-  const unsigned int mags = __byte_perm(kLutLo, kLutHi, codes & 0x7777u);
-  const unsigned int c = codes & 0xffffu, shifted = c << 4;
-  unsigned int signs_lo, signs_hi;  // bytes 1 / 3: 0xFF where element 0 / 1 (2 / 3) is negative
-  asm("prmt.b32 %0, %1, %2, 0xC686;" : "=r"(signs_lo) : "r"(shifted), "r"(c));
-  asm("prmt.b32 %0, %1, %2, 0xD696;" : "=r"(signs_hi) : "r"(shifted), "r"(c));
-  const unsigned int a = __byte_perm(mags, 0u, 0x1404u) | (signs_lo & 0x80008000u);
-  const unsigned int b = __byte_perm(mags, 0u, 0x3424u) | (signs_hi & 0x80008000u);
-  lo = *reinterpret_cast<const __half2*>(&a);
-  hi = *reinterpret_cast<const __half2*>(&b);
-}
+// Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) as bytes whose value in an fp16's high byte is the
+// code's value times 2^-14 (sign in bit 7, exponent and mantissa in bits 1..3: e2m1x2_to_float2_scaled's placement):
+// byte k of `even` holds code 2k, byte k of `odd` code 2k + 1. `pair(a, d)` puts codes a and a + d (d even) in an
+// fp16x2 by one byte permute. Seven integer instructions for the word, one per pair.
+struct E2m1Bytes {
+  unsigned int even, odd;
+  __device__ __forceinline__ explicit E2m1Bytes(unsigned int w)
+      : even(((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u)), odd(((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u)) {}
+  __device__ __forceinline__ __half2 pair(int a, int d) const {
+    const unsigned int h = __byte_perm(a % 2 ? odd : even, 0u, 0x0404u | (a / 2) << 4 | (a + d) / 2 << 12);
+    return *reinterpret_cast<const __half2*>(&h);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------- power-of-two scales
 constexpr float kScaleFloor = 0x1p-100f;  // quant.SCALE_FLOOR: amax below it gets scale 1
@@ -413,7 +411,7 @@ struct Rows {
 
  private:
   // Row r's codes of this lane (at src) as values in units of the returned scale: FP8 the E4M3 values (scale: the
-  // row's), NVFP4 the E2M1 values (scale: block scale times second-level scale).
+  // row's), NVFP4 the E2M1 values times 2^-14 (scale: block scale times second-level scale times 2^14).
   template <int EL>
   __device__ __forceinline__ float unit_values(int r, int slot, const unsigned char* src, float (&v)[EL]) const {
     if constexpr (FMT == kFmtFp8) {
@@ -430,17 +428,17 @@ struct Rows {
       unsigned int w[(EL / 2 + 3) / 4];
       load_codes<kLaneBytesOf<EL>>(src, w);
       if constexpr (EL % 4 == 0) {
+        constexpr int kWordCodes = EL < 8 ? EL : 8, kHalf = kWordCodes / 2;  // codes per word; pairs (i, i + kHalf)
 #pragma unroll
-        for (int i = 0; i < EL; i += 4) {
-          __half2 lo, hi;
-          e2m1x4_to_half2x2(w[i / 8] >> (4 * (i % 8)), lo, hi);
-          const float2 a = __half22float2(lo), b = __half22float2(hi);
-          v[i] = a.x;
-          v[i + 1] = a.y;
-          v[i + 2] = b.x;
-          v[i + 3] = b.y;
+        for (int j = 0; j < EL / kWordCodes; ++j) {
+          const E2m1Bytes bytes(w[j]);
+#pragma unroll
+          for (int i = 0; i < kHalf; ++i) {
+            const float2 f = __half22float2(bytes.pair(i, kHalf));
+            v[j * kWordCodes + i] = f.x;
+            v[j * kWordCodes + i + kHalf] = f.y;
+          }
         }
-        return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * scale[r];
       } else {
 #pragma unroll
         for (int i = 0; i < EL; i += 2) {
@@ -448,8 +446,8 @@ struct Rows {
           v[i] = f.x;
           v[i + 1] = f.y;
         }
-        return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * kE2m1Unscale * scale[r];
       }
+      return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * kE2m1Unscale * scale[r];
     }
   }
 
@@ -492,21 +490,24 @@ struct Rows {
 // ---------------------------------------------------------------------------------------------- quantized row dots
 // Dots of FP8 or NVFP4 rows (FMT) with NV vectors (a non-flush step's S·C; S·xq and S·xk) from fp16x2 products. Lane
 // l takes 16 columns, block l % kLanes, of row q · kRowsPerPass + l / kLanes in pass q (NVFP4: 8 code bytes and one
-// block scale; FP8: 16 code bytes), so the kLanes = C / 16 lanes of a row sum its dots by a butterfly. E4M3 and E2M1
-// values are exact in fp16; each vector is scaled by a warp-wide power of two that puts its largest magnitude in
-// [2^kTopExp, 2^(kTopExp + 1)), so that the 8 products a half of a lane's fp16x2 sum adds stay below 2^15 (E2M1: at
-// most 6, E4M3: 448), and rounded to fp16; the lane widens its two halves and applies its block scale in fp32.
+// block scale; FP8: 16 code bytes); the kLanes = C / 16 lanes of a row sum its dots (`dots`). E4M3 values and E2M1
+// values times 2^-14 (E2m1Bytes) are exact in fp16; each vector is scaled by a warp-wide power of two that puts its
+// largest magnitude in [2^kTopExp, 2^(kTopExp + 1)) and rounded to fp16, so that the 8 products a half of a lane's
+// fp16x2 sum adds stay far below 2^15 (E4M3: at most 448 · 2^4, E2M1: 6 · 2^-14 · 2^15) while the vector's values stay
+// normal down to 2^-28 (FP8: 2^-17) of its largest; the lane widens its two halves and applies its block scale in
+// fp32, the row scale and 2^(kValueExp - shift) apply to the row sums.
 // FMT: kFmtFp8 or kFmtNvfp4 (the plain modules name the type in discarded code only).
 template <int FMT, int C, int NV = 1>
 struct QuantRowDots {
   static constexpr int kCols = BlockLanes<C>::kCols;          // columns per lane and row (an NVFP4 block)
   static constexpr int kLanes = BlockLanes<C>::kRowLanes;      // lanes per row (here a row's lanes are adjacent)
   static constexpr int kRowsPerPass = BlockLanes<C>::kPassRows;
-  static constexpr int kTopExp = FMT == kFmtNvfp4 ? 6 : 3;
+  static constexpr int kTopExp = FMT == kFmtNvfp4 ? 14 : 3;
+  static constexpr int kValueExp = FMT == kFmtNvfp4 ? 14 : 0;  // decoded values: the codes' times 2^-kValueExp
   // The lane's columns of vector v times 2^shift as fp16 pairs in the order the codes decode: NVFP4 word j, pair i
   // -> (x_{8j+i}, x_{8j+i+4}) (c[v][4 j + i]); FP8 -> (x_{2k}, x_{2k+1}) (c[v][k]).
   __half2 c[NV][8];
-  float unscale[NV];  // 2^-shift
+  float unscale[NV];  // 2^(kValueExp - shift)
 
   // From the values of the lane's columns ((lane % kLanes) · 16 ...) of each vector; warp-collective.
   __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
@@ -519,7 +520,7 @@ struct QuantRowDots {
       // a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
       const int shift = m == 0u || m >= kInfBits ? 0 : min(max(kTopExp - (int(m >> 23) - 127), -100), 100);
       const float up = __uint_as_float(unsigned(127 + shift) << 23);
-      unscale[v] = __uint_as_float(unsigned(127 - shift) << 23);
+      unscale[v] = __uint_as_float(unsigned(127 + kValueExp - shift) << 23);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const int a = FMT == kFmtNvfp4 ? 8 * (k / 4) + k % 4 : 2 * k, b = FMT == kFmtNvfp4 ? a + 4 : a + 1;
@@ -528,20 +529,15 @@ struct QuantRowDots {
     }
   }
 
-  // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[v][4 j ...] summed into acc[v]: a byte permute
-  // looks the magnitudes' fp16 high bytes up (codes 0-3, then 4-7), one more per pair (i, i + 4) places them in an
-  // fp16x2 (its zero bytes: sign-replicated bytes of the positive table entries), the pair's sign bits shifted in.
+  // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) times c[v][4 j ...] summed into acc[v]: pair i holds
+  // codes i and i + 4 (E2m1Bytes, values times 2^-14).
   __device__ __forceinline__ void e2m1_products(unsigned int w, int j, __half2 (&acc)[NV]) const {
-    constexpr unsigned int kLutLo = 0x3E3C3800u, kLutHi = 0x46444240u;  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6
-    const unsigned int m0 = __byte_perm(kLutLo, kLutHi, w & 0x7777u);
-    const unsigned int m1 = __byte_perm(kLutLo, kLutHi, (w >> 16) & 0x7777u);
+    const E2m1Bytes bytes(w);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      unsigned int h;
-      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(h) : "r"(m0), "r"(m1), "r"(0x4808u + 0x1010u * i));
-      h |= (w << (12 - 4 * i)) & 0x80008000u;
+      const __half2 h = bytes.pair(i, 4);
 #pragma unroll
-      for (int v = 0; v < NV; ++v) acc[v] = __hfma2(*reinterpret_cast<const __half2*>(&h), c[v][4 * j + i], acc[v]);
+      for (int v = 0; v < NV; ++v) acc[v] = __hfma2(h, c[v][4 * j + i], acc[v]);
     }
   }
 
