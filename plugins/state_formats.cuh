@@ -44,19 +44,22 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 }
 
 // ---------------------------------------------------------------------------------------------- E4M3 (sm_89+ cvt)
-// Two E4M3 codes (low byte: element 0) to floats.
-// Two E4M3 codes (code 0 in the low byte) as an fp16 pair (exact: E4M3 values are fp16 values).
-__device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned short codes) {
+// The two E4M3 codes in half `hi` of `word` (0: bits 0..15, 1: bits 16..31; code 0 in the low byte) as an fp16 pair
+// (exact: E4M3 values are fp16 values); the conversion reads the half in place.
+__device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned int word, int hi) {
   unsigned int h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  if (hi)
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(h2) : "r"(word));
+  else
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h2) : "r"(word));
   return *reinterpret_cast<__half2*>(&h2);
 }
 
-__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) { return __half22float2(e4m3x2_to_half2(codes)); }
-
-__device__ __forceinline__ float e4m3_to_float(unsigned int code) {
-  return e4m3x2_to_float2(static_cast<unsigned short>(code & 0xffu)).x;
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned int word, int hi) {
+  return __half22float2(e4m3x2_to_half2(word, hi));
 }
+
+__device__ __forceinline__ float e4m3_to_float(unsigned int code) { return e4m3x2_to_float2(code & 0xffu, 0).x; }
 
 // Round to nearest even; finite values and ±Inf beyond ±448 saturate, NaN stays NaN (quant.e4m3_round).
 __device__ __forceinline__ unsigned int float_to_e4m3(float v) {
@@ -419,7 +422,7 @@ struct Rows {
       load_codes<kLaneBytesOf<EL>>(src, w);
 #pragma unroll
       for (int i = 0; i < EL; i += 2) {
-        const float2 f = e4m3x2_to_float2(static_cast<unsigned short>(w[i / 4] >> (8 * (i % 4))));
+        const float2 f = e4m3x2_to_float2(w[i / 4], i % 4 / 2);
         v[i] = f.x;
         if (i + 1 < EL) v[i + 1] = f.y;
       }
@@ -560,7 +563,7 @@ struct QuantRowDots {
       const unsigned int words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const __half2 h = e4m3x2_to_half2(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2))));
+        const __half2 h = e4m3x2_to_half2(words[k / 2], k % 2);
 #pragma unroll
         for (int v = 0; v < NV; ++v) acc[v] = __hfma2(h, c[v][k], acc[v]);
       }
