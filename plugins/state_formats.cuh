@@ -82,28 +82,26 @@ __device__ __forceinline__ float e2m1_magnitude(int c) {
   return e == 0 ? 0.5f * m : __int_as_float((e + 126) << 23 | m << 22);
 }
 
-// Two E2M1 codes (the low nibble: element 0) to floats, each times 2^-14: the code's sign, exponent and mantissa
-// bits are placed in an fp16's sign bit and bits 9..11, whose value is the E2M1 value times 2^-14 (subnormals
-// included); callers fold 2^14 into their scale.
-__device__ __forceinline__ float2 e2m1x2_to_float2_scaled(unsigned int byte) {
-  const unsigned int h2 = (byte & 0x8u) << 12 | (byte & 0x7u) << 9 | (byte & 0x80u) << 24 | (byte & 0x70u) << 21;
-  return __half22float2(*reinterpret_cast<const __half2*>(&h2));
-}
-constexpr float kE2m1Unscale = 16384.f;  // 2^14
-
 // Eight E2M1 codes (a 32-bit word, code 0 in the low nibble) as bytes whose value in an fp16's high byte is the
-// code's value times 2^-14 (sign in bit 7, exponent and mantissa in bits 1..3: e2m1x2_to_float2_scaled's placement):
-// byte k of `even` holds code 2k, byte k of `odd` code 2k + 1. `pair(a, d)` puts codes a and a + d (d even) in an
-// fp16x2 by one byte permute. Seven integer instructions for the word, one per pair.
+// code's value times 2^-14, subnormals included (the code's sign in bit 7, its exponent and mantissa in bits 1..3,
+// the fp16's sign bit and bits 9..11); callers fold 2^14 (kE2m1Unscale) into their scale. Byte k of `even` holds
+// code 2k, byte k of `odd` code 2k + 1. `pair(a, d)` puts codes a and a + d (d even) in an fp16x2 by one byte
+// permute; `first_pair()` codes 0 and 1 of a word holding only those. Seven integer instructions for the word.
 struct E2m1Bytes {
   unsigned int even, odd;
   __device__ __forceinline__ explicit E2m1Bytes(unsigned int w)
       : even(((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u)), odd(((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u)) {}
   __device__ __forceinline__ __half2 pair(int a, int d) const {
-    const unsigned int h = __byte_perm(a % 2 ? odd : even, 0u, 0x0404u | (a / 2) << 4 | (a + d) / 2 << 12);
-    return *reinterpret_cast<const __half2*>(&h);
+    return as_half2(__byte_perm(a % 2 ? odd : even, 0u, 0x0404u | (a / 2) << 4 | (a + d) / 2 << 12));
   }
+  __device__ __forceinline__ __half2 first_pair() const {
+    return as_half2(__byte_perm(even, odd, 0x4101u));  // byte 1 of `even` is zero: the low bytes
+  }
+
+ private:
+  __device__ __forceinline__ static __half2 as_half2(unsigned int h) { return *reinterpret_cast<const __half2*>(&h); }
 };
+constexpr float kE2m1Unscale = 16384.f;  // 2^14
 
 // ---------------------------------------------------------------------------------------------- power-of-two scales
 constexpr float kScaleFloor = 0x1p-100f;  // quant.SCALE_FLOOR: amax below it gets scale 1
@@ -445,7 +443,7 @@ struct Rows {
       } else {
 #pragma unroll
         for (int i = 0; i < EL; i += 2) {
-          const float2 f = e2m1x2_to_float2_scaled((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu);
+          const float2 f = __half22float2(E2m1Bytes((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu).first_pair());
           v[i] = f.x;
           v[i + 1] = f.y;
         }
