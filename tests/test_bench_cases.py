@@ -246,3 +246,16 @@ def test_flashinfer_prebuilt_module_list():
     assert benchmark_modules((1, 4), (torch.float8_e4m3fn,)) == fp8
     with pytest.raises(ValueError, match="tokens"):
         benchmark_modules((0,))
+
+
+@pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8/dual/fp32+sr"])
+def test_cases_take_state_labels(label):
+    shape, batch = TINY["mamba2"], 3
+    gen = torch.Generator().manual_seed(4)
+    step = _step(shape, batch, gen)
+    case = ours.replay_case(shape, batch, label, step, 1, 4, "flush", gen, CPU)
+    assert case.calls[0].__defaults__[0].spec.label == label
+    case.calls[0]()
+    assert bool(torch.isfinite(case.outputs[0].float()).all())
+    with pytest.raises(ValueError, match="state_dtype"):
+        ours.replay_case(shape, batch, "nvfp4/shared/fp16", step, 1, 4, "flush", gen, CPU)

@@ -12,7 +12,6 @@ import statistics
 
 import torch
 
-from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR_ENV
 from trtllm_replayssm.lab.bench import kernels, ours, timing
 from trtllm_replayssm.lab.bench.shapes import BENCH_MODELS, shape_from_preset
@@ -35,11 +34,10 @@ for model in args.models.split(","):
     for sd in args.state_dtypes.split(","):
         for batch in map(int, args.batches.split(",")):
             gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
-            spec = parse_state_label(sd, arg="--state-dtypes")
             if args.mode == "baseline":
-                case = ours.baseline_case(shape, batch, spec, step, pools, gen, dev)
+                case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
             else:
-                case = ours.replay_case(shape, batch, spec, step, pools, L, args.mode, gen, dev)
+                case = ours.replay_case(shape, batch, sd, step, pools, L, args.mode, gen, dev)
             calls = [f for _ in range(L) for f in case.calls]
             times = {"A": [], "B": []}
             for _ in range(args.rounds):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import StateSpec, state_spec
+from trtllm_replayssm.core.formats import StateSpec, parse_state_label
 from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step, fill_rings_, random_state, slot_indices
 
@@ -50,13 +50,18 @@ def fill_layer_(layer, shape: BenchShape, idx: torch.Tensor, buffer_len: int, ge
     layer.cursor[idx.long()] = rows % (cursor_period or buffer_len)
 
 
+def _spec(state_dtype: str | StateSpec) -> StateSpec:
+    """A case's checkpoint spec from a StateSpec or its label (``fp32``, ``nvfp4/dual/fp16+sr``, ...)."""
+    return state_dtype if isinstance(state_dtype, StateSpec) else parse_state_label(state_dtype, arg="state_dtype")
+
+
 def replay_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, step: Mamba2Step | DeltaStep,
                 n_pools: int, buffer_len: int, mode: str, gen: torch.Generator, device: torch.device,
                 tuning: Tuning = DEFAULT_TUNING) -> PeerCase:
     """The family's ``replay_decode`` on ``n_pools`` independent single-layer caches of ``batch + 1`` slots
-    (``state_dtype``: a plain dtype name or any checkpoint spec)."""
+    (``state_dtype``: a StateSpec or its label, e.g. ``nvfp4/dual/fp16``)."""
     fam = family_of(shape.dims)
-    spec = state_spec(state_dtype)
+    spec = _spec(state_dtype)
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
@@ -77,7 +82,7 @@ def baseline_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, s
     """The family's ``state_update`` (read S, update, write S) on ``n_pools`` state pools of ``batch + 1`` slots;
     a stored spec's checkpoint (quantized, dual: the master and the read copy written every step) from a cache."""
     fam = family_of(shape.dims)
-    spec = state_spec(state_dtype)
+    spec = _spec(state_dtype)
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
