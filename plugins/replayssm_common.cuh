@@ -152,36 +152,32 @@ __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src
 }
 
 // ---------------------------------------------------------------------------------------------- warp collectives
-// Sum and maximum over a group of kLanes lanes (a power of two): the lanes that differ from this one in the lane bits
-// kStride ... kStride · kLanes / 2 only (kLanes = 32, kStride = 1: the warp). Every lane of the warp calls them.
-template <int kLanes, int kStride = 1>
-__device__ __forceinline__ float group_sum(float v) {
+// `op` over a group of kLanes lanes (a power of two): the lanes that differ from this one in the lane bits
+// kStride ... kStride · kLanes / 2 only (kLanes = 32, kStride = 1: the warp). Every lane of the warp calls it.
+template <int kLanes, int kStride = 1, typename V, typename Op>
+__device__ __forceinline__ V group_reduce(V v, Op op) {
   static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
 #pragma unroll
-  for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
   return v;
+}
+
+template <int kLanes, int kStride = 1>
+__device__ __forceinline__ float group_sum(float v) {
+  return group_reduce<kLanes, kStride>(v, [](float a, float b) { return a + b; });
 }
 
 __device__ __forceinline__ float warp_sum(float v) { return group_sum<kWarpSize>(v); }
 
 template <int kLanes, int kStride = 1>
 __device__ __forceinline__ float group_max(float v) {
-  static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
-#pragma unroll
-  for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
+  return group_reduce<kLanes, kStride>(v, [](float a, float b) { return fmaxf(a, b); });
 }
 
 template <int kLanes, int kStride = 1>
 __device__ __forceinline__ unsigned int group_max(unsigned int v) {
-  static_assert((kLanes & (kLanes - 1)) == 0 && kLanes * kStride <= kWarpSize, "lane groups within the warp");
-  if constexpr (kLanes == kWarpSize) {
-    return __reduce_max_sync(0xffffffffu, v);
-  } else {
-#pragma unroll
-    for (int m = kStride * kLanes / 2; m >= kStride; m /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
-    return v;
-  }
+  if constexpr (kLanes == kWarpSize) return __reduce_max_sync(0xffffffffu, v);
+  else return group_reduce<kLanes, kStride>(v, [](unsigned int a, unsigned int b) { return max(a, b); });
 }
 
 // Transposed warp reduction of kValues per-lane partial sums (a power of two <= 32): lane l returns the sum over its
