@@ -110,20 +110,22 @@ def test_rewritten_checkpoints_are_bit_exact(name, mode, family):
         assert torch.equal(got, t), f"{n}: {int((got != t).sum())} of {t.numel()} elements differ"
 
 
-def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None, family: str = "mamba2") -> None:
+def _check_steps(spec, gen: torch.Generator, mode: str | list[str], plan_of=None, family: str = "mamba2") -> None:
     """Three staggered cycles with a pad row and poisoned outputs on twin caches: the GPU's outputs, cursors,
-    checkpoints and flush counts follow the reference's, and slots outside the batch keep every byte. ``plan_of``:
-    the GPU layer's launch plan from the layer (default: the op's planner in ``mode``)."""
+    checkpoints and flush counts follow the reference's, and slots outside the batch keep every byte. ``mode``: one
+    for every step, or one per step; ``plan_of``: the GPU layer's launch plan from the layer (default: the op's
+    planner in ``mode``)."""
     cpu, gpu = _twins(spec, gen, family)
     untouched = {n: t.clone() for n, t in _storage(gpu).items()}
     ids = torch.tensor(SLOT_IDS, dtype=torch.int32)
     live = [i for i, s in enumerate(SLOT_IDS) if s >= 0]
     plan = plan_of(gpu) if plan_of else None
     tol = 0.03 if spec.read_format.name == "nvfp4" else 5e-3  # a few code flips where the fp32 folds round differently
-    for k in range(3 * L):
+    modes = [mode] * (3 * L) if isinstance(mode, str) else mode
+    for k, m in enumerate(modes):
         step = _step(gen, len(SLOT_IDS), family=family)
-        want = _run(cpu, step, ids, mode)
-        got = _run(gpu, step, ids, mode, plan).cpu()
+        want = _run(cpu, step, ids, m)
+        got = _run(gpu, step, ids, m, plan).cpu()
         assert got[1].abs().max() == 0, "the pad row's outputs are zeros"
         assert _rel(got[live], want[live]) < tol, (k, _rel(got[live], want[live]))
     assert torch.equal(gpu.cursor.cpu(), cpu.cursor)
@@ -142,6 +144,16 @@ def _check_steps(spec, gen: torch.Generator, mode: str, plan_of=None, family: st
 @pytest.mark.parametrize("name", list(SPECS))
 def test_steps_follow_the_reference(name, mode, family):
     _check_steps(SPECS[name], torch.Generator().manual_seed(5), mode, family=family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("switch", [("replay", "flush"), ("flush", "replay"), ("fused", "flush")])
+@pytest.mark.parametrize("name", ["fp8", "nvfp4", "nvfp4-dual-fp16", "fp8-dual-fp32", "nvfp4-dual-fp8-sr"])
+def test_switching_modes_follows_the_reference(name, switch, family):
+    """``auto`` switches kernels as the batch changes: after L + 1 steps of one mode the rings hold staggered records
+    of random inputs, which the first steps of the other fold (the flush kernel's fold path, not its one-step path)."""
+    first, then = switch
+    _check_steps(SPECS[name], torch.Generator().manual_seed(9), [first] * (L + 1) + [then] * (2 * L - 1), family=family)
 
 
 @pytest.mark.parametrize("name", ["fp8", "nvfp4", "nvfp4-dual-fp16", "fp8-dual-fp32", "nvfp4-dual-fp32-sr", "bf16-sr",
