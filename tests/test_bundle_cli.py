@@ -297,12 +297,9 @@ def test_state_option_names_match_core_formats():
 
 
 @pytest.mark.parametrize("model,args,label,why", [
-    ("nemotron-3-nano-4b", ["--state-dtype", "fp8"], "fp8", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
-    ("nemotron-3-nano-4b", ["--state-format", "fp8", "--state-mode", "shared", "--stochastic-rounding"], "fp8+sr",
-     "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
-    ("nemotron-3-nano-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp8"],
-     "nvfp4/dual/fp8", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
-    ("qwen3.5-4b", ["--state-format", "nvfp4"], "nvfp4", "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"),
+    ("kimi-linear-48b", ["--state-dtype", "fp8", "--spec-tokens", "3"], "fp8", "speculative verify"),
+    ("qwen3.5-4b", ["--state-format", "nvfp4", "--state-mode", "dual", "--master-format", "fp16", "--spec-tokens", "1"],
+     "nvfp4/dual/fp16", "speculative verify (--spec-tokens) reads plain"),
 ])
 def test_build_refuses_states_it_cannot_serve(tmp_path, model, args, label, why):
     r = run("build", model, "--gpu", "h100", "-o", str(tmp_path / "o"), *args)
@@ -315,8 +312,8 @@ def test_build_refuses_states_it_cannot_serve(tmp_path, model, args, label, why)
 def test_write_bundle_refuses_before_writing(tmp_path):
     from trtllm_replayssm.core.formats import state_spec
     spec = get_preset(MODEL)
-    mp = memory_plan.plan(spec, "h100", state=state_spec("nvfp4"))
-    with pytest.raises(NotImplementedError, match="TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only"):
+    mp = memory_plan.plan(spec, "h100", state=state_spec("nvfp4"), spec_tokens=2)
+    with pytest.raises(NotImplementedError, match=r"speculative verify \(--spec-tokens\) reads plain"):
         bundle.write_bundle(spec, mp, "sm_90a", tmp_path / "o")
     assert list(tmp_path.iterdir()) == []
 
@@ -334,6 +331,19 @@ def test_build_dual_bundle(tmp_path, model):
     assert "  mamba_ssm_cache_dtype: float16\n" in (out / bundle.SERVE_YAML).read_text()
     from trtllm_replayssm.serving.trtllm import load_settings
     assert load_settings(out / "manifest.json").state == "nvfp4/dual/fp16"
+
+
+def test_build_codes_bundle(tmp_path):
+    """A shared NVFP4 checkpoint: its codes in a bf16 pool, its scales ours; the YAML says so."""
+    out = tmp_path / "b"
+    r = run("build", "qwen3.5-4b", "--gpu", "h100", "-o", str(out), "--state-format", "nvfp4")
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["state"]["label"], m["state"]["trtllm_pool_holds"], m["state"]["trtllm_pool_dtype"]) == (
+        "nvfp4", "codes", "bf16")
+    assert m["memory"]["per_layer_per_seq"]["our_state"] == 32 * 128 * (128 // 16 + 4)
+    yaml = (out / bundle.SERVE_YAML).read_text()
+    assert "Holds our nvfp4 codes (bf16: the smallest pool)" in yaml and "  mamba_ssm_cache_dtype: bfloat16\n" in yaml
 
 
 def test_build_records_the_state_spec(tmp_path):
@@ -359,11 +369,11 @@ def test_inspect_plans_and_prints_every_state():
     m = json.loads(r.output)
     assert (m["state"]["state_format"], m["state"]["state_mode"], m["state"]["master_format"]) == ("fp8", "shared",
                                                                                                   None)
-    assert m["state"]["trtllm_pool_holds"] is None and "saves no memory" in m["state"]["trtllm_note"]
+    assert m["state"]["trtllm_pool_holds"] == "codes" and "first 50% of each slot" in m["state"]["trtllm_note"]
     per = m["memory"]["per_layer_per_seq"]
-    assert (per["upstream_state"], per["our_state"]) == (32 * 128 * 512, 32 * 128 * 132)
+    assert (per["upstream_state"], per["our_state"]) == (32 * 128 * 256, 32 * 128 * 4)  # bf16 pool, FP8 row scales
     r = run("inspect", "qwen3.5-4b", "--state-format", "fp8", env={"COLUMNS": "250"})
-    assert r.exit_code == 0 and "TensorRT-LLM note" in r.output and "fp32, holds none of our state" in r.output
+    assert r.exit_code == 0 and "TensorRT-LLM note" in r.output and "bf16, holds our fp8 codes" in r.output
 
 
 def test_inspect_bundle_warns_about_state_options(tmp_path):

@@ -129,15 +129,12 @@ def test_manifest_and_yaml_of_a_dual_state():
 
 def test_build_refusal():
     from trtllm_replayssm.core.formats import parse_state_label
-    for label in ("fp32", "fp16", "bf16"):
-        for family in ("mamba2", "gdn", "kda"):
-            assert bundle.build_refusal(parse_state_label(label), family) is None
-    for family in ("mamba2", "gdn", "kda"):
-        for label in ("bf16+sr", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/bf16+sr"):
-            assert bundle.build_refusal(parse_state_label(label), family) is None
-        for label in ("fp8", "nvfp4+sr", "nvfp4/dual/fp8"):
-            assert "TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only" in bundle.build_refusal(
-                parse_state_label(label), family)
+    for label in ("fp32", "fp16", "bf16", "bf16+sr", "fp8", "nvfp4+sr", "fp8/dual/fp32", "nvfp4/dual/fp8"):
+        assert bundle.build_refusal(parse_state_label(label), None) is None
+    for label in ("fp32", "bf16"):
+        assert bundle.build_refusal(parse_state_label(label), 3) is None
+    for label in ("bf16+sr", "nvfp4", "nvfp4/dual/fp16"):
+        assert "speculative verify (--spec-tokens) reads plain" in bundle.build_refusal(parse_state_label(label), 3)
 
 
 def test_dual_spec_configs_are_the_stored_kernels():

@@ -113,7 +113,7 @@ def test_local_dims_checks_attention_heads_too():
 # By hand, TP 1, L = 16, bf16 activations. A state row has 128 columns (Mamba-2 d_state, GDN head_k_dim) and takes
 # fp32 512 B, fp16 256 B, fp8 128 + 4 B (fp32 row scale), nvfp4 64 + 8 + 4 B (an E4M3 scale per 16 elements and an
 # fp32 second-level scale per row).
-ROW = {"fp32": 512, "fp16": 256, "fp8": 132, "nvfp4": 76}
+ROW = {"fp32": 512, "fp16": 256, "bf16": 256, "fp8": 132, "nvfp4": 76}
 HAND = {
     # Nemotron-3-Nano-4B (Mamba-2): 96 heads x 80 rows, 8 groups; 21 SSM layers; conv over x, B, C (kernel 4)
     "nemotron-3-nano-4b": dict(rows=96 * 80, layers=21, record=96 * 80 * 2 + 8 * 128 * 2 + 96 * 4,
@@ -124,22 +124,25 @@ HAND = {
                        conv=3 * (2 * 16 * 128 + 32 * 128) * 2,
                        io=2 * 32 * 128 * 2 + 2 * 16 * 128 * 2 + 2 * 32 * 2 + 4),
 }
-# (spec, TensorRT-LLM pool dtype, what the pool holds, our state row bytes); the presets' state dtype is fp32
+# (spec, TensorRT-LLM pool dtype, what the pool holds, our state row bytes, checkpoint row bytes); the presets'
+# state dtype is fp32. Codes in the pool leave us their scales: FP8 4 bytes a row, NVFP4 128 / 16 + 4.
 CASES = {
-    "nvfp4-dual-fp16": (state_spec("nvfp4", "dual", "fp16"), "fp16", "master", ROW["nvfp4"]),
-    "fp8-shared": (state_spec("fp8", "shared"), "fp32", None, ROW["fp8"]),
+    "nvfp4-dual-fp16": (state_spec("nvfp4", "dual", "fp16"), "fp16", "master", ROW["nvfp4"],
+                        ROW["fp16"] + ROW["nvfp4"]),
+    "fp8-shared": (state_spec("fp8", "shared"), "bf16", "codes", 4, ROW["fp8"]),
+    "nvfp4-shared": (state_spec("nvfp4", "shared"), "bf16", "codes", 12, ROW["nvfp4"]),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("model", sorted(HAND))
 def test_state_spec_plan_by_hand(model, case):
-    h, (st, pool, holds, our_row) = HAND[model], CASES[case]
+    h, (st, pool, holds, our_row, checkpoint_row) = HAND[model], CASES[case]
     upstream, ours, ring = h["rows"] * ROW[pool], h["rows"] * our_row, 16 * h["record"]
     p = plan(get_preset(model), "h200", state=st, max_batch_size=128, gpu_memory_gib=141)
     lb = p.layer
     assert (lb.upstream_state, lb.our_state, lb.ring, lb.cursors, lb.conv) == (upstream, ours, ring, 8, h["conv"])
-    assert lb.checkpoint == h["rows"] * (our_row + (ROW["fp16"] if st.dual else 0))
+    assert lb.checkpoint == h["rows"] * checkpoint_row
     assert (p.state, p.pool_dtype, p.pool_holds) == (st, pool, holds)
     per_replay = h["layers"] * (upstream + ours + ring + 8 + h["conv"])
     per_upstream = h["layers"] * (upstream + h["conv"])
@@ -167,25 +170,19 @@ def test_state_spec_step_bytes_by_hand(model):
     assert shared.replay == pytest.approx(s8 * 17 / 16 + ring + io)
 
 
-def test_trtllm_note_only_where_the_pool_cannot_hold_our_checkpoint():
-    spec = get_preset("qwen3.5-4b")
-    for st in ("fp32", "bf16", state_spec("nvfp4", "dual", "bf16"), state_spec("fp8", "dual", "fp32", True)):
-        assert plan(spec, "h200", state=st).trtllm_note is None
-    for st in ("fp8", "nvfp4", state_spec("nvfp4", "dual", "fp8")):
-        note = plan(spec, "h200", state=st).trtllm_note
-        assert "mamba_ssm_cache_dtype (fp32; fp32/fp16/bf16 only)" in note and "saves no memory" in note
-    fp8_master = plan(spec, "h200", state=state_spec("nvfp4", "dual", "fp8"))
-    assert fp8_master.pool_holds is None and fp8_master.layer.upstream_state == 32 * 128 * ROW["fp32"]
-    assert fp8_master.layer.our_state == 32 * 128 * (ROW["fp8"] + ROW["nvfp4"])
-
-
-def test_shared_mode_pool_takes_the_models_state_dtype():
-    spec = dataclasses.replace(get_preset("qwen3.5-4b"), ssm_state_dtype="bf16")
-    p = plan(spec, "h200", state="nvfp4")
-    assert (p.pool_dtype, p.layer.upstream_state) == ("bf16", 32 * 128 * ROW["fp16"])
-    assert "(bf16; fp32/fp16/bf16 only)" in p.trtllm_note
-    default = plan(spec, "h200")  # no state: the model's dtype, plain
-    assert (default.state.label, default.pool_holds, default.layer.our_state) == ("bf16", "checkpoint", 0)
+def test_codes_in_a_bf16_pool_whatever_the_models_state_dtype():
+    for dtype in ("fp32", "bf16"):
+        spec = dataclasses.replace(get_preset("qwen3.5-4b"), ssm_state_dtype=dtype)
+        for st in ("fp32", "bf16", state_spec("nvfp4", "dual", "bf16"), state_spec("fp8", "dual", "fp32", True)):
+            assert plan(spec, "h200", state=st).trtllm_note is None
+        for st, share in (("fp8", "50%"), ("nvfp4", "25%")):
+            p = plan(spec, "h200", state=st)
+            assert (p.pool_holds, p.pool_dtype, p.layer.upstream_state) == ("codes", "bf16", 32 * 128 * ROW["bf16"])
+            assert f"holds the {st} codes in the first {share} of each slot's bytes" in p.trtllm_note
+        fp8_master = plan(spec, "h200", state=state_spec("nvfp4", "dual", "fp8"))
+        assert (fp8_master.pool_holds, fp8_master.layer.upstream_state) == ("codes", 32 * 128 * ROW["bf16"])
+        assert fp8_master.layer.our_state == 32 * 128 * (4 + ROW["nvfp4"])
+        assert "and the nvfp4 read copy" in fp8_master.trtllm_note
 
 
 def test_plain_state_is_upstreams_pool():

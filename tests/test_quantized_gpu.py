@@ -315,18 +315,24 @@ def test_sanitizer_smoke(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", ["replay", "fused", "flush"])
-@pytest.mark.parametrize("name", ["nvfp4-dual-fp16", "bf16-sr"])
+@pytest.mark.parametrize("name", ["nvfp4-dual-fp16", "bf16-sr", "fp8", "nvfp4", "nvfp4-dual-fp8-sr"])
 def test_a_strided_master_in_a_served_pool_steps_like_a_dense_one(name, mode, family):
     """Served by TensorRT-LLM the master is a strided view of its unified pool (each slot's SSM bytes followed by
-    its conv bytes) and our cache holds the rest: outputs, master, read copy and counters equal a dense cache's."""
+    its conv bytes), or FP8/NVFP4 codes in the first bytes of a bf16 pool's slots (``codes_in_pool``), and our cache
+    holds the rest: outputs, master, read copy and counters equal a dense cache's."""
+    from trtllm_replayssm.core.checkpoint import codes_in_pool
+
     gen = torch.Generator().manual_seed(11)
     spec, fam, dims = SPECS[name], get_family(family), DIMS_OF[family]
     dense = fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda").layer(0)
     dense.checkpoint().store_(torch.arange(SLOTS, device="cuda"), random_state(SLOTS, dims, "fp32", gen, "cuda"))
     dense.cursor.copy_(torch.arange(SLOTS, dtype=torch.int32, device="cuda") % L)
-    ssm_bytes = dense.state[0].numel() * dense.state.element_size()
+    codes = spec.checkpoint_format.quantized
+    pool_dtype, shape = torch.bfloat16 if codes else dense.state.dtype, dense.checkpoint().shape
+    ssm_bytes = shape[1] * shape[2] * shape[3] * pool_dtype.itemsize
     pool = torch.zeros(SLOTS, ssm_bytes + 2 * 4 * 64 * 2, dtype=torch.uint8, device="cuda")
-    master = pool[:, :ssm_bytes].view(dense.state.dtype).view(dense.state.shape)
+    view = pool[:, :ssm_bytes].view(pool_dtype).view(shape)
+    master = codes_in_pool(view, spec.checkpoint_format) if codes else view
     assert not master.is_contiguous()
     served = fam.new_cache(dims, 1, SLOTS, buffer_len=L, state_dtype=spec, device="cuda", checkpoints=False)
     layer = served.with_checkpoint(0, master)

@@ -122,13 +122,48 @@ def test_plain_spec_keeps_a_plain_pool():
     assert layer.storage is None and layer.state.dtype == torch.bfloat16 and layer.spec == state_spec("bf16")
 
 
-def test_shared_quantized_checkpoint_cannot_be_bound_or_left_out():
-    fam, dims = get_family("kda"), DIMS["kda"]
-    with pytest.raises(ValueError, match="checkpoints"):
-        fam.new_cache(dims, 1, SLOTS, state_dtype=state_spec("nvfp4"), device="cpu", checkpoints=False)
-    cache = fam.new_cache(dims, 1, SLOTS, state_dtype=state_spec("fp8"), device="cpu")
-    with pytest.raises(ValueError, match="stored in this cache"):
-        cache.with_checkpoint(0, torch.zeros(SLOTS, dims.heads, dims.rows, dims.cols))
+@pytest.mark.parametrize("label", ["nvfp4", "fp8", "nvfp4/dual/fp8"])
+def test_quantized_codes_bound_from_a_pool_decode_like_a_dense_cache(label):
+    """A cache without checkpoints keeps a quantized master's scales and binds its codes: the first bytes of each
+    slot of a strided bf16 pool (``codes_in_pool``), heads dense, writes inside the slot's bytes only."""
+    from trtllm_replayssm.core.checkpoint import codes_in_pool
+    from trtllm_replayssm.core.checks import check_stored_for_kernels
+
+    from trtllm_replayssm.core.formats import parse_state_label
+
+    spec, fam, dims = parse_state_label(label), get_family("kda"), DIMS["kda"]
+    dense = fam.new_cache(dims, 1, SLOTS, state_dtype=spec, device="cpu").layer(0)
+    values = torch.randn(SLOTS, dims.heads, dims.rows, dims.cols, generator=torch.Generator().manual_seed(2))
+    dense.checkpoint().store_(torch.arange(SLOTS), values)
+    served = fam.new_cache(dims, 1, SLOTS, state_dtype=spec, device="cpu", checkpoints=False)
+    assert served.layer(0).state is None and served.layer(0).storage.master.data.shape[0] == 0
+    slot_elems = dims.heads * dims.rows * dims.cols
+    pool = torch.full((SLOTS, slot_elems + 64), 7.0, dtype=torch.bfloat16)  # + another layer's bytes
+    view = pool[:, :slot_elems].view(SLOTS, dims.heads, dims.rows, dims.cols)
+    codes = codes_in_pool(view, spec.checkpoint_format)
+    assert codes.stride(0) == view.stride(0) * 2 and codes[:1].is_contiguous() and codes.dtype == dense.state.dtype
+    layer = served.with_checkpoint(0, codes)
+    for name, t in dense.tensors().items():
+        if name != "state":
+            layer.tensors()[name].copy_(t)
+    layer.checkpoint().store_(torch.arange(SLOTS), values)
+    assert torch.equal(layer.checkpoint().read_values(torch.arange(SLOTS)),
+                       dense.checkpoint().read_values(torch.arange(SLOTS)))
+    assert torch.equal(codes, dense.state) and (pool[:, slot_elems:] == 7).all()
+    check_stored_for_kernels(layer.checkpoint())  # a slot stride is what the kernels take
+    with pytest.raises(ValueError, match=rf"^state: expected shape \({SLOTS}, 2, 64, \d+\), got \({SLOTS}, 1,"):
+        served.with_checkpoint(0, codes[:, :1])
+
+
+def test_codes_in_pool_checks_the_pool():
+    from trtllm_replayssm.core.checkpoint import codes_in_pool
+    from trtllm_replayssm.core.formats import get_state_format
+
+    nvfp4 = get_state_format("nvfp4")
+    with pytest.raises(ValueError, match="^state: expected an fp32/fp16/bf16 pool"):
+        codes_in_pool(torch.zeros(2, 2, 4, 64, dtype=torch.uint8), nvfp4)
+    with pytest.raises(ValueError, match="^state: the pool's heads, rows and cols must be dense within a slot"):
+        codes_in_pool(torch.zeros(2, 4, 2, 64).transpose(1, 2), nvfp4)
 
 
 def test_dual_cache_binds_an_upstream_master():

@@ -445,18 +445,79 @@ def test_gdn_materialize_folds_like_a_flush(label):
         assert torch.equal(after.flushes[ids], counts[ids] + 1) and after.flushes[2] == counts[2]
 
 
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("label", ["nvfp4", "fp8+sr", "nvfp4/dual/fp8"])
+def test_codes_live_in_the_pool_and_prefills_change_their_form(family, label):
+    """An FP8/NVFP4 checkpoint (or FP8 master) keeps its codes in the bytes of a bf16 unified pool, its scales in
+    our cache: a prefill's values are encoded into codes, a later chunk finds the decoded values where upstream reads
+    them, decode steps equal a self-contained cache that got the same prefills, and no byte outside the written
+    slots' state regions changes (other slots, other layers, conv states)."""
+    from trtllm_replayssm.core.families import get_family
+    from trtllm_replayssm.core.formats import parse_state_label
+
+    spec = parse_state_label(label)
+    dims, shape, k_heads, make_step = _served_geometry(family)
+    fam = get_family(family)
+    pool = UnifiedPool([2, 5], 6, shape, torch.bfloat16, conv_bytes=3 * 16 * 8, device="cpu")
+    pool.pool.copy_(torch.randint(0, 256, pool.pool.shape, dtype=torch.uint8,  # every byte outside the written
+                                  generator=torch.Generator().manual_seed(1)))  # regions is checked below
+    cache = ModelReplayCache(family, [2, 5], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16, state=spec)
+    own = fam.new_cache(dims, 2, 6, buffer_len=4, state_dtype=spec, device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    ctx = torch.tensor([4, 1], dtype=torch.int32)
+
+    def prefill(rows, check_exposed):
+        cache.begin_step()
+        for i, lid in enumerate((2, 5)):
+            view = pool.get_ssm_states(lid)
+            cache.layer_step(lid, view, rows, num_contexts=rows.numel())
+            if check_exposed:  # a later chunk reads the checkpoint as values
+                want = own.layer(i).checkpoint().fold_values(rows.long()).to(view.dtype)
+                assert torch.equal(view[rows.long()], want)
+            values = torch.randn(rows.numel(), *shape, generator=gen).to(view.dtype)
+            view[rows.long()] = values  # upstream's prefill writes values over the codes
+            cache.prefill_written(lid, view, rows)
+            own.load_prefill_state(i, rows, values.float())
+        cache.end_step()
+
+    before = pool.pool.clone()
+    prefill(ctx, check_exposed=False)
+    prefill(ctx[:1], check_exposed=True)
+    written = torch.zeros_like(pool.pool, dtype=torch.bool)
+    written[:, ctx.long(), :pool.ssm_bytes] = True  # [layers, blocks, ssm bytes + conv bytes]
+    assert torch.equal(pool.pool[~written], before[~written])
+    assert all(cache.cache.layer(i).state is None for i in range(2))  # the codes are the pool's
+    for _ in range(6):  # across a flush (L = 4): the write rule on both sides
+        args, kwargs = make_step(dims, 2, gen, "cpu").op_args()
+        cache.begin_step()
+        for i, lid in enumerate((2, 5)):
+            layer = cache.layer_step(lid, pool.get_ssm_states(lid), ctx, num_contexts=0)
+            y = fam.replay_decode(layer, *args, **kwargs, state_batch_indices=cache.decode_slots(ctx))
+            assert torch.equal(y, fam.replay_decode(own.layer(i), *args, **kwargs, state_batch_indices=ctx))
+        cache.end_step()
+    for i, lid in enumerate((2, 5)):
+        served, mine = cache.layer(lid, pool.get_ssm_states(lid)).checkpoint(), own.layer(i).checkpoint()
+        assert torch.equal(served.fold_values(ctx.long()), mine.fold_values(ctx.long()))
+        assert torch.equal(served.read_values(ctx.long()), mine.read_values(ctx.long()))
+        cache.begin_step()
+        cache.expose_slots(lid, pool.get_ssm_states(lid), ctx)  # e.g. GDN's mixed-batch decode rows
+        cache.end_step()
+        assert torch.equal(pool.get_ssm_states(lid)[ctx.long()], mine.fold_values(ctx.long()).bfloat16())
+
+
 def test_stored_state_refusals():
     from trtllm_replayssm.core.formats import parse_state_label
 
     args = ("mamba2", [2, 5], 2, 4, torch.bfloat16)
-    with pytest.raises(ValueError, match="^state: a shared nvfp4 checkpoint cannot live in TensorRT-LLM's SSM pool"):
-        ModelReplayCache(*args, state=parse_state_label("nvfp4"))
-    with pytest.raises(ValueError, match="^state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a nvfp4/dual/fp8"):
-        ModelReplayCache(*args, state=parse_state_label("nvfp4/dual/fp8"))
     cache = ModelReplayCache(*args, state=parse_state_label("fp8/dual/fp16"))
     with pytest.raises(RuntimeError, match="SSM pool is torch.float32, the bundle's fp8/dual/fp16 state needs its "
                                            "master in torch.float16"):
         cache.layer(2, _unified().get_ssm_states(2))
+    cache = ModelReplayCache(*args, state=parse_state_label("nvfp4"))
+    fp8_pool = UnifiedPool([2, 5, 7], 9, STATE, torch.float8_e4m3fn, conv_bytes=3 * 16 * 8, device="cpu")
+    with pytest.raises(RuntimeError, match="SSM pool is torch.float8_e4m3fn, the bundle's nvfp4 codes need an "
+                                           "fp32/fp16/bf16 pool"):
+        cache.layer(2, fp8_pool.get_ssm_states(2))
 
 
 def test_speculative_cache_rings_and_refusals():

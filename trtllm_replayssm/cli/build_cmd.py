@@ -56,7 +56,7 @@ def build_cmd(model: str, gpu: str, output: Path, tp_size: int, buffer_len: int,
         hazard = speculative.upstream_mtp_warning(spec, plan.spec_tokens, allow_upstream_mtp)
     except ValueError as exc:
         bad_value(exc)
-    if reason := bundle.build_refusal(plan.state, spec.family):
+    if reason := bundle.build_refusal(plan.state, plan.spec_tokens):
         raise RunError(reason)
     if hazard:
         click.secho(f"WARNING: {hazard}. Built anyway ({speculative.ALLOW_FLAG}): expect corrupted outputs with "

@@ -21,8 +21,10 @@ PLAN_OPTIONS = ("gpu", "tp_size", "buffer_len", "spec_tokens", "state_format", "
 def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
     mem, pred = m["memory"], m["prediction"]
     per, state = mem["per_layer_per_seq"], m["state"]
-    pool = f"{state['trtllm_pool_dtype']}, holds " + (f"our {state['trtllm_pool_holds']}"
-                                                      if state["trtllm_pool_holds"] else "none of our state")
+    holds = state["trtllm_pool_holds"]
+    what = f"{state['state_format'] if state['state_mode'] == 'shared' else state['master_format']} codes" \
+        if holds == "codes" else holds
+    pool = f"{state['trtllm_pool_dtype']}, holds our {what}"
     rows = [
         ("model", f"{m['model']['name']} ({m['model']['architecture']})"),
         ("target", f"{m['target']['gpu']} {m['target']['arch']}, TP {m['target']['tp_size']}"),

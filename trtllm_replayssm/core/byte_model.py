@@ -43,6 +43,11 @@ def format_bytes(dims: SSMDims, fmt: StateFormat) -> int:
     return dims.heads * dims.rows * fmt.row_bytes(dims.cols)
 
 
+def codes_bytes(dims: SSMDims, fmt: StateFormat) -> int:
+    """Bytes of one sequence's state in ``fmt`` without its scales (FP8/NVFP4 codes; a plain format's values)."""
+    return dims.heads * dims.rows * dims.cols * fmt.elem_bits // 8
+
+
 def state_bytes(dims: SSMDims, state: StateLike) -> int:
     """|S|: bytes one sequence's checkpoint occupies (``state``: a StateSpec, a format name or dtype); in dual mode
     the master plus the read copy."""

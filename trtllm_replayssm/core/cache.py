@@ -30,7 +30,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from trtllm_replayssm.core.checkpoint import Checkpoint
+from trtllm_replayssm.core.checkpoint import Checkpoint, data_cols
 from trtllm_replayssm.core.checks import check_slot_values
 from trtllm_replayssm.core.formats import StateSpec, state_spec
 from trtllm_replayssm.core.limits import check_buffer_len
@@ -242,14 +242,13 @@ class ReplayStateCache:
 
     def with_checkpoint(self, index: int, state: torch.Tensor) -> _LayerCache:
         """Layer ``index`` with ``state`` as its checkpoint, for one call (a cheap host-side view; the rings are this
-        cache's). ``state`` [slots, *state_shape] in the cache's state dtype on its device, slot and head dims of
-        any stride (the kernels read them from the tensor), the rest dense. In dual mode ``state`` is the master; a
-        shared-mode (quantized) checkpoint is this cache's own and cannot be handed in."""
+        cache's). ``state``: the master's data (dual mode; else the checkpoint's) in the cache's state dtype on its
+        device: [slots, *state_shape], or for FP8/NVFP4 codes (their scales are this cache's) [slots, heads, rows,
+        cols or cols / 2] (``checkpoint.codes_in_pool``). Slot and head dims of any stride (the kernels read them
+        from the tensor; quantized codes: the slot dim only), the rest dense."""
         layer = self.layer(index)
-        if self.spec.mode == "shared":
-            raise ValueError(f"state: a {self.spec.label} checkpoint is stored in this cache; build it with "
-                             "checkpoints=True instead of binding another state")
-        expected = (self.slots, *self.state_shape)
+        heads, rows, cols = self.state_shape
+        expected = (self.slots, heads, rows, data_cols(self.spec.checkpoint_format, cols))
         if not isinstance(state, torch.Tensor) or tuple(state.shape) != expected:
             got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
             raise ValueError(f"state: expected shape {expected}, got {got}")
@@ -315,12 +314,9 @@ class ReplayStateCache:
 def _checkpoint(spec: StateSpec, slots: int, shape: tuple[int, int, int], device: torch.device | str,
                 checkpoints: bool, seed: int) -> dict[str, torch.Tensor | Checkpoint | None]:
     """``state`` and ``storage`` of one layer: the plain pool alone, or the storage of a quantized / dual / stochastically
-    rounded spec with its master data as ``state``. ``checkpoints=False`` leaves out the plain pool or the master
-    (someone else's fp32/fp16/bf16 tensor, bound per call)."""
+    rounded spec with its master data as ``state``. ``checkpoints=False`` leaves out the plain pool or the master's
+    data (someone else's tensor, bound per call; a quantized master's scales stay in ``storage``)."""
     fmt = spec.checkpoint_format
-    if not checkpoints and fmt.quantized:
-        raise ValueError(f"checkpoints: a {spec.label} checkpoint ({fmt.name}) is stored in the cache, so it needs "
-                         "checkpoints=True")
     if not spec.stored:
         return {"state": torch.zeros(slots, *shape, dtype=fmt.storage_dtype, device=device) if checkpoints else None}
     storage = Checkpoint.allocate(spec, slots, shape, device, seed=seed, master_slots=slots if checkpoints else 0)

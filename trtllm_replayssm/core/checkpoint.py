@@ -37,13 +37,14 @@ class StoredState:
 
     @classmethod
     def allocate(cls, fmt: StateFormat | str, slots: int, shape: tuple[int, int, int],
-                 device: torch.device | str) -> "StoredState":
-        """Zero checkpoints (every element decodes to 0) of ``slots`` slots of ``shape`` = (heads, rows, cols)."""
+                 device: torch.device | str, data_slots: int | None = None) -> "StoredState":
+        """Zero checkpoints (every element decodes to 0) of ``slots`` slots of ``shape`` = (heads, rows, cols);
+        ``data_slots=0``: scales only, the data a tensor bound later (:func:`codes_in_pool`)."""
         fmt = get_state_format(fmt)
         heads, rows, cols = shape
-        data_cols = cols // 2 if fmt.elem_bits == 4 else cols
         fmt.row_bytes(cols)  # checks the block multiple
-        data = torch.zeros(slots, heads, rows, data_cols, dtype=fmt.storage_dtype, device=device)
+        data = torch.zeros(slots if data_slots is None else data_slots, heads, rows, data_cols(fmt, cols),
+                           dtype=fmt.storage_dtype, device=device)
         scale = torch.zeros(slots, heads, rows, dtype=torch.float32, device=device) if fmt.row_scale else None
         block = (torch.zeros(slots, heads, rows, cols // fmt.block, dtype=torch.float8_e4m3fn, device=device)
                  if fmt.block else None)
@@ -82,6 +83,31 @@ class StoredState:
             self.data[slots] = quant.to_dtype_rounded(values, self.data.dtype, u=u)
 
 
+def data_cols(fmt: StateFormat, cols: int) -> int:
+    """Last dim of ``fmt``'s data tensor for rows of ``cols`` values (NVFP4: two codes per byte)."""
+    return cols // 2 if fmt.elem_bits == 4 else cols
+
+
+def codes_in_pool(pool: torch.Tensor, fmt: StateFormat) -> torch.Tensor:
+    """The data tensor of a quantized checkpoint laid in the bytes of an fp32/fp16/bf16 state pool ``pool``
+    [slots, heads, rows, cols] (TensorRT-LLM's, any slot stride, each slot's heads dense): each slot's codes fill the
+    first bytes of that slot's region, heads and rows dense as in a dense data tensor, the slot stride the pool's.
+    The pool's values and the codes share bytes: what upstream code reads as values must be written back first."""
+    if pool.dtype not in (torch.float32, torch.float16, torch.bfloat16) or pool.dim() != 4:
+        raise ValueError(f"state: expected an fp32/fp16/bf16 pool [slots, heads, rows, cols], got {pool.dtype} "
+                         f"{tuple(pool.shape)}")
+    slots, heads, rows, cols = pool.shape
+    if pool.stride()[1:] != (rows * cols, cols, 1):
+        raise ValueError(f"state: the pool's heads, rows and cols must be dense within a slot, got strides "
+                         f"{list(pool.stride())} for shape {list(pool.shape)}")
+    size = pool.element_size()
+    width = data_cols(fmt, cols)
+    data = torch.empty(0, dtype=torch.uint8, device=pool.device).set_(
+        pool.untyped_storage(), pool.storage_offset() * size, (slots, heads, rows, width),
+        (pool.stride(0) * size, rows * width, width, 1))
+    return data.view(fmt.storage_dtype)
+
+
 @dataclass
 class Checkpoint:
     """A layer's checkpoint storage for ``spec``: ``master`` (the one checkpoint outside dual mode), ``read`` (dual
@@ -97,11 +123,11 @@ class Checkpoint:
     @classmethod
     def allocate(cls, spec: StateSpec, slots: int, shape: tuple[int, int, int], device: torch.device | str,
                  seed: int = 0, master_slots: int | None = None) -> "Checkpoint":
-        """Zero storage of ``slots`` slots; ``master_slots=0``: no master data (a tensor bound later)."""
+        """Zero storage of ``slots`` slots; ``master_slots=0``: no master data (a tensor bound later; a quantized
+        master keeps its scales here)."""
         read = StoredState.allocate(spec.read_format, slots, shape, device) if spec.dual else None
         flushes = torch.zeros(slots, dtype=torch.int32, device=device) if spec.stochastic_rounding else None
-        master_slots = slots if master_slots is None else master_slots
-        master = StoredState.allocate(spec.checkpoint_format, master_slots, shape, device)
+        master = StoredState.allocate(spec.checkpoint_format, slots, shape, device, data_slots=master_slots)
         return cls(spec, master, read, flushes, seed)
 
     @classmethod

@@ -24,8 +24,8 @@ def check_state(state: torch.Tensor | Checkpoint) -> tuple[tuple[int, int, int, 
 def check_stored_for_kernels(ckpt: Checkpoint) -> None:
     """What the CUDA kernels need of a stored checkpoint (before any launch): rows whose codes split evenly over a
     warp's lanes (FP8: 32, 64, 128, 256 or a multiple of 512 columns; NVFP4: 64, 128, 256 or 512, a lane's columns
-    within one 16-element block) and dense scale and read-copy tensors (the kernels index them from the slot, head
-    and row)."""
+    within one 16-element block), dense scale and read-copy tensors (the kernels index them from the slot, head
+    and row) and master codes dense within a slot, whose stride keeps 16-byte alignment (codes in a served pool)."""
     cols = ckpt.shape[-1]
     for stored in (ckpt.master, ckpt.read):
         if stored is None or not stored.fmt.quantized:
@@ -36,8 +36,12 @@ def check_stored_for_kernels(ckpt: Checkpoint) -> None:
             raise ValueError(f"state: {stored.fmt.name} checkpoints on CUDA need rows (last dim) of "
                              f"{', '.join(map(str, allowed))}{more}, got {cols}")
         for name, t in stored.tensors().items():
-            if not t.is_contiguous():
-                raise ValueError(f"state: the {stored.fmt.name} checkpoint's {name} tensor must be contiguous")
+            slot_strided = stored is ckpt.master and name == "data" and t.dim() == 4
+            if not (t[:1] if slot_strided else t).is_contiguous():
+                raise ValueError(f"state: the {stored.fmt.name} checkpoint's {name} tensor must be contiguous"
+                                 + (" within a slot" if slot_strided else ""))
+            if slot_strided:
+                check_aligned("state", t, 16)
     if ckpt.flushes is not None and (ckpt.flushes.dtype != torch.int32 or not ckpt.flushes.is_contiguous()):
         raise ValueError("state: the flush counters must be a contiguous int32 tensor")
 

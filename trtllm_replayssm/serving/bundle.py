@@ -37,17 +37,13 @@ def toolkit_version() -> str:
         return "0+unknown"
 
 
-def build_refusal(state: StateSpec, family: str) -> str | None:
-    """Why a bundle cannot serve ``state`` for a ``family`` model, or None. Served for every family: fp32/fp16/bf16
-    checkpoints, rounded to nearest or stochastically, and dual mode with an fp32/fp16/bf16 master (TensorRT-LLM's
-    pool holds the master, the read copy lives in our cache). A shared fp8/nvfp4 checkpoint or an fp8 master cannot
-    be TensorRT-LLM's pool (fp32/fp16/bf16 only)."""
-    if not state.stored:
-        return None
-    if state.mode == "shared" or state.checkpoint_format.quantized:
-        return (f"{state.label} state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16 only, so a "
-                f"{state.checkpoint_format.name} checkpoint would sit beside it and save no memory (inspect shows the "
-                "cost); serve dual mode with an fp32, fp16 or bf16 master instead")
+def build_refusal(state: StateSpec, spec_tokens: int | None) -> str | None:
+    """Why a bundle cannot serve ``state`` with ``spec_tokens`` MTP draft tokens, or None. Every state spec is served
+    for every family (TensorRT-LLM's pool holds the plain checkpoint, the master or the FP8/NVFP4 codes:
+    ``memory_plan.pool_holds``); speculative verify reads plain checkpoints only."""
+    if spec_tokens and state.stored:
+        return (f"{state.label} state: speculative verify (--spec-tokens) reads plain fp32, fp16 or bf16 checkpoints "
+                "rounded to nearest; build without --spec-tokens or with such a state")
     return None
 
 
@@ -123,7 +119,8 @@ def _pool_comment(mp: MemoryPlan) -> str:
         return "Checkpoint dtype"
     if mp.pool_holds == "master":
         return f"Dtype of the master checkpoint; the {mp.state.format} read copy is in our cache"
-    return f"Upstream's pool; our {mp.state.label} checkpoint is in our cache beside it"
+    rest = "their scales and the read copy are" if mp.state.dual else "their scales are"
+    return f"Holds our {mp.state.checkpoint_format.name} codes (bf16: the smallest pool); {rest} in our cache"
 
 
 def serve_yaml(spec: ModelSpec, mp: MemoryPlan) -> str:
@@ -309,7 +306,7 @@ def write_bundle(spec: ModelSpec, mp: MemoryPlan, arch: str, out_dir: Path, *, m
     anything is written, for a state the bundle cannot serve (:func:`build_refusal`)."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
-    if reason := build_refusal(mp.state, spec.family):
+    if reason := build_refusal(mp.state, mp.spec_tokens):
         raise NotImplementedError(reason)
     out_dir = out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)

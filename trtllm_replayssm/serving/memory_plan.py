@@ -6,9 +6,9 @@ With speculative decoding (N draft tokens, windows of T = N + 1) each ring has L
 derives the size from the commit rule).
 
 Served by TensorRT-LLM, the SSM state pool is upstream's, allocated in ``mamba_ssm_cache_dtype`` (fp32/fp16/bf16):
-it holds our plain checkpoint, or the master of a dual-mode layer (fp32/fp16/bf16 master); a quantized read copy, a
-quantized (shared) checkpoint and an fp8 master live in our cache. Where the pool cannot hold our checkpoint
-(shared mode, an fp8 master), it is still allocated, in the model's state dtype, and our state comes on top of it.
+it holds our plain checkpoint, the master of a dual-mode layer (fp32/fp16/bf16 master), or the codes of an FP8/NVFP4
+checkpoint or FP8 master in a bf16 pool (the smallest upstream allocates; the codes fill the first half or quarter of
+each slot's bytes). Scales and a dual read copy live in our cache.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from trtllm_replayssm.core import byte_model
 from trtllm_replayssm.core.dims import SSMDims
-from trtllm_replayssm.core.formats import DTYPE_NAMES, STATE_FORMATS, StateSpec, dtype_name, get_dtype, state_spec
+from trtllm_replayssm.core.formats import STATE_FORMATS, StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.targets import GPU_MEMORY_GIB, resolve_gpu
 from trtllm_replayssm.serving.presets import ModelSpec
@@ -41,27 +41,34 @@ def check_tp(spec: ModelSpec, tp_size: int) -> None:
         raise ValueError(f"tp_size: {tp_size} does not divide {detail} of {spec.name}")
 
 
-def pool_holds(state: StateSpec) -> str | None:
+CODES_POOL_DTYPE = "bf16"  # TensorRT-LLM's pool under FP8/NVFP4 codes: the smallest it allocates, bf16's range
+
+
+def pool_holds(state: StateSpec) -> str:
     """What TensorRT-LLM's SSM state pool holds of ``state``: ``checkpoint`` (plain), ``master`` (dual with an
-    fp32/fp16/bf16 master), or None (an fp8/nvfp4 checkpoint or an fp8 master: all our state is in our cache)."""
+    fp32/fp16/bf16 master) or ``codes`` (of an FP8/NVFP4 checkpoint or an FP8 master, whose scales are ours)."""
     if not state.quantized:
         return "checkpoint"
-    return "master" if state.dual and state.master in DTYPE_NAMES else None
+    return "codes" if state.checkpoint_format.quantized else "master"
 
 
-def pool_dtype(state: StateSpec, model_dtype: str) -> str:
-    """TensorRT-LLM's ``mamba_ssm_cache_dtype`` under ``state``: the format of what the pool holds, else the model's
-    own state dtype ``model_dtype``."""
-    return state.checkpoint_format.name if pool_holds(state) else dtype_name(model_dtype, "model_dtype")
+def pool_dtype(state: StateSpec) -> str:
+    """TensorRT-LLM's ``mamba_ssm_cache_dtype`` under ``state``: the format of the checkpoint or master it holds,
+    bf16 under codes."""
+    return CODES_POOL_DTYPE if pool_holds(state) == "codes" else state.checkpoint_format.name
 
 
-def trtllm_note(state: StateSpec, model_dtype: str) -> str | None:
-    """What ``state`` costs in TensorRT-LLM when its pool cannot hold our checkpoint, or None."""
-    if pool_holds(state):
+def trtllm_note(state: StateSpec) -> str | None:
+    """How TensorRT-LLM's pool holds ``state`` when it holds codes, or None."""
+    if pool_holds(state) != "codes":
         return None
-    return (f"TensorRT-LLM allocates its SSM state pool in mamba_ssm_cache_dtype "
-            f"({pool_dtype(state, model_dtype)}; fp32/fp16/bf16 only) and our {state.label} state sits beside it in "
-            f"our cache: served by TensorRT-LLM this mode costs the pool plus our state and saves no memory")
+    fmt = state.checkpoint_format
+    share = fmt.elem_bits / STATE_FORMATS[CODES_POOL_DTYPE].elem_bits
+    return (f"TensorRT-LLM's SSM pool ({CODES_POOL_DTYPE}, the smallest it allocates) holds the {fmt.name} codes in "
+            f"the first {share:.0%} of each slot's bytes, our cache their scales"
+            + (f" and the {state.format} read copy" if state.dual else "")
+            + "; around upstream's prefills the module writes the slots' values there and encodes what upstream "
+              "wrote")
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,10 @@ def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_mode
     record = byte_model.record_bytes(dims, act_dtype)
     conv = (dims.conv_kernel - 1) * dims.conv_dim * get_dtype(act_dtype, "act_dtype").bytes
     checkpoint = byte_model.state_bytes(dims, st) + (FLUSH_COUNTER_BYTES if st.stochastic_rounding else 0)
-    upstream = byte_model.format_bytes(dims, STATE_FORMATS[pool_dtype(st, spec.ssm_state_dtype)])
-    ours = checkpoint - upstream if pool_holds(st) else checkpoint
+    upstream = byte_model.format_bytes(dims, STATE_FORMATS[pool_dtype(st)])
+    in_pool = (byte_model.codes_bytes(dims, st.checkpoint_format) if pool_holds(st) == "codes"
+               else byte_model.format_bytes(dims, st.checkpoint_format))
+    ours = checkpoint - in_pool
     return LayerBytes({name: getattr(dims, name) for name in dims.head_fields}, checkpoint, upstream, ours,
                       record * ring_len(L, spec_tokens), record, CURSOR_BYTES_PER_SLOT, conv)
 
@@ -125,8 +134,7 @@ class MemoryPlan:
     ``spec_tokens``: draft tokens per verify step (None: no speculative decoding); ``ring_len``: ring positions per
     slot (L + N). ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots;
     ``reserve_bytes_per_gpu``: all of our cache for them (plus our state). ``pool_dtype`` / ``pool_holds``:
-    TensorRT-LLM's SSM state pool (see :func:`pool_holds`); ``trtllm_note``: what the state costs there when the pool
-    cannot hold our checkpoint.
+    TensorRT-LLM's SSM state pool (see :func:`pool_holds`); ``trtllm_note``: how the pool holds codes, when it does.
     """
 
     model: str
@@ -137,7 +145,7 @@ class MemoryPlan:
     ring_len: int
     state: StateSpec
     pool_dtype: str
-    pool_holds: str | None
+    pool_holds: str
     trtllm_note: str | None
     act_dtype: str
     num_ssm_layers: int
@@ -195,8 +203,8 @@ def plan(spec: ModelSpec, gpu: str, *, tp_size: int = 1, buffer_len: int = 16,
     return MemoryPlan(
         model=spec.name, gpu=key, tp_size=tp_size, buffer_len=buffer_len, spec_tokens=spec_tokens,
         ring_len=ring_len(buffer_len, spec_tokens), state=st,
-        pool_dtype=pool_dtype(st, spec.ssm_state_dtype), pool_holds=pool_holds(st),
-        trtllm_note=trtllm_note(st, spec.ssm_state_dtype), act_dtype=act_dtype, num_ssm_layers=n, layer=lb,
+        pool_dtype=pool_dtype(st), pool_holds=pool_holds(st), trtllm_note=trtllm_note(st), act_dtype=act_dtype,
+        num_ssm_layers=n, layer=lb,
         per_seq_replay=per_replay, per_seq_upstream=per_up, max_batch_size=max_batch_size,
         ring_bytes_per_gpu=n * (lb.ring + lb.cursors) * slots, reserve_bytes_per_gpu=reserve,
         gpu_memory_bytes=mem, max_seqs_replay=mem // per_replay, max_seqs_upstream=mem // per_up,

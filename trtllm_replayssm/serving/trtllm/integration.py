@@ -17,7 +17,8 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit + the
   accepted conv windows).
 * GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
-  chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first.
+  chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first
+  (and, with codes in the pool, writes their values there: ``ModelReplayCache.expose_slots``).
   With MTP every decode row verifies its window here, in pure-decode batches (``forward_decode`` with
   ``is_target_verify``) and in mixed ones (``forward_extend``: upstream's prefill path on the prefill rows alone,
   then the decode rows' verify): upstream's verify conv (which leaves each token's conv window for the commit), then
@@ -105,7 +106,7 @@ class ReplayMamba2Mixer(Mamba2Mixer):
         self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, attn_metadata.num_contexts)
         out = super().forward(hidden_states, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                               lora_params=lora_params, **kwargs)
-        if attn_metadata.num_contexts:  # prefill wrote these masters: the read copy follows (dual mode)
+        if attn_metadata.num_contexts:  # prefill wrote these states: a read copy or codes follow
             self._rs_cache.prefill_written(self.layer_idx, state,
                                            mamba_metadata.state_indices[:attn_metadata.num_contexts])
         return out
@@ -150,6 +151,7 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         verifies = self._rs_cache.window > 1  # MTP: the decode rows of every batch verify here
         if batch.num_contexts and batch.num_decodes and not verifies:  # upstream's chunked kernel reads their state
             gdn_materialize_slots(layer, batch.decode_slots)
+            self._rs_cache.expose_slots(self.layer_idx, state, batch.decode_slots)
         out = super().forward_core(mixed_qkv, a, b, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                                    output=output)
         if batch.num_contexts:  # upstream wrote these masters (prefills; a mixed batch's decodes without MTP): the
@@ -251,7 +253,7 @@ if KimiKDALinearAttention is not None:
             self._rs_cache.layer_step(self.layer_idx, state, indices, attn_metadata.num_contexts)
             self._rs_params()
             out = super()._forward_impl(hidden_states, attn_metadata, output=output)
-            if attn_metadata.num_contexts:  # prefill wrote these masters: the read copy follows (dual mode)
+            if attn_metadata.num_contexts:  # prefill wrote these states: a read copy or codes follow
                 self._rs_cache.prefill_written(self.layer_idx, state, indices[:attn_metadata.num_contexts])
             return out
 

@@ -10,10 +10,14 @@ its memory-estimation cache manager before serving) reallocates them, which is r
 A decode step's slot ids (one per batch row, each slot once, CUDA-graph padding rows as ``PAD_SLOT_ID``) are computed
 once per model forward, by the first SSM layer, and reused by the others.
 
-With a stored spec (a dual read copy, stochastic rounding: Mamba-2) TensorRT-LLM's pool is the master and the rest
-(read copy, flush counts) lives here beside the rings; after upstream's prefill wrote a request's state,
-:meth:`prefill_written` encodes the read copy from it (the write rule of a flush). A shared fp8/nvfp4 checkpoint
-cannot live in TensorRT-LLM's pool (fp32/fp16/bf16 only) and is refused.
+With a stored spec (a dual read copy, stochastic rounding) TensorRT-LLM's pool is the master and the rest (read
+copy, flush counts) lives here beside the rings; after upstream's prefill wrote a request's state,
+:meth:`prefill_written` encodes the read copy from it (the write rule of a flush). An FP8/NVFP4 checkpoint (shared
+mode) or FP8 master (dual mode) keeps its codes in the pool's bytes (``core.checkpoint.codes_in_pool``: the first
+bytes of each slot's region) and its scales here. Upstream code reads and writes that pool as values, so around it
+the slots change form: :meth:`layer_step` writes the decoded values of the step's context slots into the pool (a
+later prefill chunk starts from them), :meth:`expose_slots` those of other slots upstream steps (GDN's mixed
+batches), and :meth:`prefill_written` encodes what upstream wrote back into codes.
 
 Speculative decoding (``spec_tokens`` N, MTP): rings of ``serving.speculative.ring_len`` records; every decode step
 is a verify (:meth:`verify`, windows of 1 to N + 1 tokens per row, nothing committed) followed by :meth:`commit` of
@@ -32,6 +36,7 @@ import torch
 
 from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.cache import ReplayStateCache
+from trtllm_replayssm.core.checkpoint import codes_in_pool
 from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import StateSpec
@@ -82,13 +87,7 @@ class ModelReplayCache:
         self.act_dtype = act_dtype
         self.planned = planned  # (bytes, slots) the bundle's memory plan set aside for the rings
         self.state = state
-        if state is not None:
-            if state.mode == "shared":
-                raise ValueError(f"state: a shared {state.format} checkpoint cannot live in TensorRT-LLM's SSM pool "
-                                 "(fp32/fp16/bf16 only); serve dual mode (the pool holds the master) instead")
-            if state.checkpoint_format.quantized:
-                raise ValueError(f"state: TensorRT-LLM's SSM pool holds fp32/fp16/bf16; a {state.label} master "
-                                 "cannot be it")
+        self.codes = state is not None and state.checkpoint_format.quantized  # codes in the pool's bytes
         self.window = 1 + (check_spec_tokens(spec_tokens) or 0)  # the longest verify window (1: standard decode)
         self.ring_len = ring_len(self.buffer_len, spec_tokens)
         if spec_tokens is not None:
@@ -108,15 +107,17 @@ class ModelReplayCache:
 
     # ------------------------------------------------------------------ binding
     def layer(self, layer_id: int, state: torch.Tensor):
-        """Layer ``layer_id``'s ring cache with this call's ``state`` view as its checkpoint; allocates the rings
-        for every layer when ``state`` belongs to a pool they are not bound to."""
+        """Layer ``layer_id``'s ring cache with this call's ``state`` view as its checkpoint (the codes in its bytes
+        for an FP8/NVFP4 checkpoint); allocates the rings for every layer when ``state`` belongs to a pool they are
+        not bound to."""
         if layer_id not in self._index:
             raise ValueError(f"layer_id: expected one of the model's SSM layers {list(self.layer_ids)}, got {layer_id}")
         key = PoolKey.of(state)
         if self.cache is None or self._pools.get(layer_id, key) != key:
             self._bind(state)
         self._pools[layer_id] = key
-        return self.cache.with_checkpoint(self._index[layer_id], state)  # a layer of another geometry: ValueError
+        data = codes_in_pool(state, self.state.checkpoint_format) if self.codes else state
+        return self.cache.with_checkpoint(self._index[layer_id], data)  # a layer of another geometry: ValueError
 
     def _bind(self, state: torch.Tensor) -> None:
         if capturing():
@@ -124,11 +125,17 @@ class ModelReplayCache:
                                "must be bound by an eager step first (TensorRT-LLM runs eager warm-up steps before "
                                "capturing, so this TensorRT-LLM does something the module does not support)")
         self.cache = None  # free the old rings before allocating the new ones
-        if self.state is not None and self.state.checkpoint_format.storage_dtype != state.dtype:
+        if self.codes and state.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise RuntimeError(f"trtllm-replayssm: TensorRT-LLM's SSM pool is {state.dtype}, the bundle's "
+                               f"{self.state.label} codes need an fp32/fp16/bf16 pool (mamba_ssm_cache_dtype in the "
+                               "bundle's YAML)")
+        if self.state is not None and not self.codes and self.state.checkpoint_format.storage_dtype != state.dtype:
             raise RuntimeError(f"trtllm-replayssm: TensorRT-LLM's SSM pool is {state.dtype}, the bundle's "
                                f"{self.state.label} state needs its master in "
                                f"{self.state.checkpoint_format.storage_dtype} (mamba_ssm_cache_dtype in the bundle's "
                                "YAML)")
+        if self.codes:
+            codes_in_pool(state, self.state.checkpoint_format)  # the pool's geometry holds codes (else ValueError)
         dims = self.family.dims.of_state(tuple(state.shape), self.num_k_heads)
         self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.ring_len,
                                            state_dtype=self.state or state.dtype, act_dtype=self.act_dtype,
@@ -164,31 +171,48 @@ class ModelReplayCache:
             raise RuntimeError(f"trtllm-replayssm: {what} outside a model forward (begin_step not called)")
 
     def layer_step(self, layer_id: int, state: torch.Tensor, state_indices: torch.Tensor, num_contexts: int):
-        """Called by every SSM layer's forward with its state view: binds the rings to the view's pool (as
-        :meth:`layer`), and the first call of a step empties the rings (cursor 0, every layer) of the context
-        requests, whose prefill writes their checkpoints this step (first chunks, later chunks and a new request on a
-        reused slot alike). Decided on the host from ``num_contexts``; device-side index writes only, no sync.
-        Returns the layer, as :meth:`layer`."""
+        """Called by every SSM layer's forward, before upstream code runs, with its state view: binds the rings to
+        the view's pool (as :meth:`layer`), and the first call of a step empties the rings (cursor 0, every layer) of
+        the context requests, whose prefill writes their checkpoints this step (first chunks, later chunks and a new
+        request on a reused slot alike). With codes in the pool, the context slots' decoded values are written there
+        (:meth:`expose_slots`: a later chunk's prefill reads them). Decided on the host from ``num_contexts``;
+        device-side index writes only, no sync. Returns the layer, as :meth:`layer`."""
         self._check_in_step("layer_step")
         layer = self.layer(layer_id, state)
         if not self._handed_off:
             self._handed_off = True
             if num_contexts:
                 self.cache.reset_slots(state_indices[:num_contexts])
+        if num_contexts:
+            self.expose_slots(layer_id, state, state_indices[:num_contexts])
         return layer
+
+    def expose_slots(self, layer_id: int, state: torch.Tensor, slots: torch.Tensor) -> None:
+        """Upstream code reads the checkpoints of ``slots`` (distinct valid ids) from ``state`` as values next: with
+        codes in the pool their decoded values replace them there, in the pool's dtype (:meth:`prefill_written`
+        encodes them back); nothing otherwise. Device-side only; steps with upstream prefills are never captured."""
+        if not self.codes or slots.numel() == 0:
+            return
+        ids = slots.to(device=state.device, dtype=torch.long)
+        values = self.layer(layer_id, state).checkpoint().fold_values(ids)  # read before the bytes are overwritten
+        state[ids] = values.nan_to_num_(nan=0.0).to(state.dtype)  # NaN: FP8 codes of bytes never written (a new slot)
 
     def prefill_written(self, layer_id: int, state: torch.Tensor, slots: torch.Tensor) -> None:
         """After upstream code wrote ``state`` (the master) for ``slots`` this step (a prefill; for GDN also the decode
         rows of a mixed batch, which its chunked kernel steps): with a stored spec, the read copy is encoded from it
-        and the write counted (the write rule, the master left as upstream wrote it); nothing for a plain checkpoint.
-        Device-side only; steps with prefills are never captured."""
+        and the write counted (the write rule, the master left as upstream wrote it; codes in the pool are encoded
+        from the values upstream wrote over them); nothing for a plain checkpoint. Device-side only; steps with
+        prefills are never captured."""
         self._check_in_step("prefill_written")
         layer = self.layer(layer_id, state)
         if layer.storage is None or slots.numel() == 0:
             return
-        ids = slots.to(torch.long)
+        ids = slots.to(device=state.device, dtype=torch.long)
         checkpoint = layer.checkpoint()
-        checkpoint.store_(ids, checkpoint.fold_values(ids), write_master=False)
+        if self.codes:  # the values, read before their bytes take the codes
+            checkpoint.store_(ids, state[ids].float())
+        else:
+            checkpoint.store_(ids, checkpoint.fold_values(ids), write_master=False)
 
     def decode_slots(self, decode_state_indices: torch.Tensor) -> torch.Tensor:
         """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks)."""
