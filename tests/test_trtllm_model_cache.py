@@ -515,8 +515,8 @@ def test_stored_state_refusals():
         cache.layer(2, _unified().get_ssm_states(2))
     cache = ModelReplayCache(*args, state=parse_state_label("nvfp4"))
     fp8_pool = UnifiedPool([2, 5, 7], 9, STATE, torch.float8_e4m3fn, conv_bytes=3 * 16 * 8, device="cpu")
-    with pytest.raises(RuntimeError, match="SSM pool is torch.float8_e4m3fn, the bundle's nvfp4 codes need an "
-                                           "fp32/fp16/bf16 pool"):
+    with pytest.raises(RuntimeError, match="the bundle's nvfp4 codes cannot live in TensorRT-LLM's SSM pool .*: "
+                                           "state: expected an fp32/fp16/bf16 pool"):
         cache.layer(2, fp8_pool.get_ssm_states(2))
 
 

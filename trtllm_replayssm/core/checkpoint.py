@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_replayssm.core import quant
-from trtllm_replayssm.core.formats import StateFormat, StateSpec, get_state_format, state_spec
+from trtllm_replayssm.core.formats import FLOAT_DTYPES, StateFormat, StateSpec, get_state_format, state_spec
 
 MASTER_STREAM, READ_STREAM = 0, 1
 
@@ -93,7 +93,7 @@ def codes_in_pool(pool: torch.Tensor, fmt: StateFormat) -> torch.Tensor:
     [slots, heads, rows, cols] (TensorRT-LLM's, any slot stride, each slot's heads dense): each slot's codes fill the
     first bytes of that slot's region, heads and rows dense as in a dense data tensor, the slot stride the pool's.
     The pool's values and the codes share bytes: what upstream code reads as values must be written back first."""
-    if pool.dtype not in (torch.float32, torch.float16, torch.bfloat16) or pool.dim() != 4:
+    if pool.dtype not in FLOAT_DTYPES or pool.dim() != 4:
         raise ValueError(f"state: expected an fp32/fp16/bf16 pool [slots, heads, rows, cols], got {pool.dtype} "
                          f"{tuple(pool.shape)}")
     slots, heads, rows, cols = pool.shape

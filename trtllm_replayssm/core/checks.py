@@ -7,9 +7,7 @@ import torch
 
 from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.checkpoint import Checkpoint
-from trtllm_replayssm.core.formats import DTYPES
-
-FLOAT_DTYPES = tuple(d.torch for d in DTYPES)  # states and activations
+from trtllm_replayssm.core.formats import FLOAT_DTYPES
 
 
 def check_state(state: torch.Tensor | Checkpoint) -> tuple[tuple[int, int, int, int], torch.device]:

@@ -29,6 +29,7 @@ DTYPES: tuple[DType, ...] = (
     DType("bf16", torch.bfloat16, 2, "__nv_bfloat16", "bf16", ("bfloat16",)),
 )
 DTYPE_NAMES: tuple[str, ...] = tuple(d.name for d in DTYPES)
+FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(d.torch for d in DTYPES)  # states and activations
 _BY_NAME = {alias: d for d in DTYPES for alias in (d.name, *d.aliases)}
 _BY_TORCH = {d.torch: d for d in DTYPES}
 

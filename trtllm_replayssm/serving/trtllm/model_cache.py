@@ -125,17 +125,18 @@ class ModelReplayCache:
                                "must be bound by an eager step first (TensorRT-LLM runs eager warm-up steps before "
                                "capturing, so this TensorRT-LLM does something the module does not support)")
         self.cache = None  # free the old rings before allocating the new ones
-        if self.codes and state.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise RuntimeError(f"trtllm-replayssm: TensorRT-LLM's SSM pool is {state.dtype}, the bundle's "
-                               f"{self.state.label} codes need an fp32/fp16/bf16 pool (mamba_ssm_cache_dtype in the "
-                               "bundle's YAML)")
         if self.state is not None and not self.codes and self.state.checkpoint_format.storage_dtype != state.dtype:
             raise RuntimeError(f"trtllm-replayssm: TensorRT-LLM's SSM pool is {state.dtype}, the bundle's "
                                f"{self.state.label} state needs its master in "
                                f"{self.state.checkpoint_format.storage_dtype} (mamba_ssm_cache_dtype in the bundle's "
                                "YAML)")
         if self.codes:
-            codes_in_pool(state, self.state.checkpoint_format)  # the pool's geometry holds codes (else ValueError)
+            try:
+                codes_in_pool(state, self.state.checkpoint_format)
+            except ValueError as exc:
+                raise RuntimeError(f"trtllm-replayssm: the bundle's {self.state.label} codes cannot live in "
+                                   f"TensorRT-LLM's SSM pool (mamba_ssm_cache_dtype in the bundle's YAML): "
+                                   f"{exc}") from exc
         dims = self.family.dims.of_state(tuple(state.shape), self.num_k_heads)
         self.cache = self.family.new_cache(dims, len(self.layer_ids), state.shape[0], buffer_len=self.ring_len,
                                            state_dtype=self.state or state.dtype, act_dtype=self.act_dtype,
