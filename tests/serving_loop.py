@@ -29,6 +29,7 @@ import torch
 
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims, SSMDims
 from trtllm_replayssm.core.families import Family, get_family
+from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.samples import step_rows, window_token, with_constants
 from trtllm_replayssm.serving.trtllm.core import gdn_materialize_slots, split_batch
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
@@ -74,7 +75,8 @@ def dims_for(family: str, device: str) -> SSMDims:
 
 class ServingLoop:
     def __init__(self, family: str, device: str, buffer_len: int, blocks: int = 16, max_running: int = 6,
-                 max_length: int = 40, seed: int = 0, graphs: bool = False, spec_tokens: int | None = None) -> None:
+                 max_length: int = 40, seed: int = 0, graphs: bool = False, spec_tokens: int | None = None,
+                 state: StateSpec | None = None) -> None:
         self.fam: Family = get_family(family)
         self.dims = dims_for(family, device)
         self.device = torch.device(device)
@@ -83,15 +85,17 @@ class ServingLoop:
         self.gen = torch.Generator().manual_seed(seed)
         self.act = torch.float32
         state_shape = (self.dims.heads, self.dims.rows, self.dims.cols)
+        # FP8/NVFP4 codes live in a bf16 pool (the bundle's mamba_ssm_cache_dtype), plain states in an fp32 one
+        self.pool_dtype = torch.bfloat16 if state is not None and state.checkpoint_format.quantized else torch.float32
         self.window = 1 + (spec_tokens or 0)
         if spec_tokens:
             self.pool = SpeculativePythonPool(self.layer_ids, blocks, state_shape, torch.float32, conv_shape=(6, 3),
                                               window=self.window, max_batch=max(PADDED_SIZES), device=self.device)
         else:
-            self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, torch.float32, conv_bytes=3 * 16 * 64,
+            self.pool = UnifiedPool(self.layer_ids, blocks, state_shape, self.pool_dtype, conv_bytes=3 * 16 * 64,
                                     device=self.device)
         self.cache = ModelReplayCache(family, self.layer_ids, self.dims.key_heads, buffer_len, self.act,
-                                      spec_tokens=spec_tokens)
+                                      state=state, spec_tokens=spec_tokens)
         self.constants = [self.fam.random_step(self.dims, 1, self.gen, self.device, self.act) for _ in self.layer_ids]
         self.state_indices = torch.zeros(max(PADDED_SIZES), dtype=torch.int32, device=self.device)
         # MTP: every row's accepted count, one persistent buffer in batch order as upstream's (contexts first)
@@ -118,9 +122,10 @@ class ServingLoop:
             for i, layer_id in enumerate(self.layer_ids):
                 layer = cache.layer_step(layer_id, self.pool.get_ssm_states(layer_id), self.state_indices,
                                          num_contexts)
-                if num_contexts:  # upstream prefill: the context rows' live state
+                if num_contexts:  # upstream prefill: the context rows' live state, then the module's hand-off
                     view = self.pool.get_ssm_states(layer_id)
                     view.index_copy_(0, self.state_indices[:num_contexts].long(), prefill_states[i])
+                    cache.prefill_written(layer_id, view, self.state_indices[:num_contexts])
                 if num_seqs == num_contexts:
                     continue
                 decode_idx = split_batch(self.state_indices, num_contexts, num_seqs).decode_slots
@@ -128,7 +133,9 @@ class ServingLoop:
                 if num_contexts and self.fam.name == "gdn" and self.window == 1:  # mixed: upstream's chunked kernel
                     state = self.pool.get_ssm_states(layer_id)
                     gdn_materialize_slots(layer, decode_idx)
+                    cache.expose_slots(layer_id, state, decode_idx)
                     self.fam.state_update(state, *args, state_batch_indices=decode_idx, out=outs[i], **kwargs)
+                    cache.prefill_written(layer_id, state, decode_idx)
                     continue
                 if self.window > 1:  # after upstream's verify conv wrote the rows' windows (_fill_windows)
                     cache.verify(layer_id, self.pool.get_ssm_states(layer_id), decode_idx, *args, out=outs[i],
@@ -227,7 +234,7 @@ class ServingLoop:
         if num_contexts:
             prefill = [0.1 * torch.randn(num_contexts, *self.pool.all_ssm_states.shape[2:], generator=self.gen)
                        for _ in self.layer_ids]
-            prefill = [p.to(self.device) for p in prefill]
+            prefill = [p.to(self.device, self.pool_dtype) for p in prefill]
             for c, req in enumerate(contexts):  # the float64 references live on the loop's device
                 req.states = [p[c].double() for p in prefill]
         steps, outs = self._draw(padded), self._out(padded)
@@ -319,9 +326,9 @@ class ServingLoop:
 
 
 def run(family: str, device: str, buffer_len: int, steps: int, graphs: bool, max_length: int = 40,
-        seed: int = 0, spec_tokens: int | None = None) -> Report:
+        seed: int = 0, spec_tokens: int | None = None, state: StateSpec | None = None) -> Report:
     loop = ServingLoop(family, device, buffer_len, max_length=max_length, seed=seed, graphs=graphs,
-                       spec_tokens=spec_tokens)
+                       spec_tokens=spec_tokens, state=state)
     loop.warm_up_and_capture()
     for _ in range(steps):
         loop.step()

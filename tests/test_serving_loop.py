@@ -5,6 +5,11 @@ import pytest
 import torch
 
 from serving_loop import run
+from trtllm_replayssm.core.formats import parse_state_label
+
+# Output error against the unquantized float64 recurrence that FP8/NVFP4 codes in a bf16 pool stay under (quantization
+# error; codes corrupted by the pool's values, or values never written where upstream reads, give errors of 1 or more)
+CODES_TOL = {"fp8": 0.15, "nvfp4/dual/fp8": 0.4}
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
@@ -14,6 +19,31 @@ def test_serving_loop_cpu(family):
     assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
     assert rep.pad_rows >= 4
     assert rep.worst_rel_err < 1e-4
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("label", sorted(CODES_TOL))
+def test_serving_loop_codes_in_the_pool_cpu(family, label):
+    """FP8/NVFP4 codes in a bf16 unified pool: prefills encoded, GDN's mixed-batch decode rows given values and
+    encoded again, through the same schedule."""
+    rep = run(family, "cpu", buffer_len=4, steps=40, graphs=False, max_length=10, seed=3,
+              state=parse_state_label(label))
+    print(rep)
+    assert rep.decode_rows > 40 * 2 and rep.finished >= 10 and rep.reused_blocks >= 5 and rep.mixed_steps >= 5
+    assert rep.worst_rel_err < CODES_TOL[label]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("label", sorted(CODES_TOL))
+def test_serving_loop_codes_in_the_pool_gpu_graphs(family, label):
+    """The codes schedule on the kernels, generation-only steps as CUDA graphs (graph = eager bit for bit)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rep = run(family, "cuda", buffer_len=16, steps=200, graphs=True, seed=4, state=parse_state_label(label))
+    print(rep)
+    assert rep.graph_steps >= 50 and rep.mixed_steps >= 5 and rep.graph_eager_checks == 4 and rep.pad_rows >= 20
+    assert rep.worst_rel_err < CODES_TOL[label]
 
 
 @pytest.mark.gpu
