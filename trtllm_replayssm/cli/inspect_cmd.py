@@ -22,9 +22,9 @@ def _table_from_manifest(m: dict) -> list[tuple[str, str]]:
     mem, pred = m["memory"], m["prediction"]
     per, state = mem["per_layer_per_seq"], m["state"]
     holds = state["trtllm_pool_holds"]
-    what = f"{state['state_format'] if state['state_mode'] == 'shared' else state['master_format']} codes" \
-        if holds == "codes" else holds
-    pool = f"{state['trtllm_pool_dtype']}, holds our {what}"
+    if holds == "codes":  # of the shared checkpoint or of the dual master
+        holds = f"{state['master_format'] or state['state_format']} codes"
+    pool = f"{state['trtllm_pool_dtype']}, holds our {holds}"
     rows = [
         ("model", f"{m['model']['name']} ({m['model']['architecture']})"),
         ("target", f"{m['target']['gpu']} {m['target']['arch']}, TP {m['target']['tp_size']}"),

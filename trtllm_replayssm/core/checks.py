@@ -34,7 +34,7 @@ def check_stored_for_kernels(ckpt: Checkpoint) -> None:
             raise ValueError(f"state: {stored.fmt.name} checkpoints on CUDA need rows (last dim) of "
                              f"{', '.join(map(str, allowed))}{more}, got {cols}")
         for name, t in stored.tensors().items():
-            slot_strided = stored is ckpt.master and name == "data" and t.dim() == 4
+            slot_strided = stored is ckpt.master and name == "data"
             if not (t[:1] if slot_strided else t).is_contiguous():
                 raise ValueError(f"state: the {stored.fmt.name} checkpoint's {name} tensor must be contiguous"
                                  + (" within a slot" if slot_strided else ""))

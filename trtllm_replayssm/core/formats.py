@@ -211,9 +211,11 @@ def state_spec(value: str | torch.dtype | StateSpec = "fp32", mode: str | None =
     return spec
 
 
-def parse_state_label(label: str, arg: str = "state") -> StateSpec:
+def parse_state_label(label: str | StateSpec, arg: str = "state") -> StateSpec:
     """The StateSpec of a label as ``StateSpec.label`` writes it: ``fp32``, ``nvfp4``, ``nvfp4/dual/fp16``, with
-    ``+sr`` for stochastic rounding."""
+    ``+sr`` for stochastic rounding (a StateSpec is returned as it is)."""
+    if isinstance(label, StateSpec):
+        return label
     if not isinstance(label, str):
         raise TypeError(f"{arg}: expected a state label such as 'nvfp4/dual/fp16+sr', got {type(label).__name__}")
     sr = label.endswith("+sr")

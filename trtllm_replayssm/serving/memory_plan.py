@@ -114,9 +114,7 @@ def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_mode
     conv = (dims.conv_kernel - 1) * dims.conv_dim * get_dtype(act_dtype, "act_dtype").bytes
     checkpoint = byte_model.state_bytes(dims, st) + (FLUSH_COUNTER_BYTES if st.stochastic_rounding else 0)
     upstream = byte_model.format_bytes(dims, STATE_FORMATS[pool_dtype(st)])
-    in_pool = (byte_model.codes_bytes(dims, st.checkpoint_format) if pool_holds(st) == "codes"
-               else byte_model.format_bytes(dims, st.checkpoint_format))
-    ours = checkpoint - in_pool
+    ours = checkpoint - (byte_model.codes_bytes(dims, st.checkpoint_format) if pool_holds(st) == "codes" else upstream)
     return LayerBytes({name: getattr(dims, name) for name in dims.head_fields}, checkpoint, upstream, ours,
                       record * ring_len(L, spec_tokens), record, CURSOR_BYTES_PER_SLOT, conv)
 

@@ -50,18 +50,13 @@ def fill_layer_(layer, shape: BenchShape, idx: torch.Tensor, buffer_len: int, ge
     layer.cursor[idx.long()] = rows % (cursor_period or buffer_len)
 
 
-def _spec(state_dtype: str | StateSpec) -> StateSpec:
-    """A case's checkpoint spec from a StateSpec or its label (``fp32``, ``nvfp4/dual/fp16+sr``, ...)."""
-    return state_dtype if isinstance(state_dtype, StateSpec) else parse_state_label(state_dtype, arg="state_dtype")
-
-
 def replay_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, step: Mamba2Step | DeltaStep,
                 n_pools: int, buffer_len: int, mode: str, gen: torch.Generator, device: torch.device,
                 tuning: Tuning = DEFAULT_TUNING) -> PeerCase:
     """The family's ``replay_decode`` on ``n_pools`` independent single-layer caches of ``batch + 1`` slots
     (``state_dtype``: a StateSpec or its label, e.g. ``nvfp4/dual/fp16``)."""
     fam = family_of(shape.dims)
-    spec = _spec(state_dtype)
+    spec = parse_state_label(state_dtype, arg="state_dtype")
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None
@@ -82,7 +77,7 @@ def baseline_case(shape: BenchShape, batch: int, state_dtype: str | StateSpec, s
     """The family's ``state_update`` (read S, update, write S) on ``n_pools`` state pools of ``batch + 1`` slots;
     a stored spec's checkpoint (quantized, dual: the master and the read copy written every step) from a cache."""
     fam = family_of(shape.dims)
-    spec = _spec(state_dtype)
+    spec = parse_state_label(state_dtype, arg="state_dtype")
     args, kwargs = step.op_args()
     out = torch.empty(batch, shape.dims.heads, shape.dims.rows, dtype=torch.bfloat16, device=device)
     calls, plan = [], None

@@ -184,19 +184,16 @@ class ModelReplayCache:
             self._handed_off = True
             if num_contexts:
                 self.cache.reset_slots(state_indices[:num_contexts])
-        if num_contexts:
-            self.expose_slots(layer_id, state, state_indices[:num_contexts])
+        if num_contexts and self.codes:
+            _write_values(layer, state, state_indices[:num_contexts])
         return layer
 
     def expose_slots(self, layer_id: int, state: torch.Tensor, slots: torch.Tensor) -> None:
         """Upstream code reads the checkpoints of ``slots`` (distinct valid ids) from ``state`` as values next: with
         codes in the pool their decoded values replace them there, in the pool's dtype (:meth:`prefill_written`
         encodes them back); nothing otherwise. Device-side only; steps with upstream prefills are never captured."""
-        if not self.codes or slots.numel() == 0:
-            return
-        ids = slots.to(device=state.device, dtype=torch.long)
-        values = self.layer(layer_id, state).checkpoint().fold_values(ids)  # read before the bytes are overwritten
-        state[ids] = values.nan_to_num_(nan=0.0).to(state.dtype)  # NaN: FP8 codes of bytes never written (a new slot)
+        if self.codes:
+            _write_values(self.layer(layer_id, state), state, slots)
 
     def prefill_written(self, layer_id: int, state: torch.Tensor, slots: torch.Tensor) -> None:
         """After upstream code wrote ``state`` (the master) for ``slots`` this step (a prefill; for GDN also the decode
@@ -295,3 +292,12 @@ class ModelReplayCache:
         layers = [kv_cache_manager.mamba_layer_cache(layer_id) for layer_id in self.layer_ids]
         commit_conv_windows([(layer.conv, layer.intermediate_conv_window) for layer in layers], accepted, slots)
 
+
+def _write_values(layer: Any, state: torch.Tensor, slots: torch.Tensor) -> None:
+    """The decoded checkpoints of ``slots`` written over their codes in ``state``, the pool whose bytes ``layer``'s codes
+    are (ModelReplayCache.expose_slots)."""
+    if slots.numel() == 0:
+        return
+    ids = slots.to(device=state.device, dtype=torch.long)
+    values = layer.checkpoint().fold_values(ids)  # read before the bytes are overwritten
+    state[ids] = values.nan_to_num_(nan=0.0).to(state.dtype)  # NaN: FP8 codes of bytes never written (a new slot)
