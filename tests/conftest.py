@@ -1,8 +1,13 @@
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 from delta_rule_harness import flush_denormals
+
+if not torch.cuda.is_available():
+    # Triton kernels (fla-core's peers) run in Triton's interpreter on a CPU; it must be on before Triton is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,7 @@
 """The speculative verify benchmark's CPU-side parts (``bench kernels --spec``): FlashInfer's ring bookkeeping, the
-peers' refusals, every family's window inputs, rings and verify calls (on the CPU references), the byte model, the
-selected families and the summary table. The timing itself needs the GPU (docs/benchmarks.md)."""
+peers' refusals, fla-core's peers against the float64 recurrence (on a CPU in Triton's interpreter, where Triton and
+fla-core are installed), every family's window inputs, rings and verify calls (on the CPU references), the byte
+model, the selected families and the summary table. The timing itself needs the GPU (docs/benchmarks.md)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ from trtllm_replayssm.cli import bench_cmd
 from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.samples import fill_rings_, slot_indices
+from trtllm_replayssm.core.samples import fill_rings_, slot_indices, window_token
 from trtllm_replayssm.lab.bench import peers, spec
 from trtllm_replayssm.lab.bench.shapes import BenchShape
 
@@ -22,6 +23,7 @@ NANO = BenchShape("nano", Mamba2Dims(nheads=96, head_dim=80, d_state=128, n_grou
 SMALL = BenchShape("small", Mamba2Dims(nheads=4, head_dim=32, d_state=32, n_groups=2))
 GDN = BenchShape("gdn", GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=32))
 KDA = BenchShape("kda", KDADims(num_heads=2, head_dim=64))
+FLASHINFER_SPEC_PEERS = ("flashinfer_checkpointing_ssu", "flashinfer_ssu_mtp")
 
 
 def test_checkpointing_bookkeeping_matches_a_hand_computed_sequence():
@@ -82,9 +84,12 @@ def test_spec_peers_refuse_nano_and_other_families():
     # head_dim 80 where FlashInfer 0.7.0.post1 is installed; without FlashInfer, its import fails first
     with pytest.raises(peers.PeerUnavailable, match="head_dim 80|import flashinfer.mamba failed"):
         _build("flashinfer_ssu_mtp", NANO)
-    for impl in peers.SPEC_PEERS:
+    for impl in FLASHINFER_SPEC_PEERS:
         with pytest.raises(peers.PeerUnavailable, match="Mamba-2 kernel"):
             _build(impl, GDN)
+    for impl, name in (("fla_gdn_mtp", "GDN"), ("fla_kda_mtp", "KDA")):
+        with pytest.raises(peers.PeerUnavailable, match=f"{impl} is a {name} peer, not mamba2"):
+            _build(impl, SMALL)
     with pytest.raises(ValueError, match="impl"):
         _build("vllm", SMALL)
 
@@ -101,6 +106,9 @@ def test_step_bytes_of_the_peers():
     ring = spec.peer_ring_len(16, T)
     assert spec.step_bytes("flashinfer_ssu_mtp", dims, "fp32", T, 0, 0.0) == \
         spec.step_bytes("per_draft_verify", dims, "fp32", T, 0, 0.0) + 2 * s
+    for impl in ("fla_gdn_mtp", "fla_kda_mtp"):  # no commit copy: the next verify reads the accepted draft
+        assert spec.step_bytes(impl, dims, "fp32", T, 0, 0.0) == \
+            spec.step_bytes("per_draft_verify", dims, "fp32", T, 0, 0.0) - 2 * s
     assert spec.step_bytes("flashinfer_checkpointing_ssu", dims, "fp32", T, ring, 0.25) == \
         spec.step_bytes("replay_verify", dims, "fp32", T, ring, 0.25)
 
@@ -191,15 +199,22 @@ def test_every_family_is_benchmarked(monkeypatch):
     assert results["skipped"] == []
 
 
-def test_spec_peers_refuse_delta_windows():
-    """FlashInfer's peers are Mamba-2 kernels: a GDN / KDA case is refused with the reason, before its window is read,
-    and recorded as skipped."""
-    for shape in (GDN, KDA):
+def test_spec_peers_refuse_other_families():
+    """FlashInfer's peers are Mamba-2 kernels and each fla-core peer verifies one delta family: any other case is
+    refused with the reason, before its window is read, and recorded as skipped; so is a stored state."""
+    def peer_calls(impl: str, shape: BenchShape, state: str = "fp32"):
         step = spec.window_step(shape.dims, 2, 4, torch.Generator().manual_seed(0), CPU)
-        for impl in peers.SPEC_PEERS:
+        return spec._peer_calls(impl, shape, 2, state, step, torch.ones(2, dtype=torch.int32), 4, 16, 1,
+                                torch.Generator().manual_seed(0), CPU)
+
+    for shape, other in ((GDN, "fla_kda_mtp"), (KDA, "fla_gdn_mtp")):
+        for impl in FLASHINFER_SPEC_PEERS:
             with pytest.raises(peers.PeerUnavailable, match=f"Mamba-2 kernel, not {shape.family}"):
-                spec._peer_calls(impl, shape, 2, "fp32", step, torch.ones(2, dtype=torch.int32), 4, 16, 1,
-                                 torch.Generator().manual_seed(0), CPU)
+                peer_calls(impl, shape)
+        with pytest.raises(peers.PeerUnavailable, match=f"{other} is a {other[4:7].upper()} peer, not {shape.family}"):
+            peer_calls(other, shape)
+        with pytest.raises(peers.PeerUnavailable, match="has no nvfp4 state"):
+            peer_calls(f"fla_{shape.family}_mtp", shape, "nvfp4")
 
 
 def _record(impl: str, us: float, batch: int = 8) -> dict:
@@ -232,3 +247,59 @@ def test_spec_cli_passes_peers_through(monkeypatch, tmp_path, flag, expected):
     result = CliRunner().invoke(bench_cmd.bench_cmd, ["kernels", "--spec", "4", "--family", "mamba2", flag])
     assert result.exit_code == 0, result.output
     assert seen["peers"] is expected
+
+
+@pytest.fixture(scope="module")
+def fla_device() -> torch.device:
+    """Where fla-core's Triton kernels run: the GPU, else a CPU in Triton's interpreter (tests/conftest.py turns it
+    on); skips without fla-core."""
+    pytest.importorskip("fla.ops.kda.fused_recurrent")
+    return torch.device("cuda") if torch.cuda.is_available() else CPU
+
+
+@pytest.mark.parametrize("shape", [GDN, KDA], ids=["gdn", "kda"])
+def test_fla_per_draft_peer_verifies_like_the_float64_recurrence(shape, fla_device):
+    """fla-core's per-draft verify as the benchmark calls it, twice: each verify starts from the state after the
+    previous one's accepted draft, writes the state after every window token to the row's draft slots and outputs
+    every token as the float64 recurrence does (GDN through the KDA kernel with its gate repeated along K); slot 0
+    is never touched."""
+    batch, window, device = 3, 3, fla_device
+    gen = torch.Generator().manual_seed(11)
+    step = spec.window_step(shape.dims, batch, window, gen, device)
+    accepted = torch.tensor([1, 3, 2], dtype=torch.int32, device=device)
+    case = peers.build_spec_peer(f"fla_{shape.family}_mtp", shape, batch, "fp32", step, accepted, 16, [], 1, gen,
+                                 device)
+    state, drafts = case.calls[0].__defaults__
+    reference = family_of(shape.dims).reference_step
+    start = drafts[torch.arange(batch), accepted.long() - 1].long()  # where the previous verify left each row
+    for _ in range(2):
+        before = state.double().clone()
+        s = before[start]
+        case.calls[0]()
+        for t in range(window):
+            out, s = reference(s, window_token(step, t))
+            torch.testing.assert_close(case.outputs[0][:, t].double(), out, rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(state[drafts[:, t].long()].double(), s, rtol=1e-4, atol=1e-5)
+        assert torch.equal(state[0].double(), before[0])
+
+
+@pytest.mark.parametrize("shape", [GDN, KDA], ids=["gdn", "kda"])
+def test_fla_decode_peers_step_like_the_float64_recurrence(shape, fla_device):
+    """The standard-decode fla-core peers as ``bench kernels`` calls them compute our layer's step: GDN's public API
+    (out of place, a new fp32 state), KDA's pooled kernel (in place at the rows' slots)."""
+    batch, device = 3, fla_device
+    gen = torch.Generator().manual_seed(12)
+    step = family_of(shape.dims).random_step(shape.dims, batch, gen, device)
+    case = peers.build_peer(f"fla_{shape.family}", shape, batch, "fp32", step, 1, 16, gen, device)
+    state, *slots = case.calls[0].__defaults__
+    before = state.double().clone()
+    rows = slots[0].long() if slots else torch.arange(batch, device=device)
+    out, new = family_of(shape.dims).reference_step(before[rows], step)
+    result = case.calls[0]()
+    if slots:  # in place
+        got_out, got_state = case.outputs[0][:, 0], state[rows]
+        assert torch.equal(state[0].double(), before[0])
+    else:
+        got_out, got_state = result[0][:, 0], result[1]
+    torch.testing.assert_close(got_out.double(), out, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got_state.double(), new, rtol=1e-4, atol=1e-5)

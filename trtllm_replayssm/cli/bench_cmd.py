@@ -88,8 +88,8 @@ def bench_cmd() -> None:
 @click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
               help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
                    "the replay verify against the per-draft-state verify per verify step (commit included), and "
-                   "with --peers FlashInfer's checkpointing_ssu and per-draft selective_state_update (Mamba-2); "
-                   "every family, one plain state dtype.")
+                   "with --peers FlashInfer's checkpointing_ssu and per-draft selective_state_update (Mamba-2) and "
+                   "fla-core's per-draft verify (GDN, KDA); every family, one plain state dtype.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: list[str] | None,
             buffer_len: int, peers: bool, output: Path | None, quick: bool, after_plain_kernel: bool,
             spec_tokens: list[int] | None) -> None:

@@ -445,9 +445,9 @@ def fla_gdn(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
     a, b = step.a[:, None], step.b[:, None]
     states = [random_state(batch, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]  # [b, HV, V, K]
     calls = [
-        (lambda p=p: fn(q, k, v, g=a, beta=b, initial_state=states[p], output_final_state=True,
-                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=step.A_log,
-                        dt_bias=step.dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True))
+        (lambda state=states[p]: fn(q, k, v, g=a, beta=b, initial_state=state, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=step.A_log,
+                                    dt_bias=step.dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True))
         for p in range(n_pools)
     ]
     return PeerCase("fla_gdn", calls, variant="public API, out of place",
@@ -468,20 +468,65 @@ def fla_kda(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
     states = [random_state(batch + 1, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]
     idx = _pools(n_pools, batch, gen, device)
     calls = [
-        (lambda p=p: fn(q, k, v, a, b, A_log=step.A_log, dt_bias=dt_bias, initial_state=states[p],
-                        inplace_final_state=True, state_v_first=True, ssm_state_indices=idx[p],
-                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                        out=out))
+        (lambda state=states[p], slots=idx[p]: fn(
+            q, k, v, a, b, A_log=step.A_log, dt_bias=dt_bias, initial_state=state, inplace_final_state=True,
+            state_v_first=True, ssm_state_indices=slots, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True, out=out))
         for p in range(n_pools)
     ]
     return PeerCase("fla_kda", calls, variant="fused_recurrent_kda_fwd in place, pooled", outputs=[out])
+
+
+def _fla_gate(shape: BenchShape, step: DeltaStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The raw gate and its bias as ``fused_recurrent_kda_fwd`` takes them (``[b, T, HV, K]``, ``[HV*K]``): KDA's as
+    they are; GDN's per-head gate repeated along the K channels, which gives every channel the head's log-gate."""
+    a, bias = step.a, step.dt_bias
+    if shape.family == "gdn":
+        K = step.k.shape[-1]
+        a, bias = a[..., None].expand(*a.shape, K), bias[:, None].expand(*bias.shape, K)
+    return a.contiguous(), bias.reshape(-1).contiguous()
+
+
+def fla_mtp(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, accepted: torch.Tensor,
+            n_pools: int, gen: torch.Generator, device: torch.device) -> PeerCase:
+    """Per-draft-state verify as vLLM runs it, on fla-core's ``fused_recurrent_kda_fwd`` (``IS_SPEC_DECODING``): each
+    row owns T state slots (``ssm_state_indices`` [b, T]); a verify of the window ``step`` ([b, T, ...]) reads the
+    state after the previous verify's accepted draft, slot ``[b, accepted[b] - 1]`` (``num_accepted_tokens``), and
+    writes the state after every window token in place, so the commit is the accepted counts alone. GDN
+    (``fla_gdn_mtp``) runs the same kernel with its gate repeated along K (:func:`_fla_gate`): fla-core 0.6.0's GDN
+    kernel takes no state indices."""
+    if impl != f"fla_{shape.family}_mtp":
+        raise PeerUnavailable(f"{impl} is a {impl.split('_')[1].upper()} peer, not {shape.family}")
+    if parse_state_label(state_dtype, arg="state_dtype").stored:
+        raise PeerUnavailable(f"{impl} has no {state_dtype} state")
+    fn = _import("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
+    T = step.q.shape[1]
+    q, k, v, b = (t.contiguous() for t in (step.q, step.k, step.v, step.b))
+    g, dt_bias = _fla_gate(shape, step)
+    out = torch.empty_like(v)
+    pools = []
+    for _ in range(n_pools):
+        drafts = (1 + torch.randperm(batch * T, generator=gen)).view(batch, T).to(torch.int32).to(device)
+        pools.append((random_state(batch * T + 1, shape.dims, state_dtype, gen, device), drafts))
+
+    def call(p: int) -> Callable[[], None]:
+        def run(state: torch.Tensor = pools[p][0], drafts: torch.Tensor = pools[p][1]) -> None:
+            fn(q, k, v, g, b, A_log=step.A_log, dt_bias=dt_bias, initial_state=state, inplace_final_state=True,
+               state_v_first=True, ssm_state_indices=drafts, num_accepted_tokens=accepted,
+               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, out=out)
+        return run
+
+    gate = "the GDN gate repeated along K" if shape.family == "gdn" else "KDA's gate"
+    return PeerCase(impl, [call(p) for p in range(n_pools)], variant=f"fused_recurrent_kda_fwd, T={T} state slots "
+                    f"per row", outputs=[out], notes=f"{gate}; the commit is num_accepted_tokens (no copy)")
 
 
 MAMBA2_PEERS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu")
 GDN_PEERS = ("fla_gdn",)
 KDA_PEERS = ("fla_kda",)
 PEERS_BY_FAMILY: dict[str, tuple[str, ...]] = {"mamba2": MAMBA2_PEERS, "gdn": GDN_PEERS, "kda": KDA_PEERS}
-SPEC_PEERS = ("flashinfer_checkpointing_ssu", "flashinfer_ssu_mtp")  # speculative verify (bench kernels --spec)
+# speculative verify (bench kernels --spec)
+SPEC_PEERS = ("flashinfer_checkpointing_ssu", "flashinfer_ssu_mtp", "fla_gdn_mtp", "fla_kda_mtp")
 STORED_STATE_PEERS = ("flashinfer_checkpointing_ssu",)  # the peers with a quantized state (FP8, shared)
 
 
@@ -505,15 +550,17 @@ def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step:
     raise ValueError(f"impl: expected one of {sum(PEERS_BY_FAMILY.values(), ())}, got {impl!r}")
 
 
-def build_spec_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step,
+def build_spec_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: Mamba2Step | DeltaStep,
                     accepted: torch.Tensor, max_window: int, starts: list[tuple[int, int]], n_pools: int,
                     gen: torch.Generator, device: torch.device) -> PeerCase:
-    """Build the verify-step callables of speculative peer `impl` (a window ``step``, x [b,T,H,P]) or raise
-    PeerUnavailable. ``max_window`` and ``starts`` (each row's initial ring_start, prev_num_accepted_tokens) are the
-    ring peer's."""
+    """Build the verify-step callables of speculative peer `impl` (a window ``step``, per-token fields [b, T, ...])
+    or raise PeerUnavailable. ``max_window`` and ``starts`` (each row's initial ring_start, prev_num_accepted_tokens)
+    are the ring peer's."""
     if impl == "flashinfer_checkpointing_ssu":
         return flashinfer_checkpointing_ssu_spec(shape, batch, state_dtype, step, accepted, max_window, starts,
                                                  n_pools, gen, device)
     if impl == "flashinfer_ssu_mtp":
         return flashinfer_ssu_mtp(shape, batch, state_dtype, step, accepted, n_pools, gen, device)
+    if impl in ("fla_gdn_mtp", "fla_kda_mtp"):
+        return fla_mtp(impl, shape, batch, state_dtype, step, accepted, n_pools, gen, device)
     raise ValueError(f"impl: expected one of {SPEC_PEERS}, got {impl!r}")

@@ -9,19 +9,19 @@ uniformly from 1..T, and stays fixed (a device tensor), so the graph replays the
 staggered (origin and history length by row) over rings of L + T - 1 records, so folds fall on different steps;
 GDN/KDA gate rings are rotated so each row's records from its origin hold falling cumulative log-gates.
 
-With ``peers`` the FlashInfer 0.7.0.post1 peers follow in the same process (``peers.build_spec_peer``):
+With ``peers`` the peers follow in the same process (``peers.build_spec_peer``): for Mamba-2 FlashInfer 0.7.0.post1's
 ``flashinfer_checkpointing_ssu`` (its ring API, rings of R = L + T rows, the trackers' bookkeeping in the step) and
 ``flashinfer_ssu_mtp`` (``selective_state_update`` writing one state per window token, the accepted one copied back
-in the step). A peer that cannot run a case (GDN and KDA: Mamba-2 kernels only) is recorded in ``skipped`` with
-the reason.
+in the step); for GDN and KDA fla-core 0.6.0's per-draft verify, ``fla_gdn_mtp`` / ``fla_kda_mtp`` (T state slots
+per row, the next verify starting from the accepted one). A peer that cannot run a case (another family, an
+unsupported shape) is recorded in ``skipped`` with the reason.
 
 Byte model per row and step (``|S|`` the state; records and each token's inputs and outputs as the standard-decode
 model counts them, ``core.byte_model.record_bytes`` and ``io_bytes``, bf16 activations): replay ``|S| (1 + f)`` plus
 the history's ring records read (KDA's pre-decayed keys: values and keys, and one gate row), the window's T records
 written and T tokens' I/O (f: folds per verify of the pattern, each writing the state once); per-draft
-``|S| (1 + T)`` for the verify plus ``2 |S|`` for the commit's copy, plus the T tokens' I/O.
-FlashInfer's ring peer counts as replay on its own rings (its flush rule is our fold rule at R = L + T); its
-per-draft peer as per-draft with ``4 |S|`` for the commit (a gather, then ``index_copy_``).
+``|S| (1 + T)`` for the verify, the commit's copies of ``|S|`` (:data:`PER_DRAFT_COMMIT_STATES`) and the T tokens'
+I/O. FlashInfer's ring peer counts as replay on its own rings (its flush rule is our fold rule at R = L + T).
 """
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ from .shapes import BenchShape, select_shapes
 
 IMPLS = ("replay_verify", "per_draft_verify")
 STEPS_PER_GRAPH = 8
+# States a per-draft commit moves: ours reads the accepted draft and writes the slot; FlashInfer's peer gathers the
+# drafts, then copies them; fla-core's next verify reads the accepted draft where it lies.
+PER_DRAFT_COMMIT_STATES = {"per_draft_verify": 2, "flashinfer_ssu_mtp": 4, "fla_gdn_mtp": 0, "fla_kda_mtp": 0}
 
 
 @dataclass(frozen=True)
@@ -217,8 +220,8 @@ def step_bytes(impl: str, dims: SSMDims, sd: str, window: int, ring: int, folds:
     (ring length, folds per verify) where it keeps rings."""
     s = core_bytes.state_bytes(dims, parse_state_label(sd))
     io = window * core_bytes.io_bytes(dims, ACT_DTYPE)
-    if impl in ("per_draft_verify", "flashinfer_ssu_mtp"):
-        return s * (1 + window) + (2 if impl == "per_draft_verify" else 4) * s + io
+    if impl in PER_DRAFT_COMMIT_STATES:
+        return s * (1 + window + PER_DRAFT_COMMIT_STATES[impl]) + io
     mean_history = (ring - 2 * window) / 2
     return (s * (1 + folds) + _history_bytes(dims, mean_history) + core_bytes.record_bytes(dims, ACT_DTYPE) * window
             + io)
@@ -228,7 +231,7 @@ def run_spec_bench(families: list[str], models: list[str] | None, batches: list[
                    state_dtype: str = "fp32", buffer_len: int = 16, peers: bool = True,
                    replays: int = timing.MIN_REPLAYS, seed: int = 0, log: Callable[[str], None] = print,
                    progress: Callable[[dict], None] | None = None) -> dict:
-    """Time every (model, T, batch) case, with ``peers`` also FlashInfer's; returns the results dict (``records`` of
+    """Time every (model, T, batch) case, with ``peers`` also the peers'; returns the results dict (``records`` of
     :class:`SpecRecord`, ``skipped``)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the speculative benchmark needs a CUDA device; torch.cuda.is_available() is False")
