@@ -6,7 +6,8 @@ from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check
                                                   commit_conv_windows, decode_slot_ids, gdn_materialize_slots,
                                                   gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, per_head, split_batch)
+                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_ssu_attrs, per_head,
+                                                  split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 
@@ -41,6 +42,22 @@ def test_per_head_collapses_tied_hdim():
     assert per_head(None, 1, "D") is None
     with pytest.raises(ValueError, match="dt: expected at least 2 dims"):
         per_head(A, 2, "dt")
+
+
+def test_mamba2_ssu_attrs_cover_the_revisions_single_and_mtp_calls():
+    """The SSU attributes the Mamba-2 glue takes over, by the attribute sets of the upstream revisions read: one SSU
+    for both calls (@02140fd4), or the split single-token and MTP ones (a later stored revision, whose per-draft MTP
+    verify calls ``_mtp_ssu_func`` with the same arguments): a verify reaches ReplaySSM in either, and a mixer without
+    a single-token SSU is not hooked."""
+    class Mixer:  # the attribute sets only
+        def __init__(self, *names: str) -> None:
+            for name in names:
+                setattr(self, name, object())
+
+    assert mamba2_ssu_attrs(Mixer("selective_state_update_func")) == ("selective_state_update_func",)
+    assert mamba2_ssu_attrs(Mixer("_stp_ssu_func", "_mtp_ssu_func")) == ("_stp_ssu_func", "_mtp_ssu_func")
+    assert mamba2_ssu_attrs(Mixer("_mtp_ssu_func")) == ()
+    assert mamba2_ssu_attrs(Mixer()) == ()
 
 
 def test_single_token_decode_vs_mtp_call():

@@ -120,6 +120,23 @@ def per_head(t: torch.Tensor | None, lead: int, name: str) -> torch.Tensor | Non
     return t
 
 
+# Mamba2Mixer's SSU attributes by revision: the single-token one (``selective_state_update_func`` @02140fd4, whose
+# per-draft MTP verify calls it too; ``_stp_ssu_func`` where the mixer splits them) and, where split, the one its
+# per-draft MTP verify calls (``_mtp_ssu_func``, read in a later stored revision).
+SINGLE_TOKEN_SSU_ATTRS = ("selective_state_update_func", "_stp_ssu_func")
+MTP_SSU_ATTRS = ("_mtp_ssu_func",)
+
+
+def mamba2_ssu_attrs(mixer: Any) -> tuple[str, ...]:
+    """The SSU attributes of an upstream Mamba2Mixer that ReplaySSM takes over: its single-token SSU (the first of
+    SINGLE_TOKEN_SSU_ATTRS it has) and every MTP SSU it has, so that a verify reaches ReplaySSM whichever attribute
+    the revision calls; empty without a single-token SSU (then the mixer cannot be hooked)."""
+    single = next((name for name in SINGLE_TOKEN_SSU_ATTRS if hasattr(mixer, name)), None)
+    if single is None:
+        return ()
+    return (single, *(name for name in MTP_SSU_ATTRS if hasattr(mixer, name)))
+
+
 def is_single_token_decode(x: torch.Tensor, kwargs: dict[str, Any]) -> bool:
     """True for Mamba2Mixer's non-speculative decode SSU call (x ``[b, H, P]``, no intermediate-state buffers);
     False for the MTP verify call (4-D x, ``intermediate_states_buffer`` / ``cache_steps``)."""

@@ -10,9 +10,10 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   same weight mappers), or none is when the configuration has something replay cannot serve; every forward brackets
   the replay step (``ReplayModel.begin_step`` / ``end_step``).
 * Mamba-2: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
-  ``_stp_ssu_func`` in some revisions); ours points it at ``_replay_ssu``, which routes single-token decode calls to
-  ``ops.mamba2.replay_decode`` and every other call to the upstream function. With MTP (the bundle's
-  ``--spec-tokens``) the mixers' verify call (4-D inputs, ``disable_state_update``, per-draft state buffers) goes to
+  ``_stp_ssu_func`` in some revisions, whose per-draft MTP verify calls ``_mtp_ssu_func``: ``core.mamba2_ssu_attrs``);
+  ours points each at ``_replay_ssu``, which routes single-token decode calls to ``ops.mamba2.replay_decode`` and
+  every other call to the upstream function behind that attribute. With MTP (the bundle's ``--spec-tokens``) the
+  mixers' verify call (4-D inputs, ``disable_state_update``, per-draft state buffers) goes to
   ``ModelReplayCache.verify`` instead, which writes no per-draft state, and the cache manager's
   ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit + the
   accepted conv windows).
@@ -30,6 +31,7 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -48,12 +50,12 @@ from trtllm_replayssm.core.checks import capturing
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
-from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_verify_call, gdn_materialize_slots,
-                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode,
-                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, per_head,
-                                                  refusals_from_llm_args, replay_disabled, speculative_refusals,
-                                                  split_batch)
+from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, SINGLE_TOKEN_SSU_ATTRS, as_windows, check_verify_call,
+                                                  gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
+                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
+                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv,
+                                                  mamba2_ssu_attrs, per_head, refusals_from_llm_args, replay_disabled,
+                                                  speculative_refusals, split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 
 try:
@@ -64,7 +66,6 @@ except ImportError as _kimi_error:
     KIMI_MISSING = str(_kimi_error)
 
 _log = logging.getLogger("trtllm_replayssm")
-_SSU_ATTRS = ("selective_state_update_func", "_stp_ssu_func")
 
 
 def _verify_conv(cache: Any, mixed: torch.Tensor, num_decodes: int, window: int, conv_states: torch.Tensor,
@@ -84,8 +85,8 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
     @staticmethod
     def _rs_cannot_hook(module: Any) -> str | None:
-        if not any(hasattr(module, name) for name in _SSU_ATTRS):
-            return f"Mamba2Mixer has no single-token SSU attribute ({' or '.join(_SSU_ATTRS)})"
+        if not mamba2_ssu_attrs(module):
+            return f"Mamba2Mixer has no single-token SSU attribute ({' or '.join(SINGLE_TOKEN_SSU_ATTRS)})"
         return None
 
     def _rs_num_k_heads(self) -> int:
@@ -93,12 +94,13 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
     def _rs_setup(self, cache: Any) -> None:
         self._rs_cache = cache
-        self._rs_ssu_attr = next(name for name in _SSU_ATTRS if hasattr(self, name))
-        self._rs_upstream_ssu = getattr(self, self._rs_ssu_attr)
-        setattr(self, self._rs_ssu_attr, self._replay_ssu)
+        self._rs_upstream_ssus = {name: getattr(self, name) for name in mamba2_ssu_attrs(self)}
+        for name, upstream in self._rs_upstream_ssus.items():
+            setattr(self, name, functools.partial(self._replay_ssu, upstream))
 
     def _rs_teardown(self) -> None:
-        setattr(self, self._rs_ssu_attr, self._rs_upstream_ssu)
+        for name, upstream in self._rs_upstream_ssus.items():
+            setattr(self, name, upstream)
 
     def forward(self, hidden_states: torch.Tensor, attn_metadata: Any, mamba_metadata: Any,
                 spec_metadata: Any = None, lora_params: dict | None = None, **kwargs: Any) -> torch.Tensor:
@@ -111,8 +113,10 @@ class ReplayMamba2Mixer(Mamba2Mixer):
                                            mamba_metadata.state_indices[:attn_metadata.num_contexts])
         return out
 
-    def _replay_ssu(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,  # noqa: N803
-                    B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, **kw: Any) -> Any:  # noqa: N803
+    def _replay_ssu(self, upstream: Any, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
+                    A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,  # noqa: N803
+                    **kw: Any) -> Any:
+        """The SSU call behind one of the mixer's SSU attributes (``upstream``: the function it held)."""
         if self._rs_cache.window > 1:  # every decode step of an MTP model is a verify
             if x.dim() != 4 or not kw.get("disable_state_update") or kw.get("rand_seed") is not None:
                 raise RuntimeError(f"trtllm-replayssm: a Mamba-2 SSU call that is not an MTP verify (x "
@@ -124,7 +128,7 @@ class ReplayMamba2Mixer(Mamba2Mixer):
                                          dt_bias=per_head(kw.get("dt_bias"), 1, "dt_bias"),
                                          dt_softplus=kw.get("dt_softplus", True), out=kw["out"])
         if not is_single_token_decode(x, kw) or kw.get("rand_seed") is not None:
-            return self._rs_upstream_ssu(state, x, dt, A, B, C, D, **kw)
+            return upstream(state, x, dt, A, B, C, D, **kw)
         layer = self._rs_cache.layer(self.layer_idx, state)
         slots = self._rs_cache.decode_slots(kw["state_batch_indices"])
         return mamba2.replay_decode(layer, x, per_head(dt, 2, "dt"), per_head(A, 1, "A"), B, C,
