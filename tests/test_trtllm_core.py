@@ -136,6 +136,9 @@ def test_gdn_prefill_kwargs_keep_the_prefill_rows_only():
     assert "layer_cache" not in out and "replay_metadata" not in out
     with pytest.raises(ValueError, match="num_prefill"):
         gdn_prefill_kwargs(_gdn_extend_kwargs([], decodes=2, window=2))
+    # a stored upstream variant's forward_core adds full-batch scan layouts, which its prefill path prefers: refused
+    with pytest.raises(RuntimeError, match=r"not written against \(scan_cu_seqlens, scan_state_indices\)"):
+        gdn_prefill_kwargs({**kw, "scan_state_indices": kw["cache_indices"], "scan_cu_seqlens": kw["query_start_loc"]})
 
 
 def test_gdn_materialize_matches_sequential_recurrence():

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from trtllm_replayssm.serving.bundle import serve_yaml
+from trtllm_replayssm.serving.trtllm.core import GDN_FORWARD_CORE_KWARGS
 from trtllm_replayssm.serving.memory_plan import plan
 from trtllm_replayssm.serving.presets import get_preset
 
@@ -149,6 +150,7 @@ def test_call_site_keywords_the_glue_relies_on():
     gdn = SYMBOLS["tensorrt_llm._torch.modules.mamba.gdn_mixer"]["Qwen3NextGatedDeltaNet"]
     gdn_kwargs = set(gdn["dict_keys"]["forward_core"]["kwargs"])
     assert {"mixed_qkv", "a", "b", "cache_indices"} <= gdn_kwargs
+    assert GDN_FORWARD_CORE_KWARGS == gdn_kwargs  # what gdn_prefill_kwargs accepts is what upstream was read building
     # the MTP verify (forward_decode, forward_extend) and core.gdn_prefill_kwargs
     assert {"num_decodes", "num_decode_tokens", "num_prefill", "num_prefill_tokens", "state_indices_p",
             "state_indices_d", "has_initial_states", "query_start_loc", "query_start_loc_long", "batch_size",

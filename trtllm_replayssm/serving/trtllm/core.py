@@ -282,6 +282,13 @@ def check_verify_call(family: str, verify: bool, window: int) -> None:
 
 
 # forward_extend keywords that describe the decode rows; the prefill-only call drops or empties them
+# The keywords GDN's forward_core builds for forward_extend in the revision the glue was written against
+# (trtllm_symbols.json); gdn_prefill_kwargs refuses others, which could carry full-batch layouts into the prefill path.
+GDN_FORWARD_CORE_KWARGS = frozenset((
+    "a", "b", "batch_size", "cache_indices", "has_initial_states", "layer_cache", "mixed_qkv", "num_decode_tokens",
+    "num_decodes", "num_prefill", "num_prefill_tokens", "query_start_loc", "query_start_loc_long", "replay_metadata",
+    "replay_n_writes", "replay_work_items", "state_indices_d", "state_indices_p", "use_cached_replay_all_layer_commit",
+    "use_replay"))
 _GDN_DECODE_KWARGS = ("replay_metadata", "layer_cache", "replay_work_items", "replay_n_writes")
 
 
@@ -289,7 +296,13 @@ def gdn_prefill_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keywords of ``Qwen3NextGatedDeltaNet.forward_extend`` for the prefill rows alone of a mixed batch whose
     decode rows ReplaySSM verifies: the first ``num_prefill_tokens`` tokens and ``num_prefill`` sequences, no
     decode rows (``forward_core`` builds the keywords; upstream's prefill path then runs its conv and chunked kernel
-    on those rows only). Slices of the caller's tensors; no host sync."""
+    on those rows only). Slices of the caller's tensors; no host sync. RuntimeError for a keyword outside
+    GDN_FORWARD_CORE_KWARGS."""
+    unknown = sorted(set(kwargs) - GDN_FORWARD_CORE_KWARGS)
+    if unknown:
+        raise RuntimeError(f"trtllm-replayssm: GDN forward_core passes keywords the module was not written against "
+                           f"({', '.join(unknown)}): its prefill path could take them for the whole batch and write "
+                           "the decode rows' state too (TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
     tokens, seqs = int(kwargs["num_prefill_tokens"]), int(kwargs["num_prefill"])
     if seqs < 1:
         raise ValueError(f"num_prefill: expected a batch with prefill rows, got {seqs}")
