@@ -4,7 +4,7 @@ import torch
 
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
                                                   commit_conv_windows, decode_slot_ids, gdn_materialize_slots,
-                                                  gdn_prefill_kwargs, gdn_split_qkv, is_single_token_decode,
+                                                  gdn_prefill_kwargs, gdn_split_qkv, mamba2_ssu_call,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
                                                   kda_packed_conv_weight, kda_split_qkv, mamba2_ssu_attrs, per_head,
                                                   split_batch)
@@ -61,9 +61,17 @@ def test_mamba2_ssu_attrs_cover_the_revisions_single_and_mtp_calls():
 
 
 def test_single_token_decode_vs_mtp_call():
-    assert is_single_token_decode(torch.empty(2, 4, 8), {"out": None})
-    assert not is_single_token_decode(torch.empty(2, 3, 4, 8), {})
-    assert not is_single_token_decode(torch.empty(2, 4, 8), {"intermediate_states_buffer": torch.empty(1)})
+    decode, window = torch.empty(2, 4, 8), torch.empty(2, 3, 4, 8)
+    assert mamba2_ssu_call("f", decode, {"out": None}, verifies=False) == "decode"
+    assert mamba2_ssu_call("f", window, {"disable_state_update": True}, verifies=True) == "verify"
+    # every other call would run upstream's SSU on the checkpoint, which lags the live state: an error, never a fallback
+    refused = [(decode, {"rand_seed": torch.zeros(1)}, False),  # quant_config.mamba_ssm_stochastic_rounding
+               (decode, {"intermediate_states_buffer": torch.empty(1)}, False), (decode, {"cache_steps": 3}, False),
+               (window, {"disable_state_update": True}, False), (decode, {}, True), (window, {}, True),
+               (window, {"disable_state_update": True, "rand_seed": torch.zeros(1)}, True)]
+    for x, kw, verifies in refused:
+        with pytest.raises(RuntimeError, match=r"a Mamba-2 SSU call \(_stp_ssu_func: x"):
+            mamba2_ssu_call("_stp_ssu_func", x, kw, verifies)
 
 
 def test_version_gate(monkeypatch):

@@ -10,7 +10,8 @@ import torch
 from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.formats import parse_state_label
 from trtllm_replayssm.serving.trtllm.core import (MTP_CUSTOM_OP_ENV, refusals_from_cache_manager,
-                                                  refusals_from_llm_args, speculative_refusals)
+                                                  refusals_from_llm_args, refusals_from_quant_config,
+                                                  speculative_refusals)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
@@ -209,6 +210,41 @@ def test_speculative_install_takes_over_the_managers_commit():
     assert manager.update_mamba_states is upstream_commit and all(type(m) is Upstream for m in model.layers[:2])
 
 
+def test_every_new_cache_manager_is_checked_and_its_commit_taken_over(caplog):
+    """TensorRT-LLM serves with another cache manager than its memory-estimation run's: the serving manager gets the
+    checks and, with MTP, the commit takeover too (its own commit would copy per-draft states the verify never
+    wrote over the checkpoints); a manager already checked is not checked again."""
+    def manager(**kw):
+        layer_cache = SimpleNamespace(intermediate_conv_window=torch.zeros(2, 3, 4, 3), has_kda_replay_caches=False)
+        upstream_commit = lambda *a, **k: None  # noqa: E731
+        fields = dict(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: True,
+                      use_replay_state_update=False, mamba_layer_cache=lambda i: layer_cache,
+                      update_mamba_states=upstream_commit)
+        return SimpleNamespace(**{**fields, **kw}), upstream_commit
+
+    model = Toy([1, 3])
+    replay = ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 6, torch.float32,
+                                 spec_tokens=2)
+    estimation, _ = manager()
+    serving, serving_commit = manager()
+    for m in (estimation, estimation, serving, serving):
+        assert replay.begin_step(SimpleNamespace(kv_cache_manager=m, beam_width=1))
+        replay.end_step()
+    for m in (estimation, serving):
+        assert m.update_mamba_states.func == replay.cache.update_mamba_states and m.update_mamba_states.args == (m,)
+    # checked once: a commit put back on a checked manager stays
+    serving.update_mamba_states = serving_commit
+    assert replay.begin_step(SimpleNamespace(kv_cache_manager=serving, beam_width=1))
+    replay.end_step()
+    assert serving.update_mamba_states is serving_commit
+    # a serving manager that shows what replay cannot serve: the model falls back as a whole, that manager untouched
+    caplog.set_level(logging.WARNING, "trtllm_replayssm")
+    refused, refused_commit = manager(use_replay_state_update=True)
+    assert not replay.begin_step(SimpleNamespace(kv_cache_manager=refused, beam_width=1))
+    assert refused.update_mamba_states is refused_commit and all(type(m) is Upstream for m in model.layers[:2])
+    assert any("use_replay_state_update" in r.getMessage() for r in caplog.records)
+
+
 def test_no_matching_mixer_or_no_hook_point_is_an_error():
     with pytest.raises(RuntimeError, match="has no Upstream layer"):
         _install(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -228,32 +264,42 @@ def test_refusals_from_llm_args():
     assert refusals_from_llm_args(ok) == []
     bad = SimpleNamespace(kv_cache_config=SimpleNamespace(use_kv_cache_manager_v2=True),
                           cache_transceiver_config=object(), kv_connector_config=object(), max_beam_width=4,
+                          torch_compile_config=object(),
                           speculative_config=object())  # speculative decoding: speculative_refusals decides
     reasons = refusals_from_llm_args(bad)
-    assert len(reasons) == 4
-    for key in ("use_kv_cache_manager_v2", "cache_transceiver_config", "kv_connector_config", "max_beam_width"):
+    assert len(reasons) == 5
+    for key in ("use_kv_cache_manager_v2", "cache_transceiver_config", "kv_connector_config", "max_beam_width",
+                "torch_compile_config"):
         assert sum(key in r for r in reasons) == 1, key
 
 
 def test_speculative_refusals(monkeypatch):
     monkeypatch.delenv(MTP_CUSTOM_OP_ENV, raising=False)
-    mtp = SimpleNamespace(decoding_type="MTP", max_draft_len=3, max_total_draft_tokens=3)
-    assert speculative_refusals("mamba2", None, None, True, True) == []  # nothing configured, nothing refused
-    assert speculative_refusals("mamba2", mtp, 3, False, False) == []
-    assert speculative_refusals("mamba2", SimpleNamespace(num_nextn_predict_layers=3), 3, False, False) == []
-    assert speculative_refusals("gdn", mtp, 3, False, False) == speculative_refusals("kda", mtp, 3, False, False) == []
-    cases = [("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, False, "MTP windows only"),
-             ("mamba2", SimpleNamespace(max_draft_len=3, max_total_draft_tokens=9), 3, False, False, "a tree"),
-             ("mamba2", mtp, None, False, False, "without --spec-tokens: rebuild it with --spec-tokens 3"),
-             ("mamba2", mtp, 2, False, False, "sized for 2: rebuild it with --spec-tokens 3"),
-             ("mamba2", mtp, 3, True, False, "plain fp32/fp16/bf16 checkpoints"),
-             ("mamba2", mtp, 3, False, True, "mamba_ssm_stochastic_rounding")]
-    for family, config, bundle, stored, sr, match in cases:
-        reasons = speculative_refusals(family, config, bundle, stored, sr)
+    mtp = SimpleNamespace(decoding_type="MTP", max_draft_len=3, max_total_draft_tokens=3, draft_len_schedule=None)
+    assert speculative_refusals("mamba2", None, None, True) == []  # nothing configured, nothing refused
+    assert speculative_refusals("mamba2", mtp, 3, False) == []
+    assert speculative_refusals("mamba2", SimpleNamespace(num_nextn_predict_layers=3), 3, False) == []
+    assert speculative_refusals("gdn", mtp, 3, False) == speculative_refusals("kda", mtp, 3, False) == []
+    cases = [("mamba2", SimpleNamespace(decoding_type="Eagle3", max_draft_len=3), 3, False, "MTP windows only"),
+             ("mamba2", SimpleNamespace(max_draft_len=3, max_total_draft_tokens=9), 3, False, "a tree"),
+             ("mamba2", mtp, None, False, "without --spec-tokens: rebuild it with --spec-tokens 3"),
+             ("mamba2", mtp, 2, False, "sized for 2: rebuild it with --spec-tokens 3"),
+             ("mamba2", mtp, 3, True, "plain fp32/fp16/bf16 checkpoints"),
+             ("gdn", SimpleNamespace(max_draft_len=3, draft_len_schedule={1: 3, 8: 0}), 3, False, "draft_len_schedule")]
+    for family, config, bundle, stored, match in cases:
+        reasons = speculative_refusals(family, config, bundle, stored)
         assert len(reasons) == 1 and match in reasons[0], (match, reasons)
     monkeypatch.setenv(MTP_CUSTOM_OP_ENV, "1")
-    assert MTP_CUSTOM_OP_ENV in speculative_refusals("mamba2", mtp, 3, False, False)[0]
-    assert speculative_refusals("gdn", mtp, 3, False, False) == []  # Mamba2Mixer's custom op only
+    assert MTP_CUSTOM_OP_ENV in speculative_refusals("mamba2", mtp, 3, False)[0]
+    assert speculative_refusals("gdn", mtp, 3, False) == []  # Mamba2Mixer's custom op only
+
+
+def test_refusals_from_quant_config():
+    assert refusals_from_quant_config(None) == refusals_from_quant_config(SimpleNamespace()) == []
+    assert refusals_from_quant_config(SimpleNamespace(mamba_ssm_stochastic_rounding=False)) == []
+    # with or without speculative decoding: upstream's seeded SSU would round the lagging checkpoint in place
+    (reason,) = refusals_from_quant_config(SimpleNamespace(mamba_ssm_stochastic_rounding=True))
+    assert "mamba_ssm_stochastic_rounding" in reason and "--stochastic-rounding" in reason
 
 
 def test_refusals_from_cache_manager():

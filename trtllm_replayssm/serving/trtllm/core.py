@@ -137,10 +137,25 @@ def mamba2_ssu_attrs(mixer: Any) -> tuple[str, ...]:
     return (single, *(name for name in MTP_SSU_ATTRS if hasattr(mixer, name)))
 
 
-def is_single_token_decode(x: torch.Tensor, kwargs: dict[str, Any]) -> bool:
-    """True for Mamba2Mixer's non-speculative decode SSU call (x ``[b, H, P]``, no intermediate-state buffers);
-    False for the MTP verify call (4-D x, ``intermediate_states_buffer`` / ``cache_steps``)."""
-    return x.dim() == 3 and kwargs.get("intermediate_states_buffer") is None and kwargs.get("cache_steps") is None
+def mamba2_ssu_call(name: str, x: torch.Tensor, kwargs: dict[str, Any], verifies: bool) -> str:
+    """What a call of the Mamba2Mixer SSU attribute ``name`` is: ``"decode"`` (the non-speculative single-token
+    call: x ``[b, H, P]``, no intermediate-state buffers, no Philox seed) or, in a model that verifies MTP windows
+    (``verifies``), ``"verify"`` (4-D x, ``disable_state_update``, no Philox seed). Anything else is a RuntimeError:
+    upstream's SSU would update the checkpoint in place, which lags the live state by the ring's tokens."""
+    seeded = kwargs.get("rand_seed") is not None
+    if verifies:
+        if x.dim() == 4 and kwargs.get("disable_state_update") and not seeded:
+            return "verify"
+        what = "an MTP verify"
+    else:
+        if (x.dim() == 3 and kwargs.get("intermediate_states_buffer") is None and kwargs.get("cache_steps") is None
+                and not seeded):
+            return "decode"
+        what = "a single-token decode"
+    raise RuntimeError(f"trtllm-replayssm: a Mamba-2 SSU call ({name}: x {tuple(x.shape)}, disable_state_update="
+                       f"{kwargs.get('disable_state_update')}, rand_seed {'set' if seeded else 'none'}) that is not "
+                       f"{what}: this TensorRT-LLM decodes in a way the module does not support "
+                       "(TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
 
 
 def refusals_from_llm_args(llm_args: Any) -> list[str]:
@@ -159,15 +174,28 @@ def refusals_from_llm_args(llm_args: Any) -> list[str]:
         reasons.append("kv_connector_config is set: a KV connector may restore a slot without a local prefill")
     if (getattr(llm_args, "max_beam_width", 1) or 1) > 1:
         reasons.append(f"max_beam_width is {llm_args.max_beam_width}: beams share one SSM slot per request")
+    if getattr(llm_args, "torch_compile_config", None) is not None:
+        reasons.append("torch_compile_config is set: the module's per-step host logic (ring binding, prefill "
+                       "hand-off, slot ids) was not written for a traced forward")
     return reasons
 
 
-def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None, stored_state: bool,
-                         stochastic_rounding: bool) -> list[str]:
+def refusals_from_quant_config(quant_config: Any) -> list[str]:
+    """What the model's ``quant_config`` asks of upstream's SSM kernels that ReplaySSM does not do, one line each:
+    ``mamba_ssm_stochastic_rounding`` makes upstream's decode SSU round its fp16 state stochastically (a Philox seed
+    in the call), which the module does not run (a bundle's ``--stochastic-rounding`` rounds our checkpoint)."""
+    if getattr(quant_config, "mamba_ssm_stochastic_rounding", False):
+        return ["quant_config.mamba_ssm_stochastic_rounding is set: upstream's stochastically rounded SSU does not "
+                "run under ReplaySSM (build the bundle with --stochastic-rounding for our checkpoint's)"]
+    return []
+
+
+def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int | None,
+                         stored_state: bool) -> list[str]:
     """Why ReplaySSM cannot serve the speculative decoding the model's ``spec_config`` configures (None: none), one
-    line each: it verifies linear MTP windows (``family``: the model's SSM family), with the draft count the
-    bundle's rings were sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), plain
-    checkpoints and no stochastic rounding, through the calls it hooks."""
+    line each: it verifies linear MTP windows (``family``: the model's SSM family) of one draft count, the one the
+    bundle's rings were sized for (``bundle_spec_tokens``: the manifest's, None without ``--spec-tokens``), on plain
+    checkpoints, through the calls it hooks."""
     if spec_config is None:
         return []
     reasons = []
@@ -188,9 +216,9 @@ def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int 
     if stored_state:
         reasons.append("speculative decoding with a stored (quantized or dual-copy) checkpoint: the verify kernels "
                        "read plain fp32/fp16/bf16 checkpoints")
-    if stochastic_rounding:
-        reasons.append("quant_config.mamba_ssm_stochastic_rounding is set: the verify path has no stochastic "
-                       "rounding")
+    if getattr(spec_config, "draft_len_schedule", None):
+        reasons.append("speculative_config.draft_len_schedule is set: the draft count changes with the batch size "
+                       "(down to none), ReplaySSM verifies windows of the bundle's draft count")
     if family == "mamba2" and os.environ.get(MTP_CUSTOM_OP_ENV) == "1":
         reasons.append(f"{MTP_CUSTOM_OP_ENV}=1: the mixers verify through TensorRT-LLM's custom op, not the SSU "
                        "call the module hooks")
@@ -200,7 +228,7 @@ def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int 
 def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculative: bool = False,
                                 layer_cache: Any = None) -> list[str]:
     """What the live cache manager (``attn_metadata.kv_cache_manager``) and beam width show that ReplaySSM cannot
-    serve yet, one line each (checked on the first forward, an eager warm-up step). ``speculative``: the model
+    serve yet, one line each (checked on the first forward with each manager, an eager warm-up step). ``speculative``: the model
     verifies MTP windows (speculative_refusals passed), which needs the Python Mamba cache's speculative state
     without TensorRT-LLM's own MTP replay; ``layer_cache``: the manager's ``mamba_layer_cache`` of one of the
     model's SSM layers, whose per-draft conv windows the commit copies."""

@@ -20,6 +20,10 @@ from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 
 _log = logging.getLogger("trtllm_replayssm")
 
+# The attribute a checked cache manager carries: the ReplayModel that checked it (and, with MTP, took over its
+# commit). Kept on the manager, so that the model holds no reference to a manager TensorRT-LLM has dropped.
+CHECKED_ATTR = "_trtllm_replayssm_checked_by"
+
 
 @dataclass(frozen=True)
 class Swap:
@@ -46,7 +50,6 @@ class ReplayModel:
         self.arch = arch
         self.cache = cache
         self.swaps = swaps
-        self.checked = False  # the live cache manager not yet checked (first forward)
 
     @classmethod
     def install(cls, model: torch.nn.Module, arch: str, family: str, swap_classes: Mapping[type, type],
@@ -98,13 +101,14 @@ class ReplayModel:
         return bool(self.swaps)
 
     def begin_step(self, attn_metadata: Any) -> bool:
-        """Before each model forward; the first one checks the live cache manager (an eager warm-up step, before
-        any replay step and any graph capture) and falls back as a whole if it shows what replay cannot serve; a
-        model that verifies MTP windows then takes over the manager's ``update_mamba_states`` (its commit after
-        sampling: :meth:`ModelReplayCache.update_mamba_states`). Returns whether replay runs this step."""
-        if not self.checked:
-            self.checked = True
-            manager = getattr(attn_metadata, "kv_cache_manager", None)
+        """Before each model forward. The first forward with a cache manager this model has not seen
+        (``attn_metadata.kv_cache_manager``: an eager warm-up step, before any replay step on it and any graph
+        capture; TensorRT-LLM replaces its memory-estimation manager by the serving one) checks it and falls back as
+        a whole if it shows what replay cannot serve; a model that verifies MTP windows then takes over its
+        ``update_mamba_states`` (the commit after sampling: :meth:`ModelReplayCache.update_mamba_states`). Returns
+        whether replay runs this step."""
+        manager = getattr(attn_metadata, "kv_cache_manager", None)
+        if self.active and getattr(manager, CHECKED_ATTR, None) is not self:
             speculative = self.cache.window > 1
             layer_cache = (manager.mamba_layer_cache(self.cache.layer_ids[0])
                            if speculative and callable(getattr(manager, "mamba_layer_cache", None)) else None)
@@ -112,8 +116,11 @@ class ReplayModel:
                                                   speculative, layer_cache)
             if reasons:
                 self.uninstall(reasons)
-            elif speculative:
-                manager.update_mamba_states = functools.partial(self.cache.update_mamba_states, manager)
+            else:
+                if speculative:
+                    manager.update_mamba_states = functools.partial(self.cache.update_mamba_states, manager)
+                if manager is not None:
+                    setattr(manager, CHECKED_ATTR, self)
         if self.active:
             self.cache.begin_step()
         return self.active

@@ -12,9 +12,10 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
 * Mamba-2: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
   ``_stp_ssu_func`` in some revisions, whose per-draft MTP verify calls ``_mtp_ssu_func``: ``core.mamba2_ssu_attrs``);
   ours points each at ``_replay_ssu``, which routes single-token decode calls to ``ops.mamba2.replay_decode`` and
-  every other call to the upstream function behind that attribute. With MTP (the bundle's ``--spec-tokens``) the
-  mixers' verify call (4-D inputs, ``disable_state_update``, per-draft state buffers) goes to
-  ``ModelReplayCache.verify`` instead, which writes no per-draft state, and the cache manager's
+  raises on any other call (``core.mamba2_ssu_call``: upstream's SSU would update the lagging checkpoint). With MTP
+  (the bundle's ``--spec-tokens``) every call must be the mixers' verify (4-D inputs, ``disable_state_update``,
+  per-draft state buffers), which goes to ``ModelReplayCache.verify``, writing no per-draft state, and the cache
+  manager's
   ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit + the
   accepted conv windows).
 * GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
@@ -52,9 +53,10 @@ from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, SINGLE_TOKEN_SSU_ATTRS, as_windows, check_verify_call,
                                                   gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
-                                                  is_single_token_decode, kda_check_conv_pool, kda_fp32_params,
+                                                  kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv,
-                                                  mamba2_ssu_attrs, per_head, refusals_from_llm_args, replay_disabled,
+                                                  mamba2_ssu_attrs, mamba2_ssu_call, per_head, refusals_from_llm_args,
+                                                  refusals_from_quant_config, replay_disabled,
                                                   speculative_refusals, split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 
@@ -95,8 +97,8 @@ class ReplayMamba2Mixer(Mamba2Mixer):
     def _rs_setup(self, cache: Any) -> None:
         self._rs_cache = cache
         self._rs_upstream_ssus = {name: getattr(self, name) for name in mamba2_ssu_attrs(self)}
-        for name, upstream in self._rs_upstream_ssus.items():
-            setattr(self, name, functools.partial(self._replay_ssu, upstream))
+        for name in self._rs_upstream_ssus:
+            setattr(self, name, functools.partial(self._replay_ssu, name))
 
     def _rs_teardown(self) -> None:
         for name, upstream in self._rs_upstream_ssus.items():
@@ -113,22 +115,16 @@ class ReplayMamba2Mixer(Mamba2Mixer):
                                            mamba_metadata.state_indices[:attn_metadata.num_contexts])
         return out
 
-    def _replay_ssu(self, upstream: Any, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
+    def _replay_ssu(self, name: str, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
                     A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,  # noqa: N803
                     **kw: Any) -> Any:
-        """The SSU call behind one of the mixer's SSU attributes (``upstream``: the function it held)."""
-        if self._rs_cache.window > 1:  # every decode step of an MTP model is a verify
-            if x.dim() != 4 or not kw.get("disable_state_update") or kw.get("rand_seed") is not None:
-                raise RuntimeError(f"trtllm-replayssm: a Mamba-2 SSU call that is not an MTP verify (x "
-                                   f"{tuple(x.shape)}, disable_state_update={kw.get('disable_state_update')}) in a "
-                                   "model that verifies MTP windows: this TensorRT-LLM decodes in a way the module "
-                                   "does not support (TRTLLM_REPLAYSSM_DISABLE=1 serves with upstream kernels)")
+        """A call of the mixer's SSU attribute ``name``: the MTP verify or the single-token decode, on our cache
+        (core.mamba2_ssu_call; any other call is an error, never upstream's SSU on the lagging checkpoint)."""
+        if mamba2_ssu_call(name, x, kw, self._rs_cache.window > 1) == "verify":
             return self._rs_cache.verify(self.layer_idx, state, kw["state_batch_indices"], x, per_head(dt, 3, "dt"),
                                          per_head(A, 1, "A"), B, C, D=per_head(D, 1, "D"), z=kw.get("z"),
                                          dt_bias=per_head(kw.get("dt_bias"), 1, "dt_bias"),
                                          dt_softplus=kw.get("dt_softplus", True), out=kw["out"])
-        if not is_single_token_decode(x, kw) or kw.get("rand_seed") is not None:
-            return upstream(state, x, dt, A, B, C, D, **kw)
         layer = self._rs_cache.layer(self.layer_idx, state)
         slots = self._rs_cache.decode_slots(kw["state_batch_indices"])
         return mamba2.replay_decode(layer, x, per_head(dt, 2, "dt"), per_head(A, 1, "A"), B, C,
@@ -364,10 +360,9 @@ def _install(model: Any, model_config: Any) -> ReplayModel | None:
                            f"({model._rs_family}): build a bundle for this model")
     state = parse_state_label(settings.state, arg="state")
     spec_config = getattr(model_config, "spec_config", None)
-    quant_config = getattr(model_config, "quant_config", None)
     refusals = list(_LLM_ARGS_REFUSALS.get(type(model).__name__, []))
-    refusals += speculative_refusals(model._rs_family, spec_config, settings.spec_tokens, state.stored,
-                                     bool(getattr(quant_config, "mamba_ssm_stochastic_rounding", False)))
+    refusals += refusals_from_quant_config(getattr(model_config, "quant_config", None))
+    refusals += speculative_refusals(model._rs_family, spec_config, settings.spec_tokens, state.stored)
     return ReplayModel.install(model, arch, model._rs_family, model._rs_swaps, settings.buffer_len,
                                torch_dtype(settings.act_dtype, "act_dtype"), refusals,
                                (settings.planned_ring_bytes, settings.planned_slots), state,
