@@ -1,5 +1,6 @@
-"""Mutation run (development): small AST mutants of the slot, cache, check, serving-core, memory-plan and bundle
-modules, each run against the tests of its module; reports killed / survived and writes every mutant to JSON.
+"""Mutation run (development): small AST mutants of the slot, cache, check, serving-core, module-install,
+memory-plan and bundle modules, each run against the tests of its module; reports killed / survived and writes every
+mutant to JSON.
 
     python3 build_scripts/mutation_run.py [-o benchmarks/results/mutation-cpu.json] [--modules cache,checks]
         [--jobs 2] [--limit N] [--merge PREVIOUS.json]
@@ -42,6 +43,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "serving_core": ("trtllm_replayssm/serving/trtllm/core.py",
                      ["tests/test_trtllm_core_contract.py", "tests/test_cache_slots.py", "tests/test_trtllm_core.py",
                       "tests/test_trtllm_model_cache.py", "tests/test_serving_loop.py"]),
+    "install": ("trtllm_replayssm/serving/trtllm/install.py", ["tests/test_trtllm_model_cache.py"]),
     "memory_plan": ("trtllm_replayssm/serving/memory_plan.py",
                     ["tests/test_memory_plan.py", "tests/test_cache_slots.py", "tests/test_bundle_cli.py"]),
     "bundle": ("trtllm_replayssm/serving/bundle.py",

@@ -159,15 +159,35 @@ def _install(model, refusals=()):
     return ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 4, torch.bfloat16, refusals)
 
 
-def test_install_swaps_every_mixer_and_keeps_parameters():
+def test_install_swaps_every_mixer_and_keeps_parameters(caplog):
+    caplog.set_level(logging.INFO, "trtllm_replayssm")
     model = Toy([1, 3])
     params = [p for p in model.parameters()]
     replay = _install(model)
     assert [type(m) for m in model.layers[:2]] == [Replay, Replay] and list(model.parameters()) == params
     assert replay.cache.layer_ids == (1, 3) and model.layers[0]._rs_cache is replay.cache
+    assert any("2 mamba2 layers run ReplaySSM decode (L=4)" in r.getMessage() for r in caplog.records)
     manager = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False)
-    assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=1))
+    assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager))  # no beam_width: one beam
+    replay.cache.layer(1, _unified().get_ssm_states(2))  # a pool's state view (the toy's ids are not its layers)
+    replay.cache.decode_slots(torch.tensor([0], dtype=torch.int32))  # inside the step the begin opened
     replay.end_step()
+    with pytest.raises(RuntimeError, match="outside a model forward"):
+        replay.cache.decode_slots(torch.tensor([0], dtype=torch.int32))
+
+
+def test_one_mixer_model_installs():
+    replay = _install(Toy([5]))
+    assert replay.active and replay.cache.layer_ids == (5,)
+
+
+def test_beam_search_falls_back_at_the_first_step():
+    manager = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False)
+    replay = _install(Toy([1, 3]))
+    assert replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=None))  # unset: one beam
+    replay.end_step()
+    replay = _install(Toy([1, 3]))
+    assert not replay.begin_step(SimpleNamespace(kv_cache_manager=manager, beam_width=4)) and not replay.active
 
 
 def test_refusals_keep_or_restore_upstream_as_a_whole(caplog):
@@ -224,7 +244,7 @@ def test_every_new_cache_manager_is_checked_and_its_commit_taken_over(caplog):
 
     model = Toy([1, 3])
     replay = ReplayModel.install(model, "ToyForCausalLM", "mamba2", {Upstream: Replay}, 6, torch.float32,
-                                 spec_tokens=2)
+                                 spec_tokens=1)  # windows of two tokens
     estimation, _ = manager()
     serving, serving_commit = manager()
     for m in (estimation, estimation, serving, serving):
