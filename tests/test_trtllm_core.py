@@ -104,10 +104,16 @@ def test_as_windows():
     for n, T in ((4, 2), (0, 2), (6, 0)):
         with pytest.raises(ValueError, match="q: expected"):
             as_windows(n, T, q=q)
+    (one,) = as_windows(1, 6, g=beta[:, 0])  # one decode row, 1-D per-token values
+    assert one.shape == (1, 6) and torch.equal(one[0], beta[:, 0])
+    assert as_windows(6, 1, q=q)[0].shape == (6, 1, 2, 3)  # windows of one token
+    with pytest.raises(ValueError, match="x: expected 1 windows of 1 tokens"):
+        as_windows(1, 1, x=torch.tensor(1.0))  # a 0-d tensor holds no tokens
 
 
 def test_check_verify_call():
     check_verify_call("GDN", True, 3)
+    check_verify_call("GDN", True, 2)  # windows of one draft token
     check_verify_call("KDA", False, 1)
     with pytest.raises(RuntimeError, match="a single-token decode of a KDA layer in a model that verifies MTP"):
         check_verify_call("KDA", False, 4)
@@ -141,7 +147,11 @@ def test_gdn_prefill_kwargs_keep_the_prefill_rows_only():
     assert out["cache_indices"].tolist() == kw["state_indices_p"].tolist() and out["state_indices_d"].numel() == 0
     assert out["query_start_loc_long"].tolist() == [0, 5, 8] and out["has_initial_states"].tolist() == [False, True]
     assert out["num_prefill_tokens"] == 8 and out["use_replay"] is False
+    kw["use_cached_replay_all_layer_commit"] = True  # upstream's replay commit never runs on the prefill rows' call
+    assert gdn_prefill_kwargs(kw)["use_cached_replay_all_layer_commit"] is False
     assert "layer_cache" not in out and "replay_metadata" not in out
+    one = gdn_prefill_kwargs(_gdn_extend_kwargs([6], decodes=2, window=2))  # one prefill row is enough
+    assert one["batch_size"] == 1 and one["mixed_qkv"].shape[0] == 6 and one["query_start_loc"].tolist() == [0, 6]
     with pytest.raises(ValueError, match="num_prefill"):
         gdn_prefill_kwargs(_gdn_extend_kwargs([], decodes=2, window=2))
     # a stored upstream variant's forward_core adds full-batch scan layouts, which its prefill path prefers: refused

@@ -336,6 +336,8 @@ def test_refusals_from_cache_manager():
                               use_replay_state_update=False, mamba_layer_cache=lambda i: None,
                               update_mamba_states=lambda *a, **k: None)
     assert refusals_from_cache_manager(spec_ok, 1, speculative=True) == []
+    del spec_ok.use_replay_state_update  # a manager without TensorRT-LLM's MTP replay at all
+    assert refusals_from_cache_manager(spec_ok, 1, speculative=True) == []
     assert len(refusals_from_cache_manager(spec_ok, 1)) == 1  # a speculative manager, no served speculation
     spec_bad = SimpleNamespace(enable_block_reuse=False, kv_connector_manager=None, is_speculative=lambda: False,
                                use_replay_state_update=True)
