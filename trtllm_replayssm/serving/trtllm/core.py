@@ -228,10 +228,10 @@ def speculative_refusals(family: str, spec_config: Any, bundle_spec_tokens: int 
 def refusals_from_cache_manager(kv_cache_manager: Any, beam_width: int, speculative: bool = False,
                                 layer_cache: Any = None) -> list[str]:
     """What the live cache manager (``attn_metadata.kv_cache_manager``) and beam width show that ReplaySSM cannot
-    serve yet, one line each (checked on the first forward with each manager, an eager warm-up step). ``speculative``: the model
-    verifies MTP windows (speculative_refusals passed), which needs the Python Mamba cache's speculative state
-    without TensorRT-LLM's own MTP replay; ``layer_cache``: the manager's ``mamba_layer_cache`` of one of the
-    model's SSM layers, whose per-draft conv windows the commit copies."""
+    serve yet, one line each (checked on the first forward with each manager, an eager warm-up step).
+    ``speculative``: the model verifies MTP windows (speculative_refusals passed), which needs the Python Mamba
+    cache's speculative state without TensorRT-LLM's own MTP replay; ``layer_cache``: the manager's
+    ``mamba_layer_cache`` of one of the model's SSM layers, whose per-draft conv windows the commit copies."""
     reasons = []
     if getattr(kv_cache_manager, "enable_block_reuse", False):
         reasons.append("kv_cache_config.enable_block_reuse is true: prefix-cache blocks would hold a checkpoint, "
