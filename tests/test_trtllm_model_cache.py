@@ -231,7 +231,7 @@ def test_speculative_install_takes_over_the_managers_commit():
 
 
 def test_every_new_cache_manager_is_checked_and_its_commit_taken_over(caplog):
-    """TensorRT-LLM serves with another cache manager than its memory-estimation run's: the serving manager gets the
+    """TensorRT-LLM serves with another cache manager than its memory-estimation pass's: the serving manager gets the
     checks and, with MTP, the commit takeover too (its own commit would copy per-draft states the verify never
     wrote over the checkpoints); a manager already checked is not checked again."""
     def manager(**kw):
