@@ -16,10 +16,8 @@ from pathlib import Path
 
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.serving import signature_check
-from trtllm_replayssm.serving.trtllm.core import check_trtllm_version
+from trtllm_replayssm.serving.trtllm.core import SYMBOLS_PATH, check_trtllm_version, recorded_symbols  # noqa: F401
 
-# The TensorRT-LLM names and signatures the module relies on (package data; build_scripts/extract_trtllm_symbols.py).
-SYMBOLS_PATH = Path(__file__).with_name("trtllm_symbols.json")
 MANIFEST_ENV = "TRTLLM_REPLAYSSM_MANIFEST"
 KIMI_MODULES = ("tensorrt_llm._torch.models.modeling_kimi_linear", "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer")
 
@@ -67,7 +65,7 @@ def settings_from_env() -> ReplaySettings:
 def check_installed_trtllm(version: str, skip_kimi: bool) -> None:
     """Version gate, then every recorded signature against the installed one (once per process and version)."""
     check_trtllm_version(version)
-    recorded = signature_check.recorded_signatures(json.loads(SYMBOLS_PATH.read_text()))
+    recorded = signature_check.recorded_signatures(recorded_symbols())
     if skip_kimi:
         recorded = {name: sig for name, sig in recorded.items() if name.partition(":")[0] not in KIMI_MODULES}
     signature_check.check_signatures(recorded, signature_check.resolve_all(recorded), version)

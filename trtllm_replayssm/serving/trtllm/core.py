@@ -5,15 +5,29 @@ tested on CPU without TensorRT-LLM. All tensor functions are device-side (no hos
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache
 from trtllm_replayssm.core.reference import gdn as gdn_ref
+
+# The TensorRT-LLM names, signatures and call-site keywords the module relies on (package data;
+# build_scripts/extract_trtllm_symbols.py).
+SYMBOLS_PATH = Path(__file__).with_name("trtllm_symbols.json")
+
+
+@functools.cache
+def recorded_symbols() -> dict[str, Any]:
+    """The record at SYMBOLS_PATH, read once."""
+    return json.loads(SYMBOLS_PATH.read_text())
+
 
 SUPPORTED_TRTLLM_VERSIONS: tuple[str, ...] = ("1.4.0rc1", "1.3.0rc29")
 ALLOW_VERSION_ENV = "TRTLLM_REPLAYSSM_ALLOW_ANY_TRTLLM"
@@ -310,13 +324,11 @@ def check_verify_call(family: str, verify: bool, window: int) -> None:
 
 
 # forward_extend keywords that describe the decode rows; the prefill-only call drops or empties them
-# The keywords GDN's forward_core builds for forward_extend in the revision the glue was written against
-# (trtllm_symbols.json); gdn_prefill_kwargs refuses others, which could carry full-batch layouts into the prefill path.
-GDN_FORWARD_CORE_KWARGS = frozenset((
-    "a", "b", "batch_size", "cache_indices", "has_initial_states", "layer_cache", "mixed_qkv", "num_decode_tokens",
-    "num_decodes", "num_prefill", "num_prefill_tokens", "query_start_loc", "query_start_loc_long", "replay_metadata",
-    "replay_n_writes", "replay_work_items", "state_indices_d", "state_indices_p", "use_cached_replay_all_layer_commit",
-    "use_replay"))
+# The keywords GDN's forward_core builds for forward_extend in the revision the glue was written against, as
+# recorded; gdn_prefill_kwargs refuses others, which could carry full-batch layouts into the prefill path.
+GDN_FORWARD_CORE_KWARGS = frozenset(
+    recorded_symbols()["modules"]["tensorrt_llm._torch.modules.mamba.gdn_mixer"]["Qwen3NextGatedDeltaNet"]["dict_keys"]
+    ["forward_core"]["kwargs"])
 _GDN_DECODE_KWARGS = ("replay_metadata", "layer_cache", "replay_work_items", "replay_n_writes")
 
 

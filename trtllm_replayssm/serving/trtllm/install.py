@@ -116,11 +116,10 @@ class ReplayModel:
                                                   speculative, layer_cache)
             if reasons:
                 self.uninstall(reasons)
-            else:
+            elif manager is not None:  # (a speculative model without a manager was refused above)
                 if speculative:
                     manager.update_mamba_states = functools.partial(self.cache.update_mamba_states, manager)
-                if manager is not None:
-                    setattr(manager, CHECKED_ATTR, self)
+                setattr(manager, CHECKED_ATTR, self)
         if self.active:
             self.cache.begin_step()
         return self.active

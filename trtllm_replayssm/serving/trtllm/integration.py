@@ -15,9 +15,8 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   raises on any other call (``core.mamba2_ssu_call``: upstream's SSU would update the lagging checkpoint). With MTP
   (the bundle's ``--spec-tokens``) every call must be the mixers' verify (4-D inputs, ``disable_state_update``,
   per-draft state buffers), which goes to ``ModelReplayCache.verify``, writing no per-draft state, and the cache
-  manager's
-  ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit + the
-  accepted conv windows).
+  manager's ``update_mamba_states`` after sampling becomes ``ModelReplayCache.update_mamba_states`` (cursor commit
+  + the accepted conv windows).
 * GDN: ``Qwen3NextGatedDeltaNet.forward_decode`` is overridden for pure-decode batches; mixed batches run upstream's
   chunked kernel over the decode rows too, so ``forward_core`` folds those rows' rings into the checkpoint first
   (and, with codes in the pool, writes their values there: ``ModelReplayCache.expose_slots``).
