@@ -5,9 +5,10 @@ pytest compiles a module on its first use, one at a time per process, which domi
 time. This script imports the GPU test modules and collects, per module, the SSM dims and state specs their globals
 hold (directly or inside dicts, lists and tuples); every family module those dims can launch with those specs and an
 fp32 checkpoint, bf16 activations, is compiled into the kernel cache (NVRTC releases the GIL: one thread per core).
-Dims a test builds inside a function are not seen; their modules compile on first use as before.
+Dims a test builds inside a function are not seen; their modules compile on first use as before. With ``--models``
+and ``--specs`` it compiles the modules of those model presets x state specs instead, before a benchmark runs them.
 
-    python3 build_scripts/precompile_test_kernels.py [--arch sm_90a] [--list]
+    python3 build_scripts/precompile_test_kernels.py [--arch sm_90a] [--list] [--models M,... --specs S,...]
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ import torch
 
 from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import StateSpec, state_spec, torch_dtype
+from trtllm_replayssm.core.formats import StateSpec, parse_state_label, state_spec, torch_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, unique
+from trtllm_replayssm.serving.presets import get_preset
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 GPU_TEST_MODULES = ("test_quantized_gpu", "test_row_contract", "test_properties", "test_mamba2_gpu",
@@ -55,12 +57,29 @@ def gpu_test_kernel_configs(modules: tuple[str, ...] = GPU_TEST_MODULES) -> list
     return unique(configs)
 
 
+def preset_kernel_configs(models: list[str], labels: list[str]) -> list[KernelConfig]:
+    """Every module the layers of the model presets ``models`` can launch with each state spec of ``labels``
+    (``fp32``, ``nvfp4/dual/fp16``, ...), bf16 activations."""
+    configs = []
+    for model in models:
+        dims = get_preset(model).ssm_dims
+        for spec in (parse_state_label(label, "--specs") for label in labels):
+            state = spec if spec.stored else torch_dtype(spec.format, "state")
+            configs += family_of(dims).kernel_configs(dims, state, torch.bfloat16)
+    return unique(configs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="sm_90a", help="target SM (default sm_90a: H100/H200)")
     parser.add_argument("--list", action="store_true", help="print the module names only")
+    parser.add_argument("--models", default="", help="comma-separated model presets (with --specs)")
+    parser.add_argument("--specs", default="", help="comma-separated state specs (with --models)")
     args = parser.parse_args(argv)
-    configs = gpu_test_kernel_configs()
+    if bool(args.models) != bool(args.specs):
+        parser.error("--models and --specs: give both or neither")
+    configs = (preset_kernel_configs(args.models.split(","), args.specs.split(",")) if args.models
+               else gpu_test_kernel_configs())
     if args.list:
         print("\n".join(c.name for c in configs))
         return 0
@@ -68,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.time()
     compile_all(configs, args.arch)
-    print(f"{len(configs)} test kernel modules for {args.arch} in {time.time() - start:.0f} s")
+    print(f"{len(configs)} kernel modules for {args.arch} in {time.time() - start:.0f} s")
     return 0
 
 

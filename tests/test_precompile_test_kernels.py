@@ -2,10 +2,12 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from trtllm_replayssm.core.families import get_family
-from trtllm_replayssm.core.formats import torch_dtype
+from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
+from trtllm_replayssm.serving.presets import get_preset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "build_scripts" / "precompile_test_kernels.py"
 
@@ -26,3 +28,16 @@ def test_the_quantized_tests_modules_are_all_listed():
         for spec in q.SPECS.values():
             state = spec if spec.stored else torch_dtype(spec.format, "state")
             assert {c.name for c in family.kernel_configs(dims, state, torch.bfloat16)} <= names, (key, spec.label)
+
+
+def test_preset_modules_cover_each_spec_and_refuse_a_lone_flag():
+    script = _script()
+    names = {c.name for c in script.preset_kernel_configs(["nemotron-3-nano-4b", "qwen3.5-4b"], ["fp32", "nvfp4"])}
+    for model in ("nemotron-3-nano-4b", "qwen3.5-4b"):
+        dims = get_preset(model).ssm_dims
+        family = get_family(dims.family)
+        for state in (torch.float32, parse_state_label("nvfp4")):
+            assert {c.name for c in family.kernel_configs(dims, state, torch.bfloat16)} <= names, (model, state)
+    assert any(n.startswith("mamba2_p80") for n in names) and any(n.startswith("gdn_") for n in names)
+    with pytest.raises(SystemExit):
+        script.main(["--models", "qwen3.5-4b"])
