@@ -3,13 +3,16 @@
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
 #   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [spec] [compare] [profile]
-#     [train] [accuracy]
+#     [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
 #   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
 #   fp32 baseline pass each, then the fp32 speculative windows). On the H200: training takes 92 s (byte-nemotron) and
 #   190 s (byte-qwen); at ACC_TOKENS=131072 the first state group (10 specs) 134-178 s and the second 66-103 s per
-#   model, so one device call (10 minutes at most) holds the groups of one model, not training and every accuracy run
+#   model, so one device call (10 minutes at most) holds the groups of one model, not training and every accuracy run;
+#   ab: benchmarks/dev/quant_speed.py in the source trees AB_TREES ("A B", e.g. `git archive` of two branches), both
+#   trees' modules of AB_MODELS x AB_SPECS compiled first, rounds ABAB (benchmarks/dev/ab_trees.py). A branch's own
+#   tests run with its tree's copy of this script: bash TREE/build_scripts/gpu_check.sh quantized sanitize
 # Carry .whl (peer wheels + prebuilt FlashInfer modules, see trtllm_replayssm/lab/bench/flashinfer_aot.py) for the
 # peers, and the pytest-xdist and execnet wheels for parallel GPU tests. The device tool returns at most 8 files from its $OUT, so write elsewhere and pack, e.g.:
 #   PACK_TO=$OUT OUT=/tmp/gpu_out bash build_scripts/gpu_check.sh bench
@@ -204,6 +207,20 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
       ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
     rc=$?; record "accuracy $m fp32, fp32 activations and rings" $rc "$OUT/acc/$m-fp32-rings.json"
   done
+fi
+if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --specs
+  read -r -a ab_trees <<< "${AB_TREES:-}"
+  models=${AB_MODELS:-nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b}
+  specs=${AB_SPECS:-fp32,nvfp4,nvfp4/dual/fp16,fp8/dual/fp32}
+  if [ ${#ab_trees[@]} -ne 2 ]; then
+    record "A/B of two source trees" 2 "AB_TREES: expected two source trees, got '${AB_TREES:-}'"
+  else
+    timeout "${AB_TIMEOUT:-540}" python3 benchmarks/dev/ab_trees.py "${ab_trees[@]}" "$OUT/ab-trees.json" \
+      --rounds "${AB_ROUNDS:-2}" --precompile "$models" "$specs" -- python3 benchmarks/dev/quant_speed.py -o {out} \
+      --models "$models" --specs "$specs" ${AB_ARGS:---batches 256 --impls replay --phases cycle,nonflush} \
+      > "$OUT/ab_trees.log" 2>&1
+    rc=$?; record "A/B ${ab_trees[*]}" $rc "$OUT/ab-trees.json"
+  fi
 fi
 for f in "$OUT"/kernels-h200-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.lab.bench.report import load_results, \
