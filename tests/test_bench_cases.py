@@ -177,7 +177,8 @@ def test_runner_records_what_the_op_ran_and_skips_unavailable_peers():
     assert recs[0].pct_of_copy == pytest.approx(100 * recs[0].model_gbps / 2000.0)
     assert all(r.finite for r in recs)
     assert len(skipped) == 1 and skipped[0]["impl"] == "flashinfer_ssu" and skipped[0]["model"] == "tiny"
-    assert skipped[0]["reason"].startswith("import flashinfer.mamba failed")
+    # without FlashInfer: its import failed; with it: the tiny head_dim it cannot compile
+    assert "flashinfer" in skipped[0]["reason"].lower()
 
 
 @pytest.mark.parametrize("label", ["nvfp4/dual/fp16", "fp8+sr"])
