@@ -30,6 +30,15 @@ record() {  # record NAME RC DETAIL
   [ "$2" = 0 ] || failed=1
 }
 failed=0
+# CALL_BUDGET (seconds): every step's time limit is cut to what is left of it, so that a call under a device time
+# limit still ends with the table; a step with no time left is not started and records 124.
+deadline=$(( $(date +%s) + ${CALL_BUDGET:-1000000} ))
+bounded() {  # bounded SECONDS CMD...: timeout SECONDS, or less if the budget ends sooner
+  local t=$1 left=$(( deadline - $(date +%s) - 10 )); shift
+  [ "$left" -lt "$t" ] && t=$left
+  if [ "$t" -le 0 ]; then echo "not started: no time left in CALL_BUDGET"; return 124; fi
+  timeout "$t" "$@"
+}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, cuda.bindings; from trtllm_replayssm.core.jit.compiler import nvrtc_version; \
@@ -61,7 +70,7 @@ if has tests || has quantized || has long; then
   # TEST_WORKERS processes, one test at a time to whichever is free (a file-per-worker split left the quantized file on
   # one worker), so the modules they compile on first use (NVRTC, one core each) build side by side. The logs name
   # every test (-v), so a run stopped by its time limit still says what passed.
-  timeout "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py > "$OUT/precompile.log" 2>&1
+  bounded "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py > "$OUT/precompile.log" 2>&1
   rc=$?; record "precompile test kernels" $rc "$(tail -n 1 "$OUT/precompile.log")"
   workers=()
   python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist load)
@@ -69,23 +78,23 @@ fi
 if has tests; then
   deselect=(--ignore tests/test_quantized_gpu.py)
   for t in "${LONG_TESTS[@]}"; do deselect+=(--deselect "$t"); done
-  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
+  bounded "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels' (but quantized, long)" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
 if has quantized; then  # one process: its 227 tests pass in about 140 s after the precompile; 14 workers were far slower
-  timeout "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v -m "gpu or kernels" tests/test_quantized_gpu.py \
+  bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v -m "gpu or kernels" tests/test_quantized_gpu.py \
     > "$OUT/gpu_tests_quantized.log" 2>&1
   rc=$?; record "pytest tests/test_quantized_gpu.py" $rc "$(tail -n 1 "$OUT/gpu_tests_quantized.log")"
 fi
 if has long; then  # 7 tests on 3 workers
   long_workers=(); [ ${#workers[@]} -gt 0 ] && long_workers=(-n 3 --dist load)
-  timeout "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${LONG_TESTS[@]}" > "$OUT/gpu_tests_long.log" 2>&1
+  bounded "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${LONG_TESTS[@]}" > "$OUT/gpu_tests_long.log" 2>&1
   rc=$?; record "pytest serving schedules, 10k windows" $rc "$(tail -n 1 "$OUT/gpu_tests_long.log")"
 fi
 if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)
   log="$OUT/sanitizer-memcheck-row-contract.log"
-  timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+  bounded 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
     python3 -m pytest -q -m gpu tests/test_row_contract.py > "$log" 2>&1
   rc=$?; record "memcheck corrupted ids and cursors" $rc "$(grep -h 'ERROR SUMMARY' "$log" | tail -n 1) $(tail -n 1 "$log")"
 fi
@@ -99,14 +108,14 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
     for t in "${smoke[@]}"; do
       log="$OUT/sanitizer-$tool.log"
       exitcode=(--error-exitcode 9); [ "$tool" = racecheck ] && exitcode=()
-      timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no "${exitcode[@]}" \
+      bounded 300 compute-sanitizer --tool "$tool" --report-api-errors no "${exitcode[@]}" \
         python3 -m pytest -q "$t" >> "$log" 2>&1
       rc=$?; record "$tool $(basename "${t%%::*}")" $rc "$(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$log" | tail -n 1)"
     done
   done
   for copy in bulk cp.async; do
     log="$OUT/sanitizer-racecheck-protocol-$copy.log"
-    timeout 150 compute-sanitizer --tool racecheck --show-backtrace no \
+    bounded 150 compute-sanitizer --tool racecheck --show-backtrace no \
       python3 benchmarks/dev/racecheck_protocol.py --copy "$copy" --tiles 8 > "$log" 2>&1
     rc=$?; record "racecheck protocol kernel ($copy)" $rc "$(grep -h 'RACECHECK SUMMARY\|ERROR SUMMARY' "$log" | tail -n 1)"
   done
@@ -114,45 +123,45 @@ fi
 if has bench; then  # fp32 state at every batch first, then bf16 state at serving batches, then FP8 (separate files)
   # BENCH_ARGS narrows the fp32 and bf16 runs, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0
   # skips bf16, BENCH_FP8=0 the FP8 run.
-  timeout "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
+  bounded "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
     -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1
   rc=$?; record "bench kernels fp32" $rc "$OUT/kernels-h200-fp32.json"
   if [ "${BENCH_BF16:-1}" = 1 ]; then
-    timeout "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
+    bounded "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
       ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1
     rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
   fi
   if [ "${BENCH_FP8:-1}" = 1 ]; then  # shared FP8 on Super beside FlashInfer's checkpointing_ssu with its FP8 state
-    timeout "${BENCH_FP8_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype fp8 --family mamba2 \
+    bounded "${BENCH_FP8_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype fp8 --family mamba2 \
       --models nemotron-3-super-120b --batch 1,8,64,256 -o "$OUT/kernels-h200-fp8.json" > "$OUT/bench_fp8.log" 2>&1
     rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-h200-fp8.json"
   fi
 fi
 if has quant-bench; then  # issue 23's small batches: every stored spec beside fp32 at batch 1 and 8, each family
-  timeout "${QUANT_BENCH_TIMEOUT:-540}" python3 -m trtllm_replayssm bench kernels --no-peers \
+  bounded "${QUANT_BENCH_TIMEOUT:-540}" python3 -m trtllm_replayssm bench kernels --no-peers \
     --state-format fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16 --batch "${QUANT_BENCH_BATCH:-1,8}" \
     --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-h200-quant-small.json" \
     > "$OUT/bench_quant.log" 2>&1
   rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-h200-quant-small.json"
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
-  timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
+  bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
     --models nemotron-3-super-120b,nemotron-3-nano-4b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
     -o "$OUT/kernels-spec-h200.json" > "$OUT/bench_spec.log" 2>&1
   rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-h200.json"
   # GDN and KDA verify (no peer runs it): 70 s for three models at batch 1-512 on the H200
-  timeout "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family gdn,kda \
+  bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family gdn,kda \
     --models qwen3.5-4b,qwen3.5-122b,kimi-linear-48b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
     -o "$OUT/kernels-spec-delta-h200.json" > "$OUT/bench_spec_delta.log" 2>&1
   rc=$?; record "bench kernels --spec (GDN, KDA)" $rc "$OUT/kernels-spec-delta-h200.json"
 fi
 if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
   batches=${COMPARE_BATCH:-1,8,64,256}
-  timeout "${COMPARE_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-nano-4b qwen3.5-4b \
+  bounded "${COMPARE_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-nano-4b qwen3.5-4b \
     --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-full" > "$OUT/compare.log" 2>&1
   rc=$?; record "compare 4B models" $rc "$OUT/compare-full/compare.json"
   if [ "${COMPARE_SLICES:-1}" = 1 ]; then
-    timeout "${COMPARE_SLICES_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-super-120b qwen3.5-122b \
+    bounded "${COMPARE_SLICES_TIMEOUT:-400}" python3 -m trtllm_replayssm compare nemotron-3-super-120b qwen3.5-122b \
       --gpu-layers 12 --batch "$batches" --steps "${COMPARE_STEPS:-64}" -o "$OUT/compare-slices" \
       > "$OUT/compare_slices.log" 2>&1
     rc=$?; record "compare 12-layer slices" $rc "$OUT/compare-slices/compare.json"
@@ -165,7 +174,7 @@ if has profile; then  # Nsight Compute of one step per implementation at small b
     IFS=: read -r model batch what rows <<< "$c"
     log="$OUT/ncu.log"
     echo "== $c" >> "$log"
-    timeout 120 ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight --section LaunchStats \
+    bounded 120 ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight --section LaunchStats \
       --section Occupancy --section WarpStateStats --section SchedulerStats --print-details all \
       python3 benchmarks/dev/ncu_step.py "$model" fp32 "$batch" 1 "$what" $rows >> "$log" 2>&1
     rc=$?; record "ncu $c" $rc "$(grep -h 'Duration' "$log" | tail -n 1)"
@@ -173,7 +182,7 @@ if has profile; then  # Nsight Compute of one step per implementation at small b
 fi
 MODELS_DIR=${MODELS_DIR:-$OUT/models}
 if has train; then
-  timeout "${TRAIN_TIMEOUT:-540}" python3 build_scripts/train_models.py --corpus corpus -o "$MODELS_DIR" \
+  bounded "${TRAIN_TIMEOUT:-540}" python3 build_scripts/train_models.py --corpus corpus -o "$MODELS_DIR" \
     --models "${TRAIN_MODELS:-byte-nemotron}" --steps "${TRAIN_STEPS:-1500}" > "$OUT/train.log" 2>&1
   rc=$?; record "train ${TRAIN_MODELS:-byte-nemotron}" $rc "$(tail -n 1 "$OUT/train.log")"
   for m in "$MODELS_DIR"/*/; do [ -f "$m/train.json" ] && cp "$m/train.json" "$OUT/train-$(basename "$m").json"; done
@@ -191,18 +200,18 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
     IFS=';' read -ra groups <<< "$states"
     for g in "${groups[@]}"; do
       k=$((k + 1))
-      timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states "$g" \
+      bounded "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states "$g" \
         --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-$k.json" ${ACC_ARGS:-} \
         >> "$OUT/accuracy.log" 2>&1
       rc=$?; record "accuracy $m $g" $rc "$OUT/acc/$m-$k.json"
     done
     [ "${ACC_EXTRA:-1}" = 1 ] || continue  # ACC_EXTRA=0: the state groups only
-    timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --spec 4 \
+    bounded "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --spec 4 \
       --mean-accept 3 --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt \
       -o "$OUT/acc/$m-spec4.json" ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
     rc=$?; record "accuracy $m fp32 spec T=4" $rc "$OUT/acc/$m-spec4.json"
     # fp32 activations: the rings hold fp32 records, so this run against the bf16 one prices the rings' rounding
-    timeout "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --act-dtype fp32 \
+    bounded "${ACC_TIMEOUT:-400}" python3 -m trtllm_replayssm accuracy "$dir" --states fp32 --act-dtype fp32 \
       --tokens "${ACC_TOKENS:-131072}" --text corpus/heldout/persuasion.txt -o "$OUT/acc/$m-fp32-rings.json" \
       ${ACC_ARGS:-} >> "$OUT/accuracy.log" 2>&1
     rc=$?; record "accuracy $m fp32, fp32 activations and rings" $rc "$OUT/acc/$m-fp32-rings.json"
@@ -215,7 +224,7 @@ if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --s
   if [ ${#ab_trees[@]} -ne 2 ]; then
     record "A/B of two source trees" 2 "AB_TREES: expected two source trees, got '${AB_TREES:-}'"
   else
-    timeout "${AB_TIMEOUT:-540}" python3 benchmarks/dev/ab_trees.py "${ab_trees[@]}" "$OUT/ab-trees.json" \
+    bounded "${AB_TIMEOUT:-540}" python3 benchmarks/dev/ab_trees.py "${ab_trees[@]}" "$OUT/ab-trees.json" \
       --rounds "${AB_ROUNDS:-2}" --precompile "$models" "$specs" -- python3 benchmarks/dev/quant_speed.py -o {out} \
       --models "$models" --specs "$specs" ${AB_ARGS:---batches 256 --impls replay --phases cycle,nonflush} \
       > "$OUT/ab_trees.log" 2>&1
