@@ -25,6 +25,7 @@ from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import StateSpec, parse_state_label, state_spec, torch_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, unique
+from trtllm_replayssm.serving.catalog import spec_configs
 from trtllm_replayssm.serving.presets import get_preset
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -60,13 +61,8 @@ def gpu_test_kernel_configs(modules: tuple[str, ...] = GPU_TEST_MODULES) -> list
 def preset_kernel_configs(models: list[str], labels: list[str]) -> list[KernelConfig]:
     """Every module the layers of the model presets ``models`` can launch with each state spec of ``labels``
     (``fp32``, ``nvfp4/dual/fp16``, ...), bf16 activations."""
-    configs = []
-    for model in models:
-        dims = get_preset(model).ssm_dims
-        for spec in (parse_state_label(label, "--specs") for label in labels):
-            state = spec if spec.stored else torch_dtype(spec.format, "state")
-            configs += family_of(dims).kernel_configs(dims, state, torch.bfloat16)
-    return unique(configs)
+    return unique(cfg for model in models for label in labels
+                  for cfg in spec_configs(get_preset(model), parse_state_label(label, "--specs"), "bf16"))
 
 
 def main(argv: list[str] | None = None) -> int:

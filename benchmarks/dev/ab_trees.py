@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds: expected at least 1, got {args.rounds}")
     trees = {"a": args.tree_a, "b": args.tree_b}
-    if args.precompile and not all((tree / PRECOMPILE).is_file() for tree in trees.values()):
-        ap.error(f"--precompile: expected {PRECOMPILE} in both trees")
     if args.precompile:
+        if not all((tree / PRECOMPILE).is_file() for tree in trees.values()):
+            ap.error(f"--precompile: expected {PRECOMPILE} in both trees")
         models, specs = args.precompile
         procs = [subprocess.Popen([sys.executable, PRECOMPILE, "--models", models,
                                    "--specs", specs], cwd=tree, env=_tree_env(tree)) for tree in trees.values()]
