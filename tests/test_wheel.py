@@ -56,7 +56,7 @@ def test_wheel_serves_the_cli_from_a_fresh_venv(wheel: Path, tmp_path: Path) -> 
 
     where = json.loads(run(str(py), "-c", "import json, trtllm_replayssm as t; "
                                           "from trtllm_replayssm.core.jit.compiler import plugin_dir; "
-                                          "from trtllm_replayssm.serving.trtllm import SYMBOLS_PATH; "
+                                          "from trtllm_replayssm.serving.trtllm.core import SYMBOLS_PATH; "
                                           "print(json.dumps([t.__file__, str(plugin_dir()), str(SYMBOLS_PATH)]))"))
     assert all(p.startswith(str(env_dir)) for p in where), where  # the wheel, not the checkout
     assert Path(where[2]).is_file()

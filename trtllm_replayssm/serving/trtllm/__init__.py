@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.serving import signature_check
-from trtllm_replayssm.serving.trtllm.core import SYMBOLS_PATH, check_trtllm_version, recorded_symbols  # noqa: F401
+from trtllm_replayssm.serving.trtllm.core import check_trtllm_version, recorded_symbols
 
 MANIFEST_ENV = "TRTLLM_REPLAYSSM_MANIFEST"
 KIMI_MODULES = ("tensorrt_llm._torch.models.modeling_kimi_linear", "tensorrt_llm._torch.modules.kimi_kda.kimi_kda_mixer")
