@@ -206,7 +206,7 @@ class ServingLoop:
                 self.captured[size] = (graph, steps, outs)
         if self.graphs:
             torch.cuda.synchronize()
-            self.report.memory.append(torch.cuda.memory_allocated())
+            self.report.memory.append(self.glue_memory())
 
     def step(self) -> None:
         rep = self.report
@@ -278,6 +278,13 @@ class ServingLoop:
             out.copy_(static)
         self.report.graph_steps += 1
 
+    def glue_memory(self) -> int:
+        """The device bytes allocated, less the running requests' float64 references (the test's own, one state per
+        layer and request, which come and go with the requests)."""
+        refs = sum(-(-s.untyped_storage().nbytes() // 512) * 512  # the caching allocator's 512-byte rounding
+                   for r in self.running for s in (r.states or []) if s.is_cuda)
+        return torch.cuda.memory_allocated() - refs
+
     def _tensors(self) -> list[torch.Tensor]:
         """Everything a step writes: the pool, the cursors, every layer's rings and the scratch."""
         cache = self.cache.cache
@@ -334,6 +341,6 @@ def run(family: str, device: str, buffer_len: int, steps: int, graphs: bool, max
         loop.step()
         if graphs:  # after the step's own inputs and outputs are gone: what the glue and the graphs hold
             torch.cuda.synchronize()
-            loop.report.memory.append(torch.cuda.memory_allocated())
+            loop.report.memory.append(loop.glue_memory())
     assert loop.cache.binds == 1, "the rings were reallocated during serving"
     return loop.report
