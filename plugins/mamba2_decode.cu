@@ -448,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   const int w = bad_cursor ? 0 : cursor;
   const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
   __shared__ OutStage st;
-  if (w == 0 && !kStored) {  // a stored checkpoint's write is inlined once: every row folds (an empty ring: w = 0)
+  if (w == 0 && !SR) {  // a stochastically rounded write counts the slot's flushes in the fold's arrival below
     if (!single_step_rows<true>(p, t, raw, st, first_id, bad_cursor)) return;
   } else {
     __shared__ float s_w[rssm::kMaxL];
