@@ -294,16 +294,50 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
   return true;
 }
 
-// Row r of this warp's checkpoint rows in fp32: from the registers (`raw`) for a plain checkpoint, else decoded where
-// used (no dynamic register index) from `src` (dual mode's read copy) or, without one, the master.
+// Rows fetched ahead while a stored checkpoint's row loop, which is not unrolled (one inlined copy of a stored row's
+// write: unrolled, ptxas spills), works on one: about 24 registers of fetched bytes (Rows::Fetched).
 template <class SrcRows>
-__device__ __forceinline__ void checkpoint_row(const Tile& t, const RawTile& raw, int r, const SrcRows* src,
-                                               float (&v)[kEpl]) {
+constexpr int kFetchWords = int(sizeof(typename SrcRows::template Fetched<kEpl>)) / 4;
+template <class SrcRows>
+constexpr int kFetchAhead = 24 / kFetchWords<SrcRows> < 2              ? 2
+                            : 24 / kFetchWords<SrcRows> > kRowsPerWarp ? kRowsPerWarp
+                                                                       : 24 / kFetchWords<SrcRows>;
+
+// f(r, v) for the rows r = 0 .. kRowsPerWarp-1 of `rows` (this warp's rows of a stored checkpoint) in order, v the
+// row's values in fp32 (this lane's kEpl columns), with the loads of the next kFetchAhead rows in flight.
+template <class SrcRows, class F>
+__device__ __forceinline__ void for_each_stored_row(const SrcRows& rows, int lane, F&& f) {
+  using Fetched = typename SrcRows::template Fetched<kEpl>;
+  constexpr int kAhead = kFetchAhead<SrcRows>;
+  Fetched ahead[kAhead];
+#pragma unroll
+  for (int k = 0; k < kAhead; ++k)
+    if (k < kRowsPerWarp) ahead[k] = rows.template fetch<kEpl>(k, lane);
+#pragma unroll 1
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const Fetched cur = ahead[0];
+#pragma unroll
+    for (int k = 0; k + 1 < kAhead; ++k) ahead[k] = ahead[k + 1];
+    if (r + kAhead < kRowsPerWarp) ahead[kAhead - 1] = rows.template fetch<kEpl>(r + kAhead, lane);
+    float v[kEpl];
+    rows.decode(cur, v);
+    f(r, v);
+  }
+}
+
+// f(r, v) for this warp's checkpoint rows in fp32: from the registers (`raw`) for a plain checkpoint (unrolled),
+// else fetched ahead and decoded from `rows` (the master, or dual mode's read copy).
+template <class SrcRows, class F>
+__device__ __forceinline__ void for_each_checkpoint_row(const Tile& t, const RawTile& raw, const SrcRows& rows, F&& f) {
   if constexpr (kStored) {
-    if (src) src->decode(r, t.lane, v);
-    else t.master.decode(r, t.lane, v);
+    for_each_stored_row(rows, t.lane, f);
   } else {
-    unpack_row(raw, r, v);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float v[kEpl];
+      unpack_row(raw, r, v);
+      f(r, v);
+    }
   }
 }
 
@@ -313,10 +347,7 @@ __device__ __forceinline__ void checkpoint_row(const Tile& t, const RawTile& raw
 __device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
                                                  const float (&cv)[kEpl], const act_t (*s_B)[N],
                                                  const float (*s_xs)[PT], float decay, int w, OutStage& st) {
-#pragma unroll(kStored ? 1 : kRowsPerWarp)  // one inlined copy of a stored row's write (unrolled, ptxas spills)
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float v[kEpl];
-    checkpoint_row<MasterRows>(t, raw, r, nullptr, v);
+  for_each_checkpoint_row(t, raw, t.master, [&](int r, float (&v)[kEpl]) {
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] *= decay;
     for (int j = 0; j <= w; ++j) {
@@ -328,20 +359,15 @@ __device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Ti
     }
     store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
-  }
+  });
 }
 
 // The checkpoint rows' S·C (`cv`: this lane's C, scaled by the caller) staged per row without a fold: a one-launch
-// replay's non-flush step (`src`: dual mode's read copy, else nullptr).
-template <class SrcRows = MasterRows>
+// replay's non-flush step (`rows`: dual mode's read copy, else the master).
+template <class SrcRows>
 __device__ __forceinline__ void stage_checkpoint_dots(const Tile& t, const RawTile& raw, const float (&cv)[kEpl],
-                                                      OutStage& st, const SrcRows* src = nullptr) {
-#pragma unroll(kStored ? 1 : kRowsPerWarp)
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float v[kEpl];
-    checkpoint_row(t, raw, r, src, v);
-    stage_row_dot(t, r, v, cv, st);
-  }
+                                                      OutStage& st, const SrcRows& rows) {
+  for_each_checkpoint_row(t, raw, rows, [&](int r, float (&v)[kEpl]) { stage_row_dot(t, r, v, cv, st); });
 }
 
 // fold_staged_rows of ring entries 0..w-1 plus the current token (entry w), staged from global memory here (the flush
@@ -568,12 +594,10 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kFusedMinBlocks)
     float cvd[kEpl];
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) cvd[e] = s_decay * cv[e];
-    if constexpr (kDual) {
-      const ReadRows read = nonflush_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
-      stage_checkpoint_dots(t, raw, cvd, st, &read);
-    } else {
-      stage_checkpoint_dots(t, raw, cvd, st);
-    }
+    if constexpr (kDual)
+      stage_checkpoint_dots(t, raw, cvd, st, nonflush_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp));
+    else
+      stage_checkpoint_dots(t, raw, cvd, st, t.master);
     __syncthreads();  // every entry's c_j
     const int i = threadIdx.x;
     if (i < PT) {

@@ -294,27 +294,52 @@ struct Rows {
     }
   }
 
-  // Row r's values of slot `slot` (EL columns; the default layout: slot = lane), decoded to float.
+  // A lane's stored bytes of one row (slot `slot`, EL columns) in registers: the codes or plain values as words and,
+  // for quantized rows, the row scale and the NVFP4 block-scale code. fetch() issues the loads and decode(Fetched)
+  // converts them, so a loop over rows can keep the loads of the next rows in flight while it works on one.
   template <int EL = E>
-  __device__ __forceinline__ void decode(int r, int slot, float (&v)[EL]) const {
-    const unsigned char* src = data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
+  struct Fetched {
+    unsigned int w[(kLaneBytesOf<EL> + 3) / 4];
+    float row_scale;
+    unsigned int block_code;
+  };
+
+  template <int EL = E>
+  __device__ __forceinline__ Fetched<EL> fetch(int r, int slot) const {
+    Fetched<EL> f;
+    load_codes<kLaneBytesOf<EL>>(data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>, f.w);
+    f.row_scale = FMT == kFmtPlain ? 1.f : scale[r];
+    f.block_code = FMT == kFmtNvfp4 ? block[r * kBlockBytes + slot * EL / kNvfp4Block] : 0u;
+    return f;
+  }
+
+  template <int EL = E>
+  __device__ __forceinline__ void decode(const Fetched<EL>& f, float (&v)[EL]) const {
     if constexpr (FMT == kFmtPlain) {
-      load_vec<T, EL>(reinterpret_cast<const T*>(src), v);
+      constexpr int kPerWord = 4 / int(sizeof(T));
+#pragma unroll
+      for (int i = 0; i < EL; ++i) v[i] = word_elem<T>(f.w[i / kPerWord], i % kPerWord);
     } else {
-      const float s = unit_values(r, slot, src, v);
+      const float s = unit_values(f, v);
 #pragma unroll
       for (int i = 0; i < EL; ++i) v[i] *= s;
     }
   }
 
+  // Row r's values of slot `slot` (EL columns; the default layout: slot = lane), decoded to float.
+  template <int EL = E>
+  __device__ __forceinline__ void decode(int r, int slot, float (&v)[EL]) const {
+    decode<EL>(fetch<EL>(r, slot), v);
+  }
+
   // This lane's part of row r · c (its E columns): the products of the codes' values and c, summed, times the
   // lane's scale once.
   __device__ __forceinline__ float dot(int r, int lane, const float (&c)[E]) const {
-    const unsigned char* src = data + (long long)r * kDataBytes + lane * kLaneBytes;
+    const Fetched<E> f = fetch<E>(r, lane);
     float v[E];
     float s = 1.f;
-    if constexpr (FMT == kFmtPlain) load_vec<T, E>(reinterpret_cast<const T*>(src), v);
-    else s = unit_values(r, lane, src, v);
+    if constexpr (FMT == kFmtPlain) decode<E>(f, v);
+    else s = unit_values(f, v);
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < E; ++i) acc = fmaf(v[i], c[i], acc);
@@ -411,44 +436,40 @@ struct Rows {
   }
 
  private:
-  // Row r's codes of this lane (at src) as values in units of the returned scale: FP8 the E4M3 values (scale: the
-  // row's), NVFP4 the E2M1 values times 2^-14 (scale: block scale times second-level scale times 2^14).
+  // A lane's fetched codes as values in units of the returned scale: FP8 the E4M3 values (scale: the row's), NVFP4
+  // the E2M1 values times 2^-14 (scale: block scale times second-level scale times 2^14).
   template <int EL>
-  __device__ __forceinline__ float unit_values(int r, int slot, const unsigned char* src, float (&v)[EL]) const {
+  __device__ __forceinline__ static float unit_values(const Fetched<EL>& f, float (&v)[EL]) {
     if constexpr (FMT == kFmtFp8) {
-      unsigned int w[(EL + 3) / 4];
-      load_codes<kLaneBytesOf<EL>>(src, w);
 #pragma unroll
       for (int i = 0; i < EL; i += 2) {
-        const float2 f = e4m3x2_to_float2(w[i / 4], i % 4 / 2);
-        v[i] = f.x;
-        if (i + 1 < EL) v[i + 1] = f.y;
+        const float2 p = e4m3x2_to_float2(f.w[i / 4], i % 4 / 2);
+        v[i] = p.x;
+        if (i + 1 < EL) v[i + 1] = p.y;
       }
-      return scale[r];
+      return f.row_scale;
     } else {
-      unsigned int w[(EL / 2 + 3) / 4];
-      load_codes<kLaneBytesOf<EL>>(src, w);
       if constexpr (EL % 4 == 0) {
         constexpr int kWordCodes = EL < 8 ? EL : 8, kHalf = kWordCodes / 2;  // codes per word; pairs (i, i + kHalf)
 #pragma unroll
         for (int j = 0; j < EL / kWordCodes; ++j) {
-          const E2m1Bytes bytes(w[j]);
+          const E2m1Bytes bytes(f.w[j]);
 #pragma unroll
           for (int i = 0; i < kHalf; ++i) {
-            const float2 f = __half22float2(bytes.pair(i, kHalf));
-            v[j * kWordCodes + i] = f.x;
-            v[j * kWordCodes + i + kHalf] = f.y;
+            const float2 p = __half22float2(bytes.pair(i, kHalf));
+            v[j * kWordCodes + i] = p.x;
+            v[j * kWordCodes + i + kHalf] = p.y;
           }
         }
       } else {
 #pragma unroll
         for (int i = 0; i < EL; i += 2) {
-          const float2 f = __half22float2(E2m1Bytes((w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu).first_pair());
-          v[i] = f.x;
-          v[i + 1] = f.y;
+          const float2 p = __half22float2(E2m1Bytes((f.w[i / 8] >> (8 * ((i / 2) % 4))) & 0xffu).first_pair());
+          v[i] = p.x;
+          v[i + 1] = p.y;
         }
       }
-      return e4m3_to_float(block[r * kBlockBytes + slot * EL / kNvfp4Block]) * kE2m1Unscale * scale[r];
+      return e4m3_to_float(f.block_code) * kE2m1Unscale * f.row_scale;
     }
   }
 
