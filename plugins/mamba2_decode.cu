@@ -299,9 +299,12 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
 template <class SrcRows>
 constexpr int kFetchWords = int(sizeof(typename SrcRows::template Fetched<kEpl>)) / 4;
 template <class SrcRows>
-constexpr int kFetchAhead = 24 / kFetchWords<SrcRows> < 2              ? 2
-                            : 24 / kFetchWords<SrcRows> > kRowsPerWarp ? kRowsPerWarp
-                                                                       : 24 / kFetchWords<SrcRows>;
+constexpr int fetch_ahead() {  // 24 words' worth, at least 2 rows, at most the warp's
+  const int rows = 24 / kFetchWords<SrcRows> < 2 ? 2 : 24 / kFetchWords<SrcRows>;
+  return rows < kRowsPerWarp ? rows : kRowsPerWarp;
+}
+template <class SrcRows>
+constexpr int kFetchAhead = fetch_ahead<SrcRows>();
 
 // f(r, v) for the rows r = 0 .. kRowsPerWarp-1 of `rows` (this warp's rows of a stored checkpoint) in order, v the
 // row's values in fp32 (this lane's kEpl columns), with the loads of the next kFetchAhead rows in flight.
