@@ -2,8 +2,8 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [spec] [compare] [profile]
-#     [train] [accuracy] [ab]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [crossovers] [spec]
+#     [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
 #   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
@@ -143,6 +143,13 @@ if has quant-bench; then  # issue 23's small batches: every stored spec beside f
     --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-h200-quant-small.json" \
     > "$OUT/bench_quant.log" 2>&1
   rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-h200-quant-small.json"
+fi
+if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
+  # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`)
+  bounded "${CROSSOVER_TIMEOUT:-540}" python3 benchmarks/dev/crossover_sweep.py -o "$OUT/crossovers.json" \
+    --specs "${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \
+    --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" > "$OUT/crossovers.log" 2>&1
+  rc=$?; record "crossover sweep ${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}" $rc "$(tail -n 1 "$OUT/crossovers.log")"
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \

@@ -118,3 +118,25 @@ def test_the_sweep_places_each_switch_between_the_losing_and_the_winning_batch()
     # sqrt(2 x 4) = 2.83, b at sqrt(1 x 2) / 2 = 0.71
     assert (e.min_work_per_sm, e.fused_min_work_per_sm) == (11, 2.82)
     assert table_entry("gdn", "fp32", "sm_90", "GPU", {"a": {1: t(4, 5, 9), 8: t(13, 14, 20)}}, {"a": 1}, 1) is None
+
+
+def test_the_sweep_times_the_chosen_models_and_hands_over_every_record():
+    """--models narrows the sweep to those models (in their families); the raw records go out after each one, so a
+    run stopped by a time limit keeps what it measured."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
+    from crossover_sweep import TIMED_MODES, entries_from, measure
+
+    def fake_time(shape, label, batch, mode):  # fused beats flush from batch 16, replay takes over at 64
+        return {"flush": 3.0 * batch, "fused": 2.5 * batch + 3, "replay": 1.5 * batch + 20}[mode]
+
+    seen = []
+    records = measure(["mamba2", "gdn"], ["nemotron-3-super-120b", "qwen3.5-4b"], ["nvfp4", "fp32"], [1, 4, 16, 64],
+                      "sm_90", fake_time, lambda rs: seen.append(len(rs)))
+    assert seen == list(range(1, 2 * 2 * 4 + 1))
+    assert {(r["family"], r["model"]) for r in records} == {("mamba2", "nemotron-3-super-120b"), ("gdn", "qwen3.5-4b")}
+    assert all(r[f"{m}_us"] == fake_time(None, None, r["batch"], m) for r in records for m in TIMED_MODES)
+    entries = {(e.family, e.state): e for e in entries_from(records, "GPU", 132)}
+    assert set(entries) == {("mamba2", "nvfp4"), ("mamba2", "fp32"), ("gdn", "nvfp4"), ("gdn", "fp32")}
+    assert entries["mamba2", "nvfp4"].fused_min_work_per_sm is not None
+    with pytest.raises(ValueError, match="not in the selected families"):
+        measure(["gdn"], ["nemotron-3-super-120b"], ["fp32"], [1], "sm_90", fake_time, lambda rs: None)

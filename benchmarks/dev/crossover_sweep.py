@@ -20,6 +20,8 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -92,16 +94,21 @@ def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, d
         f"{', '.join(times)} (benchmarks/dev/crossover_sweep.py)", fused_per_sm)
 
 
-def measure(families: list[str], specs: list[str], L: int, dev: torch.device) -> list[dict]:
-    """Raw records: µs per step of every timed mode, per family, spec, model and batch."""
-    arch, records = device_of(dev).arch, []
+def measure(families: list[str], models: list[str] | None, specs: list[str], batches: list[int], arch: str,
+            time: Callable[[BenchShape, str, int, str], float], on_record: Callable[[list[dict]], None]) -> list[dict]:
+    """Raw records: µs per step of every timed mode (``time(shape, spec, batch, mode)``), per family, spec, model
+    (``models``: only these, each of one of ``families``; None: every benchmark model of them) and batch;
+    ``on_record`` gets the records so far after each one."""
+    records = []
+    shapes = select_shapes(families, models)
     for family in families:
         for label in specs:
-            for shape in select_shapes([family], None):
-                for b in BATCHES:
-                    t = {mode: time_mode(shape, label, b, mode, L, dev) for mode in TIMED_MODES}
+            for shape in (s for s in shapes if s.family == family):
+                for b in batches:
+                    t = {mode: time(shape, label, b, mode) for mode in TIMED_MODES}
                     records.append({"family": family, "model": shape.model, "heads": shape.dims.heads, "state": label,
                                     "batch": b, "arch": arch, **{f"{mode}_us": us for mode, us in t.items()}})
+                    on_record(records)
                     print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} "
                           + "  ".join(f"{mode} {us:8.1f} us" for mode, us in t.items()), flush=True)
     return records
@@ -125,7 +132,9 @@ def main() -> int:
     ap.add_argument("-o", "--output", help="raw JSON records (measuring)")
     ap.add_argument("--from-records", help="recompute the table from this raw JSON instead of measuring")
     ap.add_argument("--families", default="mamba2,gdn,kda")
+    ap.add_argument("--models", default="", help="benchmark models to time (default: every model of the families)")
     ap.add_argument("--specs", default="fp32,bf16")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("-L", type=int, default=16)
     ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name}")
     a = ap.parse_args()
@@ -134,12 +143,19 @@ def main() -> int:
     else:
         if not a.output:
             ap.error("-o/--output is required when measuring")
+        batches = sorted(int(b) for b in a.batches.split(","))
+        if not batches or batches[0] < 1:
+            ap.error(f"--batches: expected batch sizes >= 1, got {a.batches!r}")
         dev = torch.device("cuda")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        records = measure(a.families.split(","), a.specs.split(","), a.L, dev)
-        raw = {"gpu": torch.cuda.get_device_name(dev), "sms": sms, "L": a.L, "records": records}
-        with open(a.output, "w") as f:
-            json.dump(raw, f, indent=1)
+        raw = {"gpu": torch.cuda.get_device_name(dev), "sms": sms, "L": a.L, "records": []}
+
+        def write(records: list[dict]) -> None:  # after every record: a run stopped by a time limit keeps them
+            raw["records"] = records
+            Path(a.output).write_text(json.dumps(raw, indent=1))
+
+        measure(a.families.split(","), [m for m in a.models.split(",") if m] or None, a.specs.split(","), batches,
+                device_of(dev).arch, lambda shape, label, b, mode: time_mode(shape, label, b, mode, a.L, dev), write)
     found = entries_from(raw["records"], raw["gpu"], raw["sms"])
     for e in found:
         print(f"{e.family} {e.state} {e.arch}: replay from {e.min_work_per_sm} work items per SM, fused from "
