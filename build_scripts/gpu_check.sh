@@ -41,6 +41,9 @@ bounded() {  # bounded SECONDS CMD...: timeout SECONDS, or less if the budget en
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
+# the GPU in result file names (kernels-h100-fp32.json on an H100, kernels-h200-fp32.json on an H200, ...)
+gpu=$(head -n 1 "$OUT/device.txt" | cut -d, -f1 | grep -oiE '[a-z][0-9]{3}' | head -n 1 | tr 'A-Z' 'a-z')
+gpu=${gpu:-gpu}
 python3 -c "import torch, cuda.bindings; from trtllm_replayssm.core.jit.compiler import nvrtc_version; \
 print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc_version())"
 
@@ -124,25 +127,25 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
   # BENCH_ARGS narrows the fp32 and bf16 runs, e.g. "--family mamba2 --models nemotron-3-super-120b"; BENCH_BF16=0
   # skips bf16, BENCH_FP8=0 the FP8 run.
   bounded "${BENCH_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 ${BENCH_ARGS:-} \
-    -o "$OUT/kernels-h200-fp32.json" > "$OUT/bench_fp32.log" 2>&1
-  rc=$?; record "bench kernels fp32" $rc "$OUT/kernels-h200-fp32.json"
+    -o "$OUT/kernels-${gpu}-fp32.json" > "$OUT/bench_fp32.log" 2>&1
+  rc=$?; record "bench kernels fp32" $rc "$OUT/kernels-${gpu}-fp32.json"
   if [ "${BENCH_BF16:-1}" = 1 ]; then
     bounded "${BENCH_BF16_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype bf16 --batch 64,256 \
-      ${BENCH_ARGS:-} -o "$OUT/kernels-h200-bf16.json" > "$OUT/bench_bf16.log" 2>&1
-    rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-h200-bf16.json"
+      ${BENCH_ARGS:-} -o "$OUT/kernels-${gpu}-bf16.json" > "$OUT/bench_bf16.log" 2>&1
+    rc=$?; record "bench kernels bf16" $rc "$OUT/kernels-${gpu}-bf16.json"
   fi
   if [ "${BENCH_FP8:-1}" = 1 ]; then  # shared FP8 on Super beside FlashInfer's checkpointing_ssu with its FP8 state
     bounded "${BENCH_FP8_TIMEOUT:-200}" python3 -m trtllm_replayssm bench kernels --state-dtype fp8 --family mamba2 \
-      --models nemotron-3-super-120b --batch 1,8,64,256 -o "$OUT/kernels-h200-fp8.json" > "$OUT/bench_fp8.log" 2>&1
-    rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-h200-fp8.json"
+      --models nemotron-3-super-120b --batch 1,8,64,256 -o "$OUT/kernels-${gpu}-fp8.json" > "$OUT/bench_fp8.log" 2>&1
+    rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-${gpu}-fp8.json"
   fi
 fi
 if has quant-bench; then  # issue 23's small batches: every stored spec beside fp32 at batch 1 and 8, each family
   bounded "${QUANT_BENCH_TIMEOUT:-540}" python3 -m trtllm_replayssm bench kernels --no-peers \
     --state-format fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16 --batch "${QUANT_BENCH_BATCH:-1,8}" \
-    --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-h200-quant-small.json" \
+    --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-${gpu}-quant-small.json" \
     > "$OUT/bench_quant.log" 2>&1
-  rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-h200-quant-small.json"
+  rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-${gpu}-quant-small.json"
 fi
 if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
   # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`)
@@ -154,13 +157,13 @@ fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
     --models nemotron-3-super-120b,nemotron-3-nano-4b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
-    -o "$OUT/kernels-spec-h200.json" > "$OUT/bench_spec.log" 2>&1
-  rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-h200.json"
+    -o "$OUT/kernels-spec-${gpu}.json" > "$OUT/bench_spec.log" 2>&1
+  rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-${gpu}.json"
   # GDN and KDA verify (no peer runs it): 70 s for three models at batch 1-512 on the H200
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family gdn,kda \
     --models qwen3.5-4b,qwen3.5-122b,kimi-linear-48b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
-    -o "$OUT/kernels-spec-delta-h200.json" > "$OUT/bench_spec_delta.log" 2>&1
-  rc=$?; record "bench kernels --spec (GDN, KDA)" $rc "$OUT/kernels-spec-delta-h200.json"
+    -o "$OUT/kernels-spec-delta-${gpu}.json" > "$OUT/bench_spec_delta.log" 2>&1
+  rc=$?; record "bench kernels --spec (GDN, KDA)" $rc "$OUT/kernels-spec-delta-${gpu}.json"
 fi
 if has compare; then  # whole 4B models, then layer slices of the 120B/122B models (COMPARE_SLICES=0 skips them)
   batches=${COMPARE_BATCH:-1,8,64,256}
@@ -238,11 +241,14 @@ if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --s
     rc=$?; record "A/B ${ab_trees[*]}" $rc "$OUT/ab-trees.json"
   fi
 fi
-for f in "$OUT"/kernels-h200-*.json; do
+for f in "$OUT"/kernels-${gpu}-*.json; do
   [ -f "$f" ] && python3 -c "import sys; from trtllm_replayssm.lab.bench.report import load_results, \
 summary_markdown; print(summary_markdown(load_results(sys.argv[1])))" "$f"
 done
-if [ -n "${PACK_TO:-}" ]; then tar czf "$PACK_TO/gpu_results.tgz" -C "$OUT" . && echo "packed $OUT -> $PACK_TO"; fi
+if [ -n "${PACK_TO:-}" ]; then  # packed outside OUT first: PACK_TO may be OUT itself
+  pack=$(mktemp /tmp/gpu_results.XXXXXX) && tar czf "$pack" -C "$OUT" . && mv "$pack" "$PACK_TO/gpu_results.tgz" \
+    && echo "packed $OUT -> $PACK_TO/gpu_results.tgz"
+fi
 echo
 printf '%s\n' "${results[@]}"
 exit "$failed"
