@@ -108,7 +108,8 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
          "tests/test_quantized_gpu.py::test_sanitizer_smoke" "tests/test_speculative_gpu.py::test_graph_replay_equals_eager"
          "tests/test_decoder_layer_ops.py")
   # SANITIZE_TOOLS: a subset of the tools (all four with the smoke tests take longer than one device call)
-  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+  tools=" ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck} "
+  for tool in $tools; do
     for t in "${smoke[@]}"; do
       log="$OUT/sanitizer-$tool.log"
       exitcode=(--error-exitcode 9); [ "$tool" = racecheck ] && exitcode=()
@@ -118,7 +119,7 @@ if has sanitize; then  # every tool on the smoke tests; racecheck also on the pr
     done
   done
   for copy in bulk cp.async; do
-    [[ " ${SANITIZE_TOOLS:-racecheck} " == *" racecheck "* ]] || break
+    [[ "$tools" == *" racecheck "* ]] || break
     log="$OUT/sanitizer-racecheck-protocol-$copy.log"
     bounded 150 compute-sanitizer --tool racecheck --show-backtrace no \
       python3 benchmarks/dev/racecheck_protocol.py --copy "$copy" --tiles 8 > "$log" 2>&1

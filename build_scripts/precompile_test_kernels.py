@@ -23,10 +23,9 @@ import torch
 
 from trtllm_replayssm.core.dims import SSMDims
 from trtllm_replayssm.core.families import family_of
-from trtllm_replayssm.core.formats import StateSpec, parse_state_label, state_spec, torch_dtype
+from trtllm_replayssm.core.formats import StateSpec, state_spec, torch_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig, unique
-from trtllm_replayssm.serving.catalog import spec_configs
-from trtllm_replayssm.serving.presets import get_preset
+from trtllm_replayssm.serving.catalog import label_configs
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 GPU_TEST_MODULES = ("test_quantized_gpu", "test_row_contract", "test_properties", "test_mamba2_gpu",
@@ -58,13 +57,6 @@ def gpu_test_kernel_configs(modules: tuple[str, ...] = GPU_TEST_MODULES) -> list
     return unique(configs)
 
 
-def preset_kernel_configs(models: list[str], labels: list[str]) -> list[KernelConfig]:
-    """Every module the layers of the model presets ``models`` can launch with each state spec of ``labels``
-    (``fp32``, ``nvfp4/dual/fp16``, ...), bf16 activations."""
-    return unique(cfg for model in models for label in labels
-                  for cfg in spec_configs(get_preset(model), parse_state_label(label, "--specs"), "bf16"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="sm_90a", help="target SM (default sm_90a: H100/H200)")
@@ -74,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.models) != bool(args.specs):
         parser.error("--models and --specs: give both or neither")
-    configs = (preset_kernel_configs(args.models.split(","), args.specs.split(",")) if args.models
+    configs = (label_configs(args.models.split(","), args.specs.split(","), "--specs") if args.models
                else gpu_test_kernel_configs())
     if args.list:
         print("\n".join(c.name for c in configs))

@@ -7,6 +7,7 @@ import torch
 
 from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
+from trtllm_replayssm.serving.catalog import label_configs
 from trtllm_replayssm.serving.presets import get_preset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "build_scripts" / "precompile_test_kernels.py"
@@ -32,7 +33,7 @@ def test_the_quantized_tests_modules_are_all_listed():
 
 def test_preset_modules_cover_each_spec_and_refuse_a_lone_flag():
     script = _script()
-    names = {c.name for c in script.preset_kernel_configs(["nemotron-3-nano-4b", "qwen3.5-4b"], ["fp32", "nvfp4"])}
+    names = {c.name for c in label_configs(["nemotron-3-nano-4b", "qwen3.5-4b"], ["fp32", "nvfp4"])}
     for model in ("nemotron-3-nano-4b", "qwen3.5-4b"):
         dims = get_preset(model).ssm_dims
         family = get_family(dims.family)

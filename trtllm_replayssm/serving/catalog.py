@@ -44,7 +44,13 @@ def catalog_configs(presets: Iterable[str] | None = None,
     return unique(cfg for name in names for state, act in pairs for cfg in spec_configs(get_preset(name), state, act))
 
 
+def label_configs(presets: Iterable[str], labels: Iterable[str], arg: str = "state") -> list[KernelConfig]:
+    """Every module the named presets can launch with each state spec label (``fp32``, ``nvfp4/dual/fp16``, ...),
+    bf16 activations; a bad label is a ValueError naming ``arg``."""
+    specs = [parse_state_label(label, arg) for label in labels]
+    return unique(cfg for name in presets for st in specs for cfg in spec_configs(get_preset(name), st, "bf16"))
+
+
 def stored_gate_configs() -> list[KernelConfig]:
     """The stored-checkpoint modules of GATE_STATES x GATE_PRESETS (bf16 activations)."""
-    return unique(cfg for name in GATE_PRESETS for label in GATE_STATES
-                  for cfg in spec_configs(get_preset(name), parse_state_label(label), "bf16"))
+    return label_configs(GATE_PRESETS, GATE_STATES)
