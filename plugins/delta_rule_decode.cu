@@ -1204,25 +1204,21 @@ __device__ __forceinline__ void row_dots(LoadRow load_row, const float (&xq)[kEp
 }
 
 // Quantized checkpoint rows' dots with xq = e^{lg} ⊙ q~ and xk = e^{lg} ⊙ k~ (rssm::QuantRowDots): lane r < kRows
-// gets aq_r and ak_r; each lane builds xq and xk for its 16 columns from the stage's q~, k~ and log-gates.
+// gets aq_r and ak_r; the warp builds each column of xq and xk once from the stage's q~, k~ and log-gates.
 template <class R>
 __device__ __forceinline__ void quant_checkpoint_dots(const DeltaParams& p, const R& rows, const act_t* qk_s,
                                                       const float* rec, float q_mul, float k_mul, float& aq,
                                                       float& ak) {
   using Dots = rssm::QuantRowDots<kReadFmt, kK, 2>;
-  const int lane = threadIdx.x % rssm::kWarpSize, col0 = lane % Dots::kLanes * Dots::kCols;
-  float x[2][Dots::kCols], lg[Dots::kCols], d[2];
-  rssm::load_vec<act_t, Dots::kCols>(qk_s + col0, x[0]);
-  rssm::load_vec<act_t, Dots::kCols>(qk_s + kK + col0, x[1]);
-  if constexpr (kPerChannel) rssm::load_vec<float, Dots::kCols>(rec + rec_lg(p.L) + col0, lg);
-#pragma unroll
-  for (int e = 0; e < Dots::kCols; ++e) {
-    const float dec = __expf(kPerChannel ? lg[e] : rec[rec_lg(p.L)]);
-    x[0][e] *= q_mul * dec;
-    x[1][e] *= k_mul * dec;
-  }
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  const float* lg = rec + rec_lg(p.L);
+  const float head_dec = kPerChannel ? 0.f : __expf(lg[0]);
+  float d[2];
   Dots dots;
-  dots.init(x);
+  dots.init([&](int v, int col) {
+    const float dec = kPerChannel ? __expf(lg[col]) : head_dec;
+    return rssm::to_float(qk_s[v * kK + col]) * ((v == 0 ? q_mul : k_mul) * dec);
+  });
   dots.template dots<kRows>(rows, lane, d);
   aq = d[0];
   ak = d[1];

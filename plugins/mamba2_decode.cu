@@ -1308,11 +1308,10 @@ __device__ __forceinline__ void replay_tile(const Mamba2Params& p, const TileCoo
     const float decay = coef[p.L];
     if constexpr (kQuantRowDots) {  // fp16x2 products, a row's columns on neighbouring lanes (rssm::QuantRowDots)
       using Dots = rssm::QuantRowDots<kReadFmt, N>;
-      float cb[1][Dots::kCols], d[1];
-      rssm::load_vec<act_t, Dots::kCols>(
-          reinterpret_cast<const act_t*>(stage + lay.C) + lane % Dots::kLanes * Dots::kCols, cb[0]);
+      const act_t* c_s = reinterpret_cast<const act_t*>(stage + lay.C);
+      float d[1];
       Dots dots;
-      dots.init(cb);
+      dots.init([&](int, int col) { return rssm::to_float(c_s[col]); });
       dots.template dots<kRowsPerWarp>(
           ReadRows::tile(const_cast<unsigned char*>(stage), PT).offset(warp * kRowsPerWarp), lane, d);
       dot_lane = d[0];

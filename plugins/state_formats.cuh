@@ -531,22 +531,49 @@ struct QuantRowDots {
   __half2 c[NV][8];
   float unscale[NV];  // 2^(kValueExp - shift)
 
-  // From the values of the lane's columns ((lane % kLanes) · 16 ...) of each vector; warp-collective.
-  __device__ __forceinline__ void init(const float (&x)[NV][kCols]) {
+  // From the vectors' values, `value(v, col)` the value of column col of vector v; warp-collective. The C / 2 column
+  // pairs are spread over the warp, kOwnPairs a lane (lane l: pairs l · kOwnPairs ... mod C / 2; pair k of block b is
+  // pair 8 b + k), so every column's value is read, scaled and rounded once (twice with 32 columns); each lane then
+  // takes its block's 8 pairs from their lanes by shuffles (the same values as when every lane built its block).
+  template <class F>
+  __device__ __forceinline__ void init(F&& value) {
+    constexpr int kPairs = kLanes * 8;                                      // C / 2
+    constexpr int kOwnPairs = kPairs >= kWarpSize ? kPairs / kWarpSize : 1;  // pair k's register: k % kOwnPairs
+    static_assert(8 % kOwnPairs == 0, "quantized row dots: at most 512 columns");
+    const int lane = threadIdx.x % kWarpSize;
+    float own[NV][kOwnPairs][2];
+#pragma unroll
+    for (int o = 0; o < kOwnPairs; ++o) {
+      const int pair = (lane * kOwnPairs + o) % kPairs, b = pair / 8, k = pair % 8;
+      const int a = b * kCols + (FMT == kFmtNvfp4 ? 8 * (k / 4) + k % 4 : 2 * k);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        own[v][o][0] = value(v, a);
+        own[v][o][1] = value(v, a + (FMT == kFmtNvfp4 ? 4 : 1));
+      }
+    }
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
       unsigned int m = 0u;
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) m = max(m, __float_as_uint(x[v][i]) & 0x7fffffffu);
+      for (int o = 0; o < kOwnPairs; ++o)
+        m = max(m, max(__float_as_uint(own[v][o][0]) & 0x7fffffffu, __float_as_uint(own[v][o][1]) & 0x7fffffffu));
       m = __reduce_max_sync(0xffffffffu, m);
       // a zero, Inf or NaN maximum keeps the values (non-finite inputs are not hidden)
       const int shift = m == 0u || m >= kInfBits ? 0 : min(max(kTopExp - (int(m >> 23) - 127), -100), 100);
       const float up = __uint_as_float(unsigned(127 + shift) << 23);
       unscale[v] = __uint_as_float(unsigned(127 + kValueExp - shift) << 23);
+      unsigned int packed[kOwnPairs];
+#pragma unroll
+      for (int o = 0; o < kOwnPairs; ++o) {
+        const __half2 h = __floats2half2_rn(own[v][o][0] * up, own[v][o][1] * up);
+        packed[o] = *reinterpret_cast<const unsigned int*>(&h);
+      }
+      const int first = lane % kLanes * 8;  // this lane's block's first pair
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const int a = FMT == kFmtNvfp4 ? 8 * (k / 4) + k % 4 : 2 * k, b = FMT == kFmtNvfp4 ? a + 4 : a + 1;
-        c[v][k] = __floats2half2_rn(x[v][a] * up, x[v][b] * up);
+        const unsigned int h = __shfl_sync(0xffffffffu, packed[k % kOwnPairs], (first + k) / kOwnPairs);
+        c[v][k] = *reinterpret_cast<const __half2*>(&h);
       }
     }
   }
