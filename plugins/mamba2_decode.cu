@@ -264,11 +264,75 @@ __device__ __forceinline__ void store_row(const Mamba2Params& p, const Tile& t, 
   else rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
 }
 
+// Rows fetched ahead while a stored checkpoint's row loop (not unrolled, or a few rows: every row's write inlined, the
+// writes of a whole tile take up to 254 registers) works on one: about 24 registers of fetched bytes (Rows::Fetched).
+template <class SrcRows>
+constexpr int kFetchWords = int(sizeof(typename SrcRows::template Fetched<kEpl>)) / 4;
+template <class SrcRows>
+constexpr int fetch_ahead() {  // 24 words' worth, at least 2 rows, at most the warp's
+  const int rows = 24 / kFetchWords<SrcRows> < 2 ? 2 : 24 / kFetchWords<SrcRows>;
+  return rows < kRowsPerWarp ? rows : kRowsPerWarp;
+}
+template <class SrcRows>
+constexpr int kFetchAhead = fetch_ahead<SrcRows>();
+
+// The first kFetchAhead rows of this warp's rows of `rows`, fetched (a row loop's loads in flight before it starts).
+template <class SrcRows>
+struct RowsAhead {
+  typename SrcRows::template Fetched<kEpl> row[kFetchAhead<SrcRows>];
+};
+
+template <class SrcRows>
+__device__ __forceinline__ RowsAhead<SrcRows> fetch_first_rows(const SrcRows& rows, int lane) {
+  RowsAhead<SrcRows> ahead;
+#pragma unroll
+  for (int k = 0; k < kFetchAhead<SrcRows>; ++k) ahead.row[k] = rows.template fetch<kEpl>(k, lane);
+  return ahead;
+}
+
+// f(r, v) for the rows r = 0 .. kRowsPerWarp-1 of `rows` (this warp's rows of a stored checkpoint) in order, v the
+// row's values in fp32 (this lane's kEpl columns), with the loads of the next kFetchAhead rows in flight (`ahead`:
+// the first ones, fetch_first_rows).
+template <int kUnroll = 1, class SrcRows, class F>
+__device__ __forceinline__ void for_each_stored_row(const SrcRows& rows, int lane, RowsAhead<SrcRows> ahead, F&& f) {
+  constexpr int kAhead = kFetchAhead<SrcRows>;
+#pragma unroll kUnroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const typename SrcRows::template Fetched<kEpl> cur = ahead.row[0];
+#pragma unroll
+    for (int k = 0; k + 1 < kAhead; ++k) ahead.row[k] = ahead.row[k + 1];
+    if constexpr (kUnroll > 1)  // past the last row: the last row again, so that the unrolled body has no branch
+      ahead.row[kAhead - 1] = rows.template fetch<kEpl>(min(r + kAhead, kRowsPerWarp - 1), lane);
+    else if (r + kAhead < kRowsPerWarp)
+      ahead.row[kAhead - 1] = rows.template fetch<kEpl>(r + kAhead, lane);
+    float v[kEpl];
+    rows.decode(cur, v);
+    f(r, v);
+  }
+}
+
+// A one-step tile's rows in a loop unrolled kStepUnroll times, the master's first rows fetched ahead (the rest by
+// the loop), where the whole tile unrolled needs too many registers: dual mode with an NVFP4 read copy and more than
+// 10 rows per warp, whose encodes of a whole tile take 212-216 registers (Super, 16 rows, sm_90a; Nano, 20 rows: 254)
+// and 2 CTAs per SM, the loop 72-93. Other tiles keep the whole tile in registers, unrolled, where the loop is slower
+// (docs/decisions.md, a stored one-step tile's rows in a loop).
+constexpr bool kRolledStep = kDual && READ_FMT == rssm::kFmtNvfp4 && kRowsPerWarp > 10;
+constexpr int kStepUnroll = 4;
+// What a one-step tile's rows come from (single_step_rows): the master's first rows fetched (kRolledStep), else the
+// whole tile in registers.
+using StepRows = rssm::conditional_t<kRolledStep, RowsAhead<MasterRows>, RawTile>;
+
+template <class Rows_>  // StepRows (a template: the branch not taken is discarded)
+__device__ __forceinline__ void load_step_rows(const Tile& t, Rows_& rows) {
+  if constexpr (kRolledStep) rows = fetch_first_rows(t.master, t.lane);
+  else load_raw(t, rows);
+}
+
 // One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged. With
 // kSkipRepeats, returns false, with zero outputs and nothing stored, for a row that is `skipped` or repeats an
 // earlier row's slot (`first_id`: repeats_earlier_row). Every thread of the CTA calls it (it synchronises).
-template <bool kSkipRepeats>
-__device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
+template <bool kSkipRepeats, class Rows_>  // Rows_: StepRows
+__device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Tile& t, const Rows_& rows,
                                                  OutStage& st, int first_id, bool skipped) {
   float bv[kEpl], cv[kEpl];
   rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
@@ -281,59 +345,44 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
     zero_pad_output(p, t.b, t.head, t.row0);
     return false;
   }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float v[kEpl];
-    unpack_row(raw, r, v);
+  auto step_row = [&](int r, float (&v)[kEpl]) {
     const float u = delta * st.x[t.warp * kRowsPerWarp + r];
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] = fmaf(decay, v[e], u * bv[e]);
     store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
+  };
+  if constexpr (kRolledStep) {
+    for_each_stored_row<kStepUnroll>(t.master, t.lane, rows, step_row);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float v[kEpl];
+      unpack_row(rows, r, v);
+      step_row(r, v);
+    }
   }
   return true;
 }
 
-// Rows fetched ahead while a stored checkpoint's row loop, which is not unrolled (one inlined copy of a stored row's
-// write: unrolled, ptxas spills), works on one: about 24 registers of fetched bytes (Rows::Fetched).
-template <class SrcRows>
-constexpr int kFetchWords = int(sizeof(typename SrcRows::template Fetched<kEpl>)) / 4;
-template <class SrcRows>
-constexpr int fetch_ahead() {  // 24 words' worth, at least 2 rows, at most the warp's
-  const int rows = 24 / kFetchWords<SrcRows> < 2 ? 2 : 24 / kFetchWords<SrcRows>;
-  return rows < kRowsPerWarp ? rows : kRowsPerWarp;
+// The first rows of `rows` a stored row loop starts from: the master's rows the flush kernel fetched first
+// (load_step_rows), else fetched here.
+__device__ __forceinline__ const RowsAhead<MasterRows>& first_rows(const RowsAhead<MasterRows>& fetched,
+                                                                  const MasterRows&, int) {
+  return fetched;
 }
-template <class SrcRows>
-constexpr int kFetchAhead = fetch_ahead<SrcRows>();
-
-// f(r, v) for the rows r = 0 .. kRowsPerWarp-1 of `rows` (this warp's rows of a stored checkpoint) in order, v the
-// row's values in fp32 (this lane's kEpl columns), with the loads of the next kFetchAhead rows in flight.
-template <class SrcRows, class F>
-__device__ __forceinline__ void for_each_stored_row(const SrcRows& rows, int lane, F&& f) {
-  using Fetched = typename SrcRows::template Fetched<kEpl>;
-  constexpr int kAhead = kFetchAhead<SrcRows>;
-  Fetched ahead[kAhead];
-#pragma unroll
-  for (int k = 0; k < kAhead; ++k)
-    if (k < kRowsPerWarp) ahead[k] = rows.template fetch<kEpl>(k, lane);
-#pragma unroll 1
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const Fetched cur = ahead[0];
-#pragma unroll
-    for (int k = 0; k + 1 < kAhead; ++k) ahead[k] = ahead[k + 1];
-    if (r + kAhead < kRowsPerWarp) ahead[kAhead - 1] = rows.template fetch<kEpl>(r + kAhead, lane);
-    float v[kEpl];
-    rows.decode(cur, v);
-    f(r, v);
-  }
+template <class Raw, class SrcRows>
+__device__ __forceinline__ RowsAhead<SrcRows> first_rows(const Raw&, const SrcRows& rows, int lane) {
+  return fetch_first_rows(rows, lane);
 }
 
-// f(r, v) for this warp's checkpoint rows in fp32: from the registers (`raw`) for a plain checkpoint (unrolled),
-// else fetched ahead and decoded from `rows` (the master, or dual mode's read copy).
-template <class SrcRows, class F>
-__device__ __forceinline__ void for_each_checkpoint_row(const Tile& t, const RawTile& raw, const SrcRows& rows, F&& f) {
+// f(r, v) for this warp's checkpoint rows in fp32: from the registers (`raw`: RawTile) for a plain checkpoint
+// (unrolled), else fetched ahead and decoded from `rows` (the master, or dual mode's read copy), from the master's
+// first rows already fetched where `raw` holds them (the flush kernel's StepRows).
+template <class Raw, class SrcRows, class F>
+__device__ __forceinline__ void for_each_checkpoint_row(const Tile& t, const Raw& raw, const SrcRows& rows, F&& f) {
   if constexpr (kStored) {
-    for_each_stored_row(rows, t.lane, f);
+    for_each_stored_row(rows, t.lane, first_rows(raw, rows, t.lane), f);
   } else {
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -347,7 +396,8 @@ __device__ __forceinline__ void for_each_checkpoint_row(const Tile& t, const Raw
 // Fold of staged entries 0..w (ring entries j < w, then the current token): S = decay S + Σ_j xs_j B_jᵀ with B_j
 // the rows of `s_B` and xs_j = s_j x_j the rows of `s_xs` (the tile's rows); stores S and stages S·C (`cv`: this
 // lane's C). The caller has staged the extras (stage_extras) and synchronised after writing the staged rows.
-__device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw,
+template <class Raw>  // RawTile or StepRows
+__device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Tile& t, const Raw& raw,
                                                  const float (&cv)[kEpl], const act_t (*s_B)[N],
                                                  const float (*s_xs)[PT], float decay, int w, OutStage& st) {
   for_each_checkpoint_row(t, raw, t.master, [&](int r, float (&v)[kEpl]) {
@@ -375,7 +425,8 @@ __device__ __forceinline__ void stage_checkpoint_dots(const Tile& t, const RawTi
 
 // fold_staged_rows of ring entries 0..w-1 plus the current token (entry w), staged from global memory here (the flush
 // kernel). `s` holds s_0..s_w (shared or global). Every thread of the CTA calls it (it synchronises).
-__device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const RawTile& raw, const float* s,
+template <class Raw>  // RawTile or StepRows
+__device__ __forceinline__ void fold_rows(const Mamba2Params& p, const Tile& t, const Raw& raw, const float* s,
                                           float decay, int w, OutStage& st) {
   __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];
   __shared__ __align__(16) float s_xs[rssm::kMaxL][PT];
@@ -454,10 +505,10 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   begin_state_kernel<false, false>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
-  RawTile raw;
-  load_raw(t, raw);
+  StepRows rows;
+  load_step_rows(t, rows);
   __shared__ OutStage st;
-  single_step_rows<false>(p, t, raw, st, 0, false);
+  single_step_rows<false>(p, t, rows, st, 0, false);
   finish_output(p, t, st);
 }
 
@@ -468,8 +519,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   begin_state_kernel<true, false>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
-  RawTile raw;
-  load_raw(t, raw);
+  StepRows rows;
+  load_step_rows(t, rows);
   // rssm::row_slot: a row with a cursor outside the ring is computed like one with an empty ring (every read in its
   // slot) and skipped before the first write, so that no branch separates the state loads from the input loads.
   const int cursor = p.cursor[t.slot];
@@ -478,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
   __shared__ OutStage st;
   if (w == 0 && !SR) {  // a stochastically rounded write counts the slot's flushes in the fold's arrival below
-    if (!single_step_rows<true>(p, t, raw, st, first_id, bad_cursor)) return;
+    if (!single_step_rows<true>(p, t, rows, st, first_id, bad_cursor)) return;
   } else {
     __shared__ float s_w[rssm::kMaxL];
     __shared__ float s_decay;
@@ -493,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
       return;
     }
     const int arrived_before = threadIdx.x == 0 ? rssm::cta_arrival(p.arrive, t.slot) : -1;
-    fold_rows(p, t, raw, s_w, s_decay, w, st);
+    fold_rows(p, t, rows, s_w, s_decay, w, st);
     if (threadIdx.x == 0)  // the arrival's answer after the fold (rssm::cta_arrival)
       rssm::advance_if_last(arrived_before, p.cursor, p.arrive, t.slot, gridDim.x * p.nheads, 0,
                             SR ? p.flushes : nullptr);
