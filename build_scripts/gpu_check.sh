@@ -73,26 +73,30 @@ if has tests || has quantized || has long; then
   # TEST_WORKERS processes, one test at a time to whichever is free (a file-per-worker split left the quantized file on
   # one worker), so the modules they compile on first use (NVRTC, one core each) build side by side. The logs name
   # every test (-v), so a run stopped by its time limit still says what passed.
-  bounded "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py > "$OUT/precompile.log" 2>&1
+  # TEST_FAMILIES (e.g. mamba2): precompile only those families' modules; TEST_K: pytest -k for the three steps.
+  bounded "${PRECOMPILE_TIMEOUT:-300}" python3 build_scripts/precompile_test_kernels.py \
+    ${TEST_FAMILIES:+--families "$TEST_FAMILIES"} > "$OUT/precompile.log" 2>&1
   rc=$?; record "precompile test kernels" $rc "$(tail -n 1 "$OUT/precompile.log")"
   workers=()
   python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist load)
+  select=(); [ -n "${TEST_K:-}" ] && select=(-k "$TEST_K")
 fi
 if has tests; then
   deselect=(--ignore tests/test_quantized_gpu.py)
   for t in "${LONG_TESTS[@]}"; do deselect+=(--deselect "$t"); done
-  bounded "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
+  bounded "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" "${select[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels' (but quantized, long)" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
 if has quantized; then  # one process: its 299 tests pass in 109-126 s (H100) after the precompile; 14 workers were far slower
-  bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v -m "gpu or kernels" tests/test_quantized_gpu.py \
+  bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v "${select[@]}" -m "gpu or kernels" tests/test_quantized_gpu.py \
     > "$OUT/gpu_tests_quantized.log" 2>&1
   rc=$?; record "pytest tests/test_quantized_gpu.py" $rc "$(tail -n 1 "$OUT/gpu_tests_quantized.log")"
 fi
 if has long; then  # 7 tests on 3 workers
   long_workers=(); [ ${#workers[@]} -gt 0 ] && long_workers=(-n 3 --dist load)
-  bounded "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${LONG_TESTS[@]}" > "$OUT/gpu_tests_long.log" 2>&1
+  bounded "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${select[@]}" "${LONG_TESTS[@]}" \
+    > "$OUT/gpu_tests_long.log" 2>&1
   rc=$?; record "pytest serving schedules, 10k windows" $rc "$(tail -n 1 "$OUT/gpu_tests_long.log")"
 fi
 if has contract; then  # corrupted slot ids and cursors under memcheck: no access outside a slot (tests/test_row_contract.py)

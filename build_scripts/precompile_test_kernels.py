@@ -6,9 +6,11 @@ time. This script imports the GPU test modules and collects, per module, the SSM
 hold (directly or inside dicts, lists and tuples); every family module those dims can launch with those specs and an
 fp32 checkpoint, bf16 activations, is compiled into the kernel cache (NVRTC releases the GIL: one thread per core).
 Dims a test builds inside a function are not seen; their modules compile on first use as before. With ``--models``
-and ``--specs`` it compiles the modules of those model presets x state specs instead, before a benchmark runs them.
+and ``--specs`` it compiles the modules of those model presets x state specs instead, before a benchmark runs them;
+``--families`` keeps the modules of those kernel families only (a GPU call that tests one family's change).
 
     python3 build_scripts/precompile_test_kernels.py [--arch sm_90a] [--list] [--models M,... --specs S,...]
+        [--families mamba2,gdn,kda,spec]
 """
 from __future__ import annotations
 
@@ -63,11 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the module names only")
     parser.add_argument("--models", default="", help="comma-separated model presets (with --specs)")
     parser.add_argument("--specs", default="", help="comma-separated state specs (with --models)")
+    parser.add_argument("--families", default="", help="comma-separated kernel families to keep (default: all)")
     args = parser.parse_args(argv)
     if bool(args.models) != bool(args.specs):
         parser.error("--models and --specs: give both or neither")
     configs = (label_configs(args.models.split(","), args.specs.split(","), "--specs") if args.models
                else gpu_test_kernel_configs())
+    if args.families:
+        families = args.families.split(",")
+        unknown = sorted(set(families) - {c.family for c in configs})
+        if unknown:
+            parser.error(f"--families: no module of {unknown} here; expected some of "
+                         f"{sorted({c.family for c in configs})}")
+        configs = [c for c in configs if c.family in families]
     if args.list:
         print("\n".join(c.name for c in configs))
         return 0

@@ -42,3 +42,14 @@ def test_preset_modules_cover_each_spec_and_refuse_a_lone_flag():
     assert any(n.startswith("mamba2_p80") for n in names) and any(n.startswith("gdn_") for n in names)
     with pytest.raises(SystemExit):
         script.main(["--models", "qwen3.5-4b"])
+
+
+def test_families_keep_their_modules_only_and_name_the_known_ones(capsys):
+    script = _script()
+    assert script.main(["--list", "--models", "nemotron-3-nano-4b,qwen3.5-4b", "--specs", "nvfp4",
+                        "--families", "mamba2"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed and all(n.startswith("mamba2_") for n in listed)
+    with pytest.raises(SystemExit):
+        script.main(["--list", "--models", "nemotron-3-nano-4b", "--specs", "nvfp4", "--families", "gdn"])
+    assert "--families: no module of ['gdn'] here; expected some of ['mamba2']" in capsys.readouterr().err
