@@ -311,6 +311,17 @@ __device__ __forceinline__ void for_each_stored_row(const SrcRows& rows, int lan
   }
 }
 
+// f(r, v) for this warp's rows r = 0 .. kRowsPerWarp-1 of the tile in registers (`raw`), unrolled, v in fp32.
+template <class F>
+__device__ __forceinline__ void for_each_raw_row(const RawTile& raw, F&& f) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float v[kEpl];
+    unpack_row(raw, r, v);
+    f(r, v);
+  }
+}
+
 // A one-step tile's rows in a loop unrolled kStepUnroll times, the master's first rows fetched ahead (the rest by
 // the loop), where the whole tile unrolled needs too many registers: dual mode with an NVFP4 read copy and more than
 // 10 rows per warp, whose encodes of a whole tile take 212-216 registers (Super, 16 rows, sm_90a; Nano, 20 rows: 254)
@@ -352,16 +363,8 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
     store_row(p, t, r, v);
     stage_row_dot(t, r, v, cv, st);
   };
-  if constexpr (kRolledStep) {
-    for_each_stored_row<kStepUnroll>(t.master, t.lane, rows, step_row);
-  } else {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float v[kEpl];
-      unpack_row(rows, r, v);
-      step_row(r, v);
-    }
-  }
+  if constexpr (kRolledStep) for_each_stored_row<kStepUnroll>(t.master, t.lane, rows, step_row);
+  else for_each_raw_row(rows, step_row);
   return true;
 }
 
@@ -381,16 +384,8 @@ __device__ __forceinline__ RowsAhead<SrcRows> first_rows(const Raw&, const SrcRo
 // first rows already fetched where `raw` holds them (the flush kernel's StepRows).
 template <class Raw, class SrcRows, class F>
 __device__ __forceinline__ void for_each_checkpoint_row(const Tile& t, const Raw& raw, const SrcRows& rows, F&& f) {
-  if constexpr (kStored) {
-    for_each_stored_row(rows, t.lane, first_rows(raw, rows, t.lane), f);
-  } else {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float v[kEpl];
-      unpack_row(raw, r, v);
-      f(r, v);
-    }
-  }
+  if constexpr (kStored) for_each_stored_row(rows, t.lane, first_rows(raw, rows, t.lane), f);
+  else for_each_raw_row(raw, f);
 }
 
 // Fold of staged entries 0..w (ring entries j < w, then the current token): S = decay S + Σ_j xs_j B_jᵀ with B_j
