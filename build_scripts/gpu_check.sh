@@ -79,23 +79,23 @@ if has tests || has quantized || has long; then
   rc=$?; record "precompile test kernels" $rc "$(tail -n 1 "$OUT/precompile.log")"
   workers=()
   python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist load)
-  select=(); [ -n "${TEST_K:-}" ] && select=(-k "$TEST_K")
+  test_k=(); [ -n "${TEST_K:-}" ] && test_k=(-k "$TEST_K")
 fi
 if has tests; then
   deselect=(--ignore tests/test_quantized_gpu.py)
   for t in "${LONG_TESTS[@]}"; do deselect+=(--deselect "$t"); done
-  bounded "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" "${select[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
+  bounded "${TESTS_TIMEOUT:-300}" python3 -m pytest -v "${workers[@]}" "${test_k[@]}" -m "gpu or kernels" "${deselect[@]}" tests \
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels' (but quantized, long)" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
 if has quantized; then  # one process: its 299 tests pass in 109-126 s (H100) after the precompile; 14 workers were far slower
-  bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v "${select[@]}" -m "gpu or kernels" tests/test_quantized_gpu.py \
+  bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v "${test_k[@]}" -m "gpu or kernels" tests/test_quantized_gpu.py \
     > "$OUT/gpu_tests_quantized.log" 2>&1
   rc=$?; record "pytest tests/test_quantized_gpu.py" $rc "$(tail -n 1 "$OUT/gpu_tests_quantized.log")"
 fi
 if has long; then  # 7 tests on 3 workers
   long_workers=(); [ ${#workers[@]} -gt 0 ] && long_workers=(-n 3 --dist load)
-  bounded "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${select[@]}" "${LONG_TESTS[@]}" \
+  bounded "${LONG_TIMEOUT:-540}" python3 -m pytest -v "${long_workers[@]}" "${test_k[@]}" "${LONG_TESTS[@]}" \
     > "$OUT/gpu_tests_long.log" 2>&1
   rc=$?; record "pytest serving schedules, 10k windows" $rc "$(tail -n 1 "$OUT/gpu_tests_long.log")"
 fi
@@ -156,10 +156,11 @@ if has quant-bench; then  # issue 23's small batches: every stored spec beside f
 fi
 if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
   # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`)
+  cross_specs=${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}
   bounded "${CROSSOVER_TIMEOUT:-540}" python3 benchmarks/dev/crossover_sweep.py -o "$OUT/crossovers.json" \
-    --specs "${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \
+    --specs "$cross_specs" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \
     --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" > "$OUT/crossovers.log" 2>&1
-  rc=$?; record "crossover sweep ${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}" $rc "$(tail -n 1 "$OUT/crossovers.log")"
+  rc=$?; record "crossover sweep $cross_specs" $rc "$(tail -n 1 "$OUT/crossovers.log")"
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
