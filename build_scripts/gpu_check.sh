@@ -235,7 +235,7 @@ if has accuracy; then  # ACC_STATES_<family>: ';'-separated groups (one fp32 bas
     rc=$?; record "accuracy $m fp32, fp32 activations and rings" $rc "$OUT/acc/$m-fp32-rings.json"
   done
 fi
-if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --specs
+if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --specs; AB_KEY: ab_trees --also-key
   read -r -a ab_trees <<< "${AB_TREES:-}"
   models=${AB_MODELS:-nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b}
   specs=${AB_SPECS:-fp32,nvfp4,nvfp4/dual/fp16,fp8/dual/fp32}
@@ -243,7 +243,8 @@ if has ab; then  # AB_ARGS: quant_speed's arguments besides -o, --models and --s
     record "A/B of two source trees" 2 "AB_TREES: expected two source trees, got '${AB_TREES:-}'"
   else
     bounded "${AB_TIMEOUT:-540}" python3 benchmarks/dev/ab_trees.py "${ab_trees[@]}" "$OUT/ab-trees.json" \
-      --rounds "${AB_ROUNDS:-2}" --precompile "$models" "$specs" -- python3 benchmarks/dev/quant_speed.py -o {out} \
+      --rounds "${AB_ROUNDS:-2}" --precompile "$models" "$specs" --also-key "${AB_KEY:-}" -- \
+      python3 benchmarks/dev/quant_speed.py -o {out} \
       --models "$models" --specs "$specs" ${AB_ARGS:---batches 256 --impls replay --phases cycle,nonflush} \
       > "$OUT/ab_trees.log" 2>&1
     rc=$?; record "A/B ${ab_trees[*]}" $rc "$OUT/ab-trees.json"

@@ -33,6 +33,26 @@ def test_rounds_pair_by_key_with_options_after_the_trees(tmp_path):
     assert row["a_median"] == 3.0 and row["b_median"] == 2.0 and row["b_over_a"] == pytest.approx(2 / 3)
 
 
+# Two tunings of one case (flush_ctas 4 and 8), tree "b" half as long, tuning 8 ten more.
+FAKE_TUNINGS = ("import json, os, sys; t = 1.0 if 'b' in os.getcwd()[-1] else 2.0; "
+                "json.dump([{'family': 'mamba2', 'batch': 8, 'flush_ctas': n, 'median_us': t + (10 if n == 8 else 0)}"
+                " for n in (4, 8)], open(sys.argv[1], 'w'))")
+
+
+@pytest.mark.parametrize("also_key, pairs", [
+    ([], {None: ([2.0, 12.0], [1.0, 11.0])}),
+    (["--also-key", "flush_ctas"], {4: ([2.0], [1.0]), 8: ([12.0], [11.0])}),
+])
+def test_swept_tunings_pair_apart_with_also_key(tmp_path, also_key, pairs):
+    a, b = _trees(tmp_path)
+    out = tmp_path / "ab.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), str(out), "--rounds", "1", *also_key, "--",
+                           sys.executable, "-c", FAKE_TUNINGS, "{out}"], check=True, capture_output=True, text=True)
+    rows = json.loads(out.read_text())["rows"]
+    assert {row.get("flush_ctas"): (row["a"], row["b"]) for row in rows} == pairs
+    assert ("flush_ctas=4" in done.stdout) == bool(also_key)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rounds", "0", "--", "x", "{out}"], "--rounds"),
     (["--", "x"], "{out}"),

@@ -3,11 +3,13 @@
 runs write by their key fields: medians per tree and their ratio B/A. For changes that touch the Python side as well
 as the kernels (``ab_kernels.py`` swaps kernel sources within one process and needs the same Python side). Both trees
 share one kernel cache: cubins are keyed by their sources. ``--precompile MODELS SPECS`` first compiles those
-presets' modules of both trees side by side on every core (``build_scripts/precompile_test_kernels.py``). OUT.json is
-rewritten after every run, so a run stopped by a time limit keeps the pairs of the rounds before it.
+presets' modules of both trees side by side on every core (``build_scripts/precompile_test_kernels.py``). A command
+that times several tunings of one case (``quant_speed.py --flush-ctas 4,8``) names the record fields that tell them
+apart with ``--also-key`` (``flush_ctas``). OUT.json is rewritten after every run, so a run stopped by a time limit
+keeps the pairs of the rounds before it.
 
     python3 benchmarks/dev/ab_trees.py TREE_A TREE_B OUT.json [--rounds 2] [--value median_us] \\
-        [--precompile nemotron-3-super-120b fp32,nvfp4] -- \\
+        [--precompile nemotron-3-super-120b fp32,nvfp4] [--also-key flush_ctas,rows_per_cta] -- \\
         python3 benchmarks/dev/quant_speed.py -o {out} --batches 256 --specs nvfp4 --phases cycle,nonflush
 
 ``{out}`` in the command is each run's JSON file (a list of records, or an object with a ``records`` list). A tree is
@@ -34,8 +36,8 @@ def records(path: Path) -> list[dict]:
     return data["records"] if isinstance(data, dict) else data
 
 
-def key_of(record: dict) -> tuple:
-    return tuple((name, record[name]) for name in KEY_FIELDS if name in record)
+def key_of(record: dict, fields: tuple[str, ...] = KEY_FIELDS) -> tuple:
+    return tuple((name, record[name]) for name in fields if name in record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value", default="median_us", help="the timed field of a record")
     ap.add_argument("--precompile", nargs=2, metavar=("MODELS", "SPECS"),
                     help="compile these presets' modules with these state specs in both trees first")
+    ap.add_argument("--also-key", default="", metavar="FIELD[,FIELD]",
+                    help="record fields that tell a case's runs apart besides the case fields (swept tunings)")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = ap.parse_args(argv[:split]), argv[split + 1:]
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{tree}: expected a source tree (a trtllm_replayssm/ folder in it)")
     if args.rounds < 1:
         ap.error(f"--rounds: expected at least 1, got {args.rounds}")
+    fields = KEY_FIELDS + tuple(name for name in args.also_key.split(",") if name and name not in KEY_FIELDS)
     trees = {"a": args.tree_a, "b": args.tree_b}
     if args.precompile:
         if not all((tree / PRECOMPILE).is_file() for tree in trees.values()):
@@ -78,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(cmd, cwd=tree, env=_tree_env(tree), check=True)
                 for record in records(out):
                     if args.value in record:
-                        times.setdefault(key_of(record), {"a": [], "b": []})[name].append(record[args.value])
+                        times.setdefault(key_of(record, fields), {"a": [], "b": []})[name].append(record[args.value])
                 rows = paired_rows(times)
                 args.out.write_text(json.dumps({"tree_a": str(args.tree_a), "tree_b": str(args.tree_b),
                                                 "value": args.value, "rounds": rnd + 1, "command": command,
                                                 "rows": rows}, indent=1))
     for row in rows:
-        label = " ".join(f"{k}={v}" for k, v in row.items() if k in KEY_FIELDS)
+        label = " ".join(f"{k}={v}" for k, v in row.items() if k in fields)
         print(f"{label}: A {row['a_median']:.2f}  B {row['b_median']:.2f}  B/A {row['b_over_a']:.3f}")
     return 0
 
