@@ -42,8 +42,32 @@ def test_an_entry_may_add_a_fused_band():
     assert crossovers.entry("kda", "fp32", "sm_90", table) == Crossover("kda", "*", "*", 8)  # the default: no band
     # measured on the H200 (docs/decisions.md, adaptive mode): fused beats flush below replay for Mamba-2 (from about
     # three work items per SM) and GDN (from about one); KDA's flush kernel is as fast or faster up to replay
-    bands = {c.family: c.fused_min_work_per_sm for c in crossovers.shipped() if c.fused_min_work_per_sm is not None}
+    bands = {c.family: c.fused_min_work_per_sm for c in crossovers.shipped()
+             if c.state == "fp32" and c.fused_min_work_per_sm is not None}
     assert set(bands) == {"mamba2", "gdn"} and all(1 <= band <= 3 for band in bands.values())
+
+
+# The committed raw sweep each measured entry of the shipped table comes from (benchmarks/results/dev/).
+SWEEPS = {"crossovers-hints-on-small-grids-h200.json": [("mamba2", "fp32"), ("gdn", "fp32"), ("kda", "fp32")],
+          "crossovers-mamba2-stored-shipped-h100.json": [("mamba2", "nvfp4"), ("mamba2", "nvfp4/dual/fp16"),
+                                                         ("mamba2", "fp8"), ("mamba2", "fp8/dual/fp32")]}
+
+
+def test_every_measured_entry_follows_from_its_committed_sweep():
+    """Each non-default entry of the shipped table is what crossover_sweep.py --from-records computes from the raw
+    records it was written from (a table edited by hand, or from a sweep not committed, fails here)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
+    from crossover_sweep import entries_from
+
+    results = Path(__file__).parents[1] / "benchmarks" / "results" / "dev"
+    found = {}
+    for name, keys in SWEEPS.items():
+        raw = json.loads((results / name).read_text())
+        computed = {(e.family, e.state, e.arch): e for e in entries_from(raw["records"], raw["gpu"], raw["sms"])}
+        found.update({key: computed[key] for key in ((f, s, "sm_90") for f, s in keys)})
+    measured = {(c.family, c.state, c.arch): c for c in crossovers.shipped() if c.state != "*"}
+    assert set(measured) == set(found)
+    assert all(measured[key] == found[key] for key in measured)
 
 
 @pytest.mark.parametrize("entry, match", [(dict(family="rwkv", state="*", arch="*", min_work_per_sm=1), "family"),
