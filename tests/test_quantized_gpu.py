@@ -158,7 +158,7 @@ def test_switching_modes_follows_the_reference(name, switch, family):
 
 @pytest.mark.parametrize("name", ["fp8", "nvfp4", "nvfp4-dual-fp16", "fp8-dual-fp32", "nvfp4-dual-fp32-sr", "bf16-sr",
                                   "fp32", "bf16"])
-def test_two_head_tiles_follow_the_reference(name):
+def test_mamba2_two_head_tiles_follow_the_reference(name):
     """Persistent tiles of two adjacent heads (rows_per_cta = 2 x head_dim; the planner's choice for FP8/NVFP4 read
     copies at large batch) step like the reference."""
     from trtllm_replayssm.core.plans import Tuning
@@ -175,7 +175,7 @@ def test_two_head_tiles_follow_the_reference(name):
 @pytest.mark.parametrize("name, apart", [("fp8", True), ("nvfp4", True), ("nvfp4-dual-fp16", True),
                                          ("nvfp4-dual-fp8-sr", True), ("bf16-sr", True), ("fp32", False),
                                          ("fp32", True)])
-def test_flush_rows_apart_or_in_the_persistent_kernel_follow_the_reference(name, apart, tile):
+def test_mamba2_flush_rows_apart_or_in_the_persistent_kernel_follow_the_reference(name, apart, tile):
     """Flush rows folded by the flush-rows kernel after the persistent kernel (always for stored checkpoints, whose
     main kernel never folds; a tuning's choice for plain ones) or inside it (plain checkpoints), with tiles of one head
     or two: both step like the reference."""
@@ -253,7 +253,7 @@ def test_baseline_kernel_refuses_stochastic_rounding(family):
                          state_batch_indices=torch.tensor([0, 1], dtype=torch.int32, device="cuda"))
 
 
-def test_nvfp4_needs_whole_blocks_per_lane():
+def test_mamba2_nvfp4_needs_whole_blocks_per_lane():
     dims = Mamba2Dims(nheads=2, head_dim=8, d_state=32, n_groups=1)
     layer = FAM.new_cache(dims, 1, 2, buffer_len=L, state_dtype="nvfp4", device="cuda").layer(0)
     args, kwargs = mamba2_step(dims, 1, torch.Generator().manual_seed(0), "cuda").op_args()
