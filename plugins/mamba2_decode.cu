@@ -1431,20 +1431,28 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
 }
 
 namespace {
-// The flush-rows kernel's lanes (rssm::BlockLanes): each keeps a 16-column block of a state row in registers through
-// the fold, the encode finds the block maximum in the lane and the row maximum over N / 16 lanes, and lanes reading
-// the same B_j block share a shared-memory word.
-using FlushLanes = rssm::BlockLanes<N>;
+// The flush-rows kernel's lanes: each keeps 8 columns of two adjacent state rows in registers through the fold (lane
+// = column slot · kPairs + pair), so a ring entry's B_j columns are read from shared memory once for both rows; a
+// row's N / 8 lanes differ in lane bits 1 ... (the encode's kStride = kPairs), an NVFP4 block spans two of them.
+struct FlushLanes {
+  static constexpr int kCols = 8;                             // columns per lane and row
+  static constexpr int kRowLanes = N / kCols;                 // lanes per row
+  static constexpr int kPairs = rssm::kWarpSize / kRowLanes;  // row pairs on a warp at once
+  static constexpr int kPassRows = 2 * kPairs;
+  static_assert(N % kCols == 0 && rssm::kWarpSize % kRowLanes == 0 && kCols % kEpl == 0,
+                "flush lanes: rows of 64 ... 256 columns");
+};
 
 // The flush of one (batch row, head) at cursor w with the prep kernel's weights `coef` (s_0..s_w, decay at L): the
 // ring's B rows and the token's B (fp32) and s_j x_j of the head's rows, staged; each warp folds its quarter of the
 // head's rows, a pass of rows (FlushLanes::kPassRows) at a time (S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ, the FMAs in
-// ring order), stores them and writes y = (S·C + D x) · gate. Where a warp's rows do not fill its last pass, the spare lanes repeat its last row
-// (same values, same stores). Every thread of the CTA calls it (it synchronises).
+// ring order), stores them and writes y = (S·C + D x) · gate. Where a warp's rows do not fill its last pass, the
+// spare lanes repeat its last two rows (same values, same stores). Every thread of the CTA calls it (it synchronises).
 __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slot, int h, int w, float (*s_B)[N],
                                            float (*s_xs)[P]) {
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   constexpr int kWarpRows = P / rssm::kNumWarps;
+  static_assert(kWarpRows % 2 == 0, "flush lanes: an even number of rows per warp");
   const int row0 = warp * kWarpRows;
   const MasterRows master = master_rows(p, slot, h, row0);
   // The warp's checkpoint rows head for L2 while the ring stages: their loads below wait on L2, not on DRAM.
@@ -1476,7 +1484,8 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
 #pragma unroll
     for (int e = 0; e < kXElems; ++e) s_xs[j][r + e] = c * v[e];
   }
-  const int pass_row = lane % FlushLanes::kPassRows, blk = lane / FlushLanes::kPassRows, c0 = blk * FlushLanes::kCols;
+  const int pair = lane % FlushLanes::kPairs, col_slot = lane / FlushLanes::kPairs;
+  const int c0 = col_slot * FlushLanes::kCols;
   float cv[FlushLanes::kCols];
   const act_t* C = group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + c0;
 #pragma unroll
@@ -1494,32 +1503,43 @@ __device__ __forceinline__ void flush_head(const Mamba2Params& p, int b, int slo
   const act_t* z = p.z ? static_cast<const act_t*>(p.z) + b * p.s_z_b + h * p.s_z_h + row0 : nullptr;
   __syncthreads();
   for (int r0 = 0; r0 < kWarpRows; r0 += FlushLanes::kPassRows) {
-    const int r = min(r0 + pass_row, kWarpRows - 1);
-    float acc[FlushLanes::kCols];
-    master.decode(r, blk, acc);
+    const int r = min(r0 + 2 * pair, kWarpRows - 2);  // this lane's rows r and r + 1
+    float acc[2][FlushLanes::kCols];
 #pragma unroll
-    for (int e = 0; e < FlushLanes::kCols; ++e) acc[e] *= decay;
+    for (int k = 0; k < 2; ++k) {
+      master.template decode<FlushLanes::kCols>(r + k, col_slot, acc[k]);
+#pragma unroll
+      for (int e = 0; e < FlushLanes::kCols; ++e) acc[k][e] *= decay;
+    }
     for (int j = 0; j <= w; ++j) {
-      const float xs = s_xs[j][row0 + r];
+      const float2 xs = *reinterpret_cast<const float2*>(&s_xs[j][row0 + r]);
       const float4* bj = reinterpret_cast<const float4*>(&s_B[j][c0]);
 #pragma unroll
       for (int q = 0; q < FlushLanes::kCols / 4; ++q) {
         const float4 bv = bj[q];
-        acc[4 * q] = fmaf(xs, bv.x, acc[4 * q]);
-        acc[4 * q + 1] = fmaf(xs, bv.y, acc[4 * q + 1]);
-        acc[4 * q + 2] = fmaf(xs, bv.z, acc[4 * q + 2]);
-        acc[4 * q + 3] = fmaf(xs, bv.w, acc[4 * q + 3]);
+        const float bq[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[0][4 * q + e] = fmaf(xs.x, bq[e], acc[0][4 * q + e]);
+          acc[1][4 * q + e] = fmaf(xs.y, bq[e], acc[1][4 * q + e]);
+        }
       }
     }
-    if constexpr (kStored) ckpt.template store<FlushLanes::kCols, FlushLanes::kPassRows>(r, acc, flushes, p.seed, blk);
-    else master.template encode<FlushLanes::kCols, FlushLanes::kPassRows>(r, blk, acc, nullptr, 0);
-    float dot = 0.f;
 #pragma unroll
-    for (int e = 0; e < FlushLanes::kCols; ++e) dot = fmaf(acc[e], cv[e], dot);
-    dot = rssm::group_sum<FlushLanes::kRowLanes, FlushLanes::kPassRows>(dot);
-    if (blk == 0) {
-      const float gate = z ? rssm::siluf(rssm::to_float(z[r])) : 1.f;
-      out[r] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + r])) * gate);
+    for (int k = 0; k < 2; ++k) {
+      if constexpr (kStored) {
+        ckpt.template store<FlushLanes::kCols, FlushLanes::kPairs>(r + k, acc[k], flushes, p.seed, col_slot);
+      } else {
+        master.template encode<FlushLanes::kCols, FlushLanes::kPairs>(r + k, col_slot, acc[k], nullptr, 0);
+      }
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < FlushLanes::kCols; ++e) dot = fmaf(acc[k][e], cv[e], dot);
+      dot = rssm::group_sum<FlushLanes::kRowLanes, FlushLanes::kPairs>(dot);
+      if (col_slot == 0) {
+        const float gate = z ? rssm::siluf(rssm::to_float(z[r + k])) : 1.f;
+        out[r + k] = rssm::from_float<act_t>((dot + d_h * rssm::to_float(x_cur[row0 + r + k])) * gate);
+      }
     }
   }
 }
