@@ -441,14 +441,19 @@ def test_replay_main_kernel_ctas_per_sm_follow_its_launch_bounds(model):
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 def test_delta_stored_replay_streams_whole_heads(model):
     """On sm_90 a stored checkpoint's replay takes tiles of a whole 128-row head where the heuristic takes its largest
-    tile, on 4 CTAs per SM, but an NVFP4 read copy beside a master (measured no faster); smaller batches keep the
-    heuristic's tile, and every whole-head module is among the layer's kernel configs."""
+    tile, on 4 CTAs per SM, but an NVFP4 read copy beside a master with stochastic rounding or (KDA) beside an fp32
+    one; smaller batches keep the heuristic's tile, and every whole-head module is among the layer's kernel
+    configs."""
     from trtllm_replayssm.core.formats import parse_state_label
 
     dims = get_preset(model).ssm_dims
     fam = family_of(dims)
+    kda = fam.name == "kda"
     for label, whole in (("fp8", True), ("nvfp4", True), ("fp8/dual/fp32", True), ("fp8+sr", True),
-                         ("nvfp4/dual/fp16", False), ("nvfp4/dual/fp8+sr", False), ("fp32", False)):
+                         ("nvfp4/dual/fp16", True), ("nvfp4/dual/bf16", True), ("nvfp4/dual/fp8", True),
+                         ("nvfp4/dual/fp8+sr", False),
+                         ("nvfp4/dual/fp32", not kda), ("nvfp4/dual/fp16+sr", False), ("nvfp4/dual/fp32+sr", False),
+                         ("fp32", False)):
         spec = parse_state_label(label)
         layer = _layer(dims, spec, torch.bfloat16, 16, slots=257)
         V, K = layer.checkpoint().shape[2:]
@@ -456,7 +461,7 @@ def test_delta_stored_replay_streams_whole_heads(model):
         assert (plan.rows_per_cta == delta.WHOLE_HEAD_ROWS) == whole, label
         if whole:
             assert plan.grid[0] == 4 * H200.sm_count and plan.flush_ctas > 0, label
-        shipped = delta.kernel_configs(fam.name == "kda", K, V, spec, torch.bfloat16)
+        shipped = delta.kernel_configs(kda, K, V, spec, torch.bfloat16)
         wide = [c for c in shipped if c.family == fam.name and c.param("vtile") == delta.WHOLE_HEAD_ROWS]
         assert bool(wide) == whole, label
     small = fam.replay_plan(_layer(dims, parse_state_label("fp8"), torch.bfloat16, 16, slots=9), 8, "replay",

@@ -51,18 +51,22 @@ WHOLE_HEAD_ROWS = 128
 DEFAULT_TUNING = Tuning()
 
 
-def whole_head_module(spec: StateSpec, value_dim: int, key_dim: int) -> bool:
+def whole_head_module(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate: bool) -> bool:
     """Whether a layer ships the whole-head module (WHOLE_HEAD_ROWS rows per persistent-kernel tile): stored
-    checkpoints of 128-row heads and at most 128 key channels, but an NVFP4 read copy beside a master, whose non-flush
-    steps did not get faster (docs/decisions.md, GDN/KDA stored checkpoints stream whole heads)."""
-    return (spec.stored and value_dim == WHOLE_HEAD_ROWS and key_dim <= WHOLE_HEAD_ROWS
-            and not (spec.dual and spec.format == "nvfp4"))
+    checkpoints of 128-row heads and at most 128 key channels. With an NVFP4 read copy beside a master, not with
+    stochastic rounding (its whole-head flush kernels spill on some target, or run slower) nor KDA's fp32 master (they
+    spill on sm_100a/sm_103a) (docs/decisions.md, GDN/KDA stored checkpoints stream whole heads)."""
+    if not (spec.stored and value_dim == WHOLE_HEAD_ROWS and key_dim <= WHOLE_HEAD_ROWS):
+        return False
+    if spec.dual and spec.format == "nvfp4":
+        return not (spec.stochastic_rounding or (per_channel_gate and spec.master == "fp32"))
+    return True
 
 
-def whole_head_tiles(spec: StateSpec, value_dim: int, key_dim: int, device: Device) -> bool:
+def whole_head_tiles(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate: bool, device: Device) -> bool:
     """Whether a replay with flush rows apart streams whole heads by default: the module exists and the GPU is a
     Hopper (measured there; sm_100 and later keep 64-row tiles)."""
-    return device.major == 9 and whole_head_module(spec, value_dim, key_dim)
+    return device.major == 9 and whole_head_module(spec, value_dim, key_dim, per_channel_gate)
 
 
 def claims_tail(state_dtype: torch.dtype | StateSpec) -> bool:
@@ -107,7 +111,7 @@ def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_d
     plain checkpoint, the speculative commit's)."""
     spec = state_spec(state_dtype, arg="state_dtype")
     tiles = tile_choices(value_dim, key_dim)
-    if whole_head_module(spec, value_dim, key_dim):
+    if whole_head_module(spec, value_dim, key_dim, per_channel_gate):
         tiles = [*tiles, value_dim]
     speculative = [] if spec.stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
@@ -150,7 +154,7 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     apart = flush_rows_apart(tuning, layer.spec.stored)
     tile = _row_tile(V, K, batch * HV, dev, tuning)
     if tuning.rows_per_cta is None:
-        if apart and whole_head_tiles(layer.spec, V, K, dev) and tile == max(tile_choices(V, K)):
+        if apart and whole_head_tiles(layer.spec, V, K, per_channel_gate, dev) and tile == max(tile_choices(V, K)):
             tile = V
         else:
             tile = _fitting_tile(V, K, L, row_bytes, act_elem, tile, per_channel_gate, tuning.ctas_per_sm, key_elem)
