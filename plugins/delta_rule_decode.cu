@@ -515,13 +515,13 @@ struct StepTile {
 
 __device__ __forceinline__ StepTile grid_tile() { return {int(blockIdx.z), int(blockIdx.y), int(blockIdx.x) * kTile}; }
 
-// The one-launch replay's ring staging: ring keys, GDN gates (the fold buffer's layout) and the u rows of the CTA's
-// row tile, at every position a fold can read (j < L - 1), copied to shared memory by every thread without waiting
-// for the cursor, so they travel with the state loads (the fold reads entries j < w only); awaited by the caller.
-// Keys move in 16-byte async copies where the ring is 16-byte aligned, the rest in 4-byte ones.
-__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0,
+// The ring staging of the one-launch replay and the flush-rows kernel: ring keys, GDN gates (the fold buffer's
+// layout) and the u rows of the CTA's row tile, entries j < n, copied to shared memory by every thread. The one-launch
+// replay stages every position a fold can read (n = L - 1) without waiting for the cursor, so they travel with the
+// state loads (the fold reads entries j < w only); the flush-rows kernel the w it folds. Awaited by the caller. Keys
+// move in 16-byte async copies where the ring is 16-byte aligned, the rest in 4-byte ones.
+__device__ __forceinline__ void stage_ring(const DeltaParams& p, int slot, int hv, int h, int row0, int n,
                                           unsigned char* buf) {
-  const int n = p.L - 1;
   const kring_t* k_ring =
       static_cast<const kring_t*>(p.k_ring) + slot * p.s_kr_slot + key_ring_head(hv, h) * p.s_kr_head;
   constexpr int kKeyWords = kK * int(sizeof(kring_t)) / 4, kRowWords = kTile * int(sizeof(act_t)) / 4;
@@ -668,7 +668,8 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       rssm::load_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
     }
   }
-  if constexpr (kFused) stage_ring(p, slot, hv, h, row0, ring_buf);
+  if constexpr (kFused) stage_ring(p, slot, hv, h, row0, p.L - 1, ring_buf);
+  if constexpr (kApart) stage_ring(p, slot, hv, h, row0, apart_w, ring_buf);
   if constexpr (kReplay && !(kFused && kDual)) read_cursor();
   if constexpr (kFused && kPerChannel) {  // the fold's G = G_{w-1} (KDA gates are not staged): in L1 by then
     if (w > 0) rssm::prefetch_l1(p.g_ring + slot * p.s_gr_slot + hv * p.s_gr_head + (long long)(w - 1) * kK + col0);
@@ -683,7 +684,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   };
   const int first_id = kReplay ? rssm::preload_row_id(p.slot_idx, b, lane) : 0;
   auto fold_pending_ring = [&] {  // replay kinds; uniform per CTA (the cursor advances below)
-    if constexpr (kFused) {
+    if constexpr (kFused || kApart) {
       rssm::cp_async_wait_all();
       __syncthreads();  // the staged ring has landed; every thread has read the cursor
       if (w == 0) return;
@@ -692,6 +693,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       fold_records(reinterpret_cast<const kring_t*>(ring_buf), gates,
                    reinterpret_cast<const act_t*>(ring_buf + fold_buffer_bytes(p.L)) + wrow0, kTile, p.L,
                    rssm::SpecCursor{0, w}, col0, acc);
+      if constexpr (kApart) __syncthreads();  // the staged ring is read before the CTA's next item restages it
     } else {
       if (w == 0) return;
       fold_ring_into_rows(p, slot, hv, h, row0 + wrow0, rssm::SpecCursor{0, w}, col0, acc);
@@ -1371,17 +1373,18 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
 }
 
 // Replay step 3 where the plan keeps flush rows apart (p.flush_apart: the main kernel skips them): each row tile
-// (batch row, value head, VTILE rows) whose row flushes folds the row's ring and token into its checkpoint rows,
-// stores them and writes its outputs (a flush step at the prep kernel's cursor, StepKind::kApart); the row's cursor
-// goes back to 0. A programmatic dependent of the main kernel. One CTA per SM at least in its launch bounds (the
+// (batch row, value head, VTILE rows) whose row flushes folds the row's ring (staged in dynamic shared memory,
+// fused_buffer_bytes(L)) and token into its checkpoint rows, stores them and writes its outputs (a flush step at the
+// prep kernel's cursor, StepKind::kApart); the row's cursor goes back to 0. A programmatic dependent of the main kernel. One CTA per SM at least in its launch bounds (the
 // state kernels' 8 on sm_90 spill here, and without a minimum ptxas gives it too few registers on sm_100 and later).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_replay_flush_kernel(const DeltaParams p) {
+  extern __shared__ __align__(16) unsigned char ring_buf[];  // fused_buffer_bytes(p.L): the item's staged ring
   constexpr int kRowTiles = kV / kTile;
   rssm::for_each_flush_item(p.step, p.slot_idx, p.pad_slot_id, p.slots, p.batch, p.num_v_heads * kRowTiles,
                             [&](int item, int b, int slot, int w) {
                               const int t = item - b * p.num_v_heads * kRowTiles;
                               if (t == 0 && threadIdx.x == 0) p.cursor[slot] = 0;  // its only reader has finished
-                              delta_step<StepKind::kApart>(p, nullptr, {b, t / kRowTiles, (t % kRowTiles) * kTile},
+                              delta_step<StepKind::kApart>(p, ring_buf, {b, t / kRowTiles, (t % kRowTiles) * kTile},
                                                            w);
                             });
 }

@@ -307,6 +307,17 @@ def test_plan_words_round_trip():
     apart = mamba2.replay_plan(_layer(get_preset("nemotron-3-super-120b").ssm_dims, state_spec("nvfp4"),
                                       torch.bfloat16, 16, slots=257), 256, "replay", device=H200)
     assert apart.flush_ctas and plans.Launch.from_words(apart.words).flush_ctas == apart.flush_ctas
+    assert apart.flush_bytes == 0  # the Mamba-2 flush-rows kernel stages in static shared memory
+    # the GDN/KDA flush-rows kernel stages an item's ring: the one-launch replay's buffer for the plan's row tile
+    for fam_name, model in (("gdn", "qwen3.5-4b"), ("kda", "kimi-linear-48b")):
+        dims = get_preset(model).ssm_dims
+        layer = _layer(dims, state_spec("nvfp4"), torch.bfloat16, 16, slots=257)
+        stored = FAMILIES[fam_name].replay_plan(layer, 256, "replay", device=H200)
+        K = layer.checkpoint().shape[3]
+        want = delta_fused_bytes(16, stored.rows_per_cta, K, layer.k_ring.element_size(), 2, fam_name == "kda")
+        assert stored.flush_ctas and stored.flush_bytes == want > 0, fam_name
+        assert plans.Launch.from_words(stored.words).flush_bytes == want
+    assert plan.flush_ctas == 0 and plan.flush_bytes == 0  # fp32: flush rows fold in the main kernel
 
 
 @pytest.mark.parametrize("label", ["nvfp4", "fp8/dual/fp32", "nvfp4/dual/fp16+sr", "bf16+sr", "fp32", "bf16"])

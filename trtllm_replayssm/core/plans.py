@@ -132,7 +132,8 @@ class LaunchPlan:
     State kernels (fused, flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs
     ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
     ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time; with
-    ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs. With
+    ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs, with
+    ``flush_bytes`` of dynamic shared memory (GDN/KDA: an item's staged ring). With
     ``programmatic`` the state kernels launch as programmatic dependents of the kernel before them
     (rssm::wait_previous_grid), and with ``l2_hints`` they ask L2 for their slot's lines before that wait."""
 
@@ -150,6 +151,7 @@ class LaunchPlan:
     tail_fraction: float | None = None
     num_tiles: int = 0
     flush_ctas: int = 0
+    flush_bytes: int = 0
     programmatic: bool = False
     l2_hints: bool = False
 
@@ -162,7 +164,7 @@ class LaunchPlan:
         """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
         return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
                 self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
-                self.flush_ctas, int(self.programmatic), int(self.l2_hints)]
+                self.flush_ctas, self.flush_bytes, int(self.programmatic), int(self.l2_hints)]
 
     @property
     def shared_bytes(self) -> int:
@@ -191,16 +193,17 @@ class Launch:
     prep_threads: int
     programmatic_prep: bool
     flush_ctas: int
+    flush_bytes: int
     programmatic: bool
     l2_hints: bool
 
     @classmethod
     def from_words(cls, words: list[int]) -> "Launch":
         w = list(words)
-        if len(w) != 17:
-            raise ValueError(f"plan: expected 17 words (LaunchPlan.words), got {len(w)}")
+        if len(w) != 18:
+            raise ValueError(f"plan: expected 18 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
-                   bool(w[13]), w[14], bool(w[15]), bool(w[16]))
+                   bool(w[13]), w[14], w[15], bool(w[16]), bool(w[17]))
 
 
 # ---------------------------------------------------------------------------------------------- shared steps

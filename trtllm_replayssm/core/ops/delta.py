@@ -171,7 +171,8 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
-                      flush_ctas=flush_ctas(num_tiles, apart, dev, tuning))
+                      flush_ctas=flush_ctas(num_tiles, apart, dev, tuning),
+                      flush_bytes=delta_fused_bytes(L, tile, K, key_elem, act_elem, per_channel_gate) if apart else 0)
 
 
 def replay_ctas(spec: StateSpec, tile: int, device: Device) -> int:
