@@ -1375,8 +1375,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, k
 // Replay step 3 where the plan keeps flush rows apart (p.flush_apart: the main kernel skips them): each row tile
 // (batch row, value head, VTILE rows) whose row flushes folds the row's ring (staged in dynamic shared memory,
 // fused_buffer_bytes(L)) and token into its checkpoint rows, stores them and writes its outputs (a flush step at the
-// prep kernel's cursor, StepKind::kApart); the row's cursor goes back to 0. A programmatic dependent of the main kernel. One CTA per SM at least in its launch bounds (the
-// state kernels' 8 on sm_90 spill here, and without a minimum ptxas gives it too few registers on sm_100 and later).
+// prep kernel's cursor, StepKind::kApart); the row's cursor goes back to 0. A programmatic dependent of the main
+// kernel; it may come from another row tile's module than the main kernel (LaunchPlan.flush_rows_per_cta): what it
+// reads from the prep and main kernels (step words, cursors, rings) does not depend on the tile. One CTA per SM at
+// least in its launch bounds (the state kernels' 8 on sm_90 spill here, and without a minimum ptxas gives it too few
+// registers on sm_100 and later).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_replay_flush_kernel(const DeltaParams p) {
   extern __shared__ __align__(16) unsigned char ring_buf[];  // fused_buffer_bytes(p.L): the item's staged ring
   constexpr int kRowTiles = kV / kTile;

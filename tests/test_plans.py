@@ -450,6 +450,31 @@ def test_replay_main_kernel_ctas_per_sm_follow_its_launch_bounds(model):
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
+def test_delta_flush_rows_kernel_from_another_row_tile(model):
+    """Tuning.flush_rows_per_cta runs the flush-rows kernel of another shipped module than the main kernel's: its items,
+    CTAs and staged ring follow that tile, the words carry it, and a tile the layer does not ship is refused."""
+    dims = get_preset(model).ssm_dims
+    fam = family_of(dims)
+    layer = _layer(dims, state_spec("nvfp4"), torch.bfloat16, 16, slots=257)
+    V, K = layer.checkpoint().shape[2:]
+    kda = fam.name == "kda"
+    whole = fam.replay_plan(layer, 256, "replay", device=H200)
+    assert whole.rows_per_cta == V and whole.flush_rows_per_cta == 0
+    split = fam.replay_plan(layer, 256, "replay", Tuning(flush_rows_per_cta=32), device=H200)
+    assert (split.rows_per_cta, split.grid, split.stages) == (whole.rows_per_cta, whole.grid, whole.stages)
+    assert split.flush_rows_per_cta == 32
+    assert split.flush_bytes == delta_fused_bytes(16, 32, K, layer.k_ring.element_size(), 2, kda) < whole.flush_bytes
+    assert split.flush_ctas == min(256 * dims.heads * V // 32, 8 * H200.sm_count)
+    assert plans.Launch.from_words(split.words).flush_rows_per_cta == 32
+    same = fam.replay_plan(layer, 256, "replay", Tuning(flush_rows_per_cta=V), device=H200)
+    assert same.flush_rows_per_cta == 0 and same.flush_bytes == whole.flush_bytes
+    with pytest.raises(ValueError, match=r"^flush_rows_per_cta: expected one of the layer's row tiles"):
+        fam.replay_plan(layer, 256, "replay", Tuning(flush_rows_per_cta=48), device=H200)
+    with pytest.raises(ValueError, match=r"^flush_rows_per_cta: expected None or >= 1"):
+        Tuning(flush_rows_per_cta=0)
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 def test_delta_stored_replay_streams_whole_heads(model):
     """On sm_90 a stored checkpoint's replay takes tiles of a whole 128-row head where the heuristic takes its largest
     tile, on 4 CTAs per SM, but an NVFP4 read copy beside a master with stochastic rounding or (KDA) beside an fp32

@@ -223,6 +223,24 @@ def test_delta_whole_head_tiles_follow_the_reference(name, family):
     _check_steps(SPECS[name], torch.Generator().manual_seed(31), "replay", plan_of, family)
 
 
+@pytest.mark.parametrize("family", ["gdn-v128", "kda"])
+@pytest.mark.parametrize("flush_rows", [32, 64])
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-dual-fp16", "fp8-dual-fp32"])
+def test_delta_flush_rows_kernel_of_another_tile_follows_the_reference(name, flush_rows, family):
+    """Whole-head persistent tiles with the flush rows folded by a smaller row tile's flush-rows kernel
+    (Tuning.flush_rows_per_cta)."""
+    from trtllm_replayssm.core.ops.delta import WHOLE_HEAD_ROWS
+    from trtllm_replayssm.core.plans import Tuning
+
+    def plan_of(layer):
+        tuning = Tuning(rows_per_cta=WHOLE_HEAD_ROWS, flush_rows_per_cta=flush_rows)
+        plan = _family_of(family).replay_plan(layer, len(SLOT_IDS), "replay", tuning)
+        assert plan.rows_per_cta == WHOLE_HEAD_ROWS and plan.flush_rows_per_cta == flush_rows and plan.flush_ctas > 0
+        return plan
+
+    _check_steps(SPECS[name], torch.Generator().manual_seed(37), "replay", plan_of, family)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["fp8", "nvfp4-dual-fp16", "fp8-dual-fp32"])
 def test_baseline_kernel_reads_and_writes_the_master(name, family):

@@ -90,6 +90,7 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
            "stages": plans[0].stages if impl == "replay" else None,
            "fold_bytes": plans[0].fold_bytes if impl == "replay" else None,
            "flush_ctas": plans[0].flush_ctas if impl == "replay" else None,
+           "flush_rows_per_cta": (plans[0].flush_rows_per_cta or plans[0].rows_per_cta) if impl == "replay" else None,
            "grid": plans[0].grid[0] if impl == "replay" else None,
            "programmatic": plans[0].programmatic,
            "device": torch.cuda.get_device_name(dev)}
@@ -113,6 +114,8 @@ def main() -> int:
     ap.add_argument("--flush-apart", default="", help="Mamba-2 flush rows apart (1) or in the persistent kernel (0) "
                                                       "to try besides the planner's choice, e.g. 0,1")
     ap.add_argument("--flush-ctas", default="", help="flush-rows kernel CTAs per SM to try besides the default, e.g. 4")
+    ap.add_argument("--flush-rows-per-cta", default="", help="GDN/KDA flush-rows kernel row tiles to try besides the "
+                                                             "main kernel's, e.g. 32,64")
     ap.add_argument("--plain-state-launch", action="store_true",
                     help="also time the state kernels launched plainly (not as programmatic dependents)")
     ap.add_argument("--impls", default="replay,baseline")
@@ -130,6 +133,7 @@ def main() -> int:
     tilings += [Tuning(stored_ctas_per_sm=int(n)) for n in a.stored_ctas.split(",") if n]
     tilings += [Tuning(flush_apart=v == "1") for v in a.flush_apart.split(",") if v]
     tilings += [Tuning(flush_ctas_per_sm=int(n)) for n in a.flush_ctas.split(",") if n]
+    tilings += [Tuning(flush_rows_per_cta=int(n)) for n in a.flush_rows_per_cta.split(",") if n]
     tilings += [Tuning(programmatic_state=False)] if a.plain_state_launch else []
     for model in a.models.split(","):
         for batch in map(int, a.batches.split(",")):
@@ -148,8 +152,9 @@ def main() -> int:
                     records.append(rec)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
                           f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} st{rec['stages']} fold{rec['fold_bytes']} "
-                          f"apart{rec['flush_ctas']} grid{rec['grid']} pdl{int(rec['programmatic'])} "
-                          f"{rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%", flush=True)
+                          f"apart{rec['flush_ctas']}/{rec['flush_rows_per_cta']} grid{rec['grid']} "
+                          f"pdl{int(rec['programmatic'])} {rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%",
+                          flush=True)
     with open(a.output, "w") as f:
         json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)
     return 0

@@ -87,6 +87,7 @@ class Tuning:
     ``fold_buffer``: keep a flush tile's ring inputs in shared memory where it fits; ``flush_apart``: the persistent
     replay kernel leaves flush rows to a flush-rows kernel launched after it on ``flush_ctas_per_sm`` CTAs per SM
     (a stored checkpoint's always, a plain one's where True; False refused for a stored checkpoint);
+    ``flush_rows_per_cta``: the row tile of the GDN/KDA module whose flush-rows kernel runs (None: the main kernel's);
     ``programmatic_prep``: launch the prep kernels as programmatic dependents (None: $TRTLLM_REPLAYSSM_PREP_PDL,
     default on); ``programmatic_state``: launch the state kernels (baseline, flush, one-launch replay) as programmatic
     dependents; ``l2_hints``: let them hint L2 before their wait (None: state_l2_hints decides by grid size);
@@ -102,6 +103,7 @@ class Tuning:
     fold_buffer: bool = True
     flush_apart: bool | None = None
     flush_ctas_per_sm: int = 8
+    flush_rows_per_cta: int | None = None
     programmatic_prep: bool | None = None
     programmatic_state: bool = True
     l2_hints: bool | None = None
@@ -114,6 +116,8 @@ class Tuning:
             raise ValueError(f"stored_ctas_per_sm: expected >= 1, got {self.stored_ctas_per_sm}")
         if self.flush_ctas_per_sm < 1:
             raise ValueError(f"flush_ctas_per_sm: expected >= 1, got {self.flush_ctas_per_sm}")
+        if self.flush_rows_per_cta is not None and self.flush_rows_per_cta < 1:
+            raise ValueError(f"flush_rows_per_cta: expected None or >= 1, got {self.flush_rows_per_cta}")
         if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages: expected 2..{MAX_STAGES}, got {self.stages}")
         frac = self.tail_fraction
@@ -133,7 +137,8 @@ class LaunchPlan:
     ``prep_grid`` x ``prep_threads``; its main kernel ``grid`` = (CTAs, 1, 1) with ``stages`` stages of
     ``stage_bytes``, a fold buffer of ``fold_bytes`` and tiles from ``tail_start`` on claimed at run time; with
     ``flush_ctas`` > 0 the main kernel skips flush rows and the flush-rows kernel folds them on that many CTAs, with
-    ``flush_bytes`` of dynamic shared memory (GDN/KDA: an item's staged ring). With
+    ``flush_bytes`` of dynamic shared memory (GDN/KDA: an item's staged ring), from the module of row tile
+    ``flush_rows_per_cta`` (GDN/KDA; 0: the main kernel's). With
     ``programmatic`` the state kernels launch as programmatic dependents of the kernel before them
     (rssm::wait_previous_grid), and with ``l2_hints`` they ask L2 for their slot's lines before that wait."""
 
@@ -152,6 +157,7 @@ class LaunchPlan:
     num_tiles: int = 0
     flush_ctas: int = 0
     flush_bytes: int = 0
+    flush_rows_per_cta: int = 0
     programmatic: bool = False
     l2_hints: bool = False
 
@@ -164,7 +170,7 @@ class LaunchPlan:
         """The launch numbers as the custom ops take them (``int[]``; :meth:`Launch.from_words` reads them)."""
         return [PLAN_MODES.index(self.mode), self.rows_per_cta, *self.grid, self.stages, self.stage_bytes,
                 self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
-                self.flush_ctas, self.flush_bytes, int(self.programmatic), int(self.l2_hints)]
+                self.flush_ctas, self.flush_bytes, self.flush_rows_per_cta, int(self.programmatic), int(self.l2_hints)]
 
     @property
     def shared_bytes(self) -> int:
@@ -194,16 +200,17 @@ class Launch:
     programmatic_prep: bool
     flush_ctas: int
     flush_bytes: int
+    flush_rows_per_cta: int
     programmatic: bool
     l2_hints: bool
 
     @classmethod
     def from_words(cls, words: list[int]) -> "Launch":
         w = list(words)
-        if len(w) != 18:
-            raise ValueError(f"plan: expected 18 words (LaunchPlan.words), got {len(w)}")
+        if len(w) != 19:
+            raise ValueError(f"plan: expected 19 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
-                   bool(w[13]), w[14], w[15], bool(w[16]), bool(w[17]))
+                   bool(w[13]), w[14], w[15], w[16], bool(w[17]), bool(w[18]))
 
 
 # ---------------------------------------------------------------------------------------------- shared steps

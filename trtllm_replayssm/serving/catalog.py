@@ -12,8 +12,9 @@ from trtllm_replayssm.serving.presets import ModelSpec, get_preset, list_presets
 
 # Stored checkpoint specs the CI kernel gate compiles for GATE_PRESETS (bf16 activations): every master format
 # (plain, FP8), read copy (none, FP8, NVFP4) and rounding (nearest, stochastic) the kernels branch on, on the head
-# geometries of each family (Mamba-2 80-row heads and two-head tiles, GDN, KDA). A stored bundle compiles its own.
-GATE_STATES: tuple[str, ...] = ("fp8", "fp8/dual/fp32", "nvfp4/dual/fp16+sr", "nvfp4/dual/fp8+sr")
+# geometries of each family (Mamba-2 80-row heads and two-head tiles, GDN, KDA; an NVFP4 read copy beside a plain
+# master without stochastic rounding ships GDN/KDA whole-head modules). A stored bundle compiles its own.
+GATE_STATES: tuple[str, ...] = ("fp8", "fp8/dual/fp32", "nvfp4/dual/fp16", "nvfp4/dual/fp16+sr", "nvfp4/dual/fp8+sr")
 GATE_PRESETS: tuple[str, ...] = ("nemotron-3-nano-4b", "nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b")
 
 # (state dtype, activation dtype) pairs compiled ahead of time.

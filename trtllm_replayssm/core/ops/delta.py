@@ -168,11 +168,28 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     main = persistent_plan(delta_stage_bytes(L, tile, K, row_bytes, act_elem, per_channel_gate), num_tiles, fold,
                            per_channel_gate, fraction, dev, tuning)
     items = batch * layer.k_ring.shape[1]  # a prep warp per (row, key head) for GDN, per (row, value head) for KDA
+    flush_tile = _flush_tile(layer.spec, V, K, per_channel_gate, tile, tuning) if apart else tile
     return LaunchPlan("replay", key, tile, (main.grid, 1, 1), main.stages, main.stage_bytes, main.fold_bytes,
                       main.tail_start, prep_grid=(-(-items // NUM_WARPS), 1, 1), prep_threads=32 * NUM_WARPS,
                       programmatic_prep=programmatic_prep(tuning), tail_fraction=fraction, num_tiles=num_tiles,
-                      flush_ctas=flush_ctas(num_tiles, apart, dev, tuning),
-                      flush_bytes=delta_fused_bytes(L, tile, K, key_elem, act_elem, per_channel_gate) if apart else 0)
+                      flush_ctas=flush_ctas(batch * HV * (V // flush_tile), apart, dev, tuning),
+                      flush_bytes=delta_fused_bytes(L, flush_tile, K, key_elem, act_elem, per_channel_gate)
+                      if apart else 0, flush_rows_per_cta=flush_tile if flush_tile != tile else 0)
+
+
+def _flush_tile(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate: bool, tile: int,
+                tuning: Tuning) -> int:
+    """The row tile of the module whose flush-rows kernel folds a replay's flush rows: the tuning's, else the main
+    kernel's ``tile``; one of the layer's shipped modules (kernel_configs)."""
+    if tuning.flush_rows_per_cta is None:
+        return tile
+    shipped = list(tile_choices(value_dim, key_dim))
+    if whole_head_module(spec, value_dim, key_dim, per_channel_gate):
+        shipped.append(value_dim)
+    if tuning.flush_rows_per_cta not in shipped:
+        raise ValueError(f"flush_rows_per_cta: expected one of the layer's row tiles {shipped}, got "
+                         f"{tuning.flush_rows_per_cta}")
+    return tuning.flush_rows_per_cta
 
 
 def replay_ctas(spec: StateSpec, tile: int, device: Device) -> int:
@@ -295,7 +312,9 @@ def run(per_channel_gate: bool, plan: list[int], state, u_ring, k_ring, g_ring, 
     struct = params(state, u_ring, k_ring, g_ring, cursor, arrive, coef, step, q, k, v, gate, beta, A_log, dt_bias,
                     scale, lower_bound, idx, pad_slot_id, launch.mode == "flush", out, stored=fields)
     config = kernel_config(per_channel_gate, q.shape[2], v.shape[2], spec, q.dtype, launch.rows_per_cta)
-    run_plan(config, KERNELS, launch, struct, q.device, prep_carveout=True)
+    flush_config = (kernel_config(per_channel_gate, q.shape[2], v.shape[2], spec, q.dtype, launch.flush_rows_per_cta)
+                    if launch.flush_rows_per_cta else None)
+    run_plan(config, KERNELS, launch, struct, q.device, prep_carveout=True, flush_config=flush_config)
 
 
 def launch_rows(kernel: str, per_channel_gate: bool, act_dtype: torch.dtype, rows_per_cta: int, state: torch.Tensor,

@@ -52,15 +52,15 @@ def step_rows(step: torch.Tensor | None) -> int:
 
 
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
-             device: torch.device, prep_carveout: bool) -> None:
+             device: torch.device, prep_carveout: bool, flush_config: KernelConfig | None = None) -> None:
     """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``fused``,
     ``prep``, ``main``, ``flush_rows`` and ``grid`` to kernel names (those the plan's modes use); ``fused`` runs the
     state kernels' grid with the plan's ``fold_bytes`` of dynamic shared memory. Replay: prep (programmatic dependent
     of the kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory
     carveout), then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold
     buffer and tail start written into ``params``, and, where the plan keeps flush rows apart (``flush_ctas``),
-    ``flush_rows`` with the plan's ``flush_bytes`` of dynamic shared memory (a programmatic dependent of the main
-    kernel). Grid: prep where the plan has one
+    ``flush_rows`` from ``flush_config`` (default: ``config``) with the plan's ``flush_bytes`` of dynamic shared
+    memory (a programmatic dependent of the main kernel). Grid: prep where the plan has one
     (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid. The state kernels are
     programmatic dependents of the kernel before them where the plan says so, hinting L2 before their wait where it
     says ``l2_hints``."""
@@ -93,7 +93,7 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     allow_dynamic_shared(main, shared)
     launch(main, plan.grid, PERSISTENT_BLOCK, params, shared_bytes=shared, programmatic=True)
     if plan.flush_ctas:
-        flush_rows = get_kernel(config, names["flush_rows"], device)
+        flush_rows = get_kernel(flush_config or config, names["flush_rows"], device)
         allow_dynamic_shared(flush_rows, plan.flush_bytes)
         launch(flush_rows, (plan.flush_ctas, 1, 1), STATE_BLOCK, params, shared_bytes=plan.flush_bytes,
                programmatic=True)
