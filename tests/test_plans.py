@@ -464,7 +464,9 @@ def test_delta_flush_rows_kernel_from_another_row_tile(model):
     assert (split.rows_per_cta, split.grid, split.stages) == (whole.rows_per_cta, whole.grid, whole.stages)
     assert split.flush_rows_per_cta == 32
     assert split.flush_bytes == delta_fused_bytes(16, 32, K, layer.k_ring.element_size(), 2, kda) < whole.flush_bytes
-    assert split.flush_ctas == min(256 * dims.heads * V // 32, 8 * H200.sm_count)
+    HV = layer.checkpoint().shape[1]
+    small = fam.replay_plan(layer, 2, "replay", Tuning(rows_per_cta=V, flush_rows_per_cta=32), device=H200)
+    assert (small.rows_per_cta, small.flush_ctas) == (V, 2 * HV * V // 32)  # one CTA per 32-row item at most
     assert plans.Launch.from_words(split.words).flush_rows_per_cta == 32
     same = fam.replay_plan(layer, 256, "replay", Tuning(flush_rows_per_cta=V), device=H200)
     assert same.flush_rows_per_cta == 0 and same.flush_bytes == whole.flush_bytes
