@@ -110,12 +110,16 @@ def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_d
     """Every module a layer can launch at any batch size (all row tiles, a stored checkpoint's whole-head tile; with a
     plain checkpoint, the speculative commit's)."""
     spec = state_spec(state_dtype, arg="state_dtype")
-    tiles = tile_choices(value_dim, key_dim)
-    if whole_head_module(spec, value_dim, key_dim, per_channel_gate):
-        tiles = [*tiles, value_dim]
     speculative = [] if spec.stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
-                     for t in tiles), *speculative])
+                     for t in module_tiles(spec, value_dim, key_dim, per_channel_gate)), *speculative])
+
+
+def module_tiles(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate: bool) -> list[int]:
+    """The row tiles of a layer's shipped modules: every tile choice, and a stored checkpoint's whole head where its
+    module ships (whole_head_module)."""
+    tiles = list(tile_choices(value_dim, key_dim))
+    return [*tiles, value_dim] if whole_head_module(spec, value_dim, key_dim, per_channel_gate) else tiles
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -183,9 +187,7 @@ def _flush_tile(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate:
     kernel's ``tile``; one of the layer's shipped modules (kernel_configs)."""
     if tuning.flush_rows_per_cta is None:
         return tile
-    shipped = list(tile_choices(value_dim, key_dim))
-    if whole_head_module(spec, value_dim, key_dim, per_channel_gate):
-        shipped.append(value_dim)
+    shipped = module_tiles(spec, value_dim, key_dim, per_channel_gate)
     if tuning.flush_rows_per_cta not in shipped:
         raise ValueError(f"flush_rows_per_cta: expected one of the layer's row tiles {shipped}, got "
                          f"{tuning.flush_rows_per_cta}")
