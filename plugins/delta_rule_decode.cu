@@ -801,12 +801,11 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   }
   if constexpr (kApart && kEncodeByBlocks) {
     store_rows_by_blocks(ckpt, acc, flushes, p.seed);
+  } else if constexpr (kStored) {
+    ckpt.template store_rows<kRows>(0, acc, flushes, p.seed);
   } else {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if constexpr (kStored) ckpt.store(r, acc[r], flushes, p.seed);
-      else rssm::store_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
-    }
+    for (int r = 0; r < kRows; ++r) rssm::store_vec<state_t, kEpl, true>(tile + (wrow0 + r) * kK + col0, acc[r]);
   }
   if constexpr (kReplay) advance();
 }

@@ -249,6 +249,22 @@ __device__ __forceinline__ void stage_row_dot(const Tile& t, int r, const float 
   if (t.lane == 0) st.dot[t.warp * kRowsPerWarp + r] = dot;
 }
 
+// The S·C of every row of this warp's tile (`v`: this lane's columns) reduced together into the stage
+// (rssm::warp_sum_scatter over kDotSlots sums: kDotSlots - 1 + log2(32 / kDotSlots) shuffles instead of 5 a row).
+constexpr int kDotSlots = kRowsPerWarp <= 1 ? 1 : kRowsPerWarp <= 2 ? 2 : kRowsPerWarp <= 4 ? 4 : kRowsPerWarp <= 8 ? 8
+                        : kRowsPerWarp <= 16 ? 16 : 32;
+static_assert(kRowsPerWarp <= rssm::kWarpSize, "a warp's rows: at most 32");
+__device__ __forceinline__ void stage_tile_dots(const Tile& t, const float (&v)[kRowsPerWarp][kEpl],
+                                                const float (&cv)[kEpl], OutStage& st) {
+  float dot[kDotSlots] = {};
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) dot[r] = fmaf(v[r][e], cv[e], dot[r]);
+  const float sum = rssm::warp_sum_scatter<kDotSlots>(dot);
+  if (t.lane < kRowsPerWarp) st.dot[t.warp * kRowsPerWarp + t.lane] = sum;
+}
+
 // y[row] = (S·C + extra) · gate for the CTA's rows.
 __device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile& t, const OutStage& st) {
   __syncthreads();
@@ -262,6 +278,17 @@ __device__ __forceinline__ void finish_output(const Mamba2Params& p, const Tile&
 __device__ __forceinline__ void store_row(const Mamba2Params& p, const Tile& t, int r, const float (&v)[kEpl]) {
   if constexpr (kStored) t.rows.store(r, v, t.flushes, p.seed);
   else rssm::store_vec<state_t, kEpl>(t.state + r * N, v);
+}
+
+// store_row of every row of this warp's tile (a stored checkpoint's rows encoded together: CheckpointRows::store_rows).
+__device__ __forceinline__ void store_tile_rows(const Mamba2Params& p, const Tile& t,
+                                                const float (&v)[kRowsPerWarp][kEpl]) {
+  if constexpr (kStored) {
+    t.rows.template store_rows<kRowsPerWarp>(0, v, t.flushes, p.seed);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) rssm::store_vec<state_t, kEpl>(t.state + r * N, v[r]);
+  }
 }
 
 // Rows fetched ahead while a stored checkpoint's row loop (not unrolled, or a few rows: every row's write inlined, the
@@ -356,15 +383,27 @@ __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Ti
     zero_pad_output(p, t.b, t.head, t.row0);
     return false;
   }
-  auto step_row = [&](int r, float (&v)[kEpl]) {
+  auto step = [&](int r, float (&v)[kEpl]) {
     const float u = delta * st.x[t.warp * kRowsPerWarp + r];
 #pragma unroll
     for (int e = 0; e < kEpl; ++e) v[e] = fmaf(decay, v[e], u * bv[e]);
-    store_row(p, t, r, v);
-    stage_row_dot(t, r, v, cv, st);
   };
-  if constexpr (kRolledStep) for_each_stored_row<kStepUnroll>(t.master, t.lane, rows, step_row);
-  else for_each_raw_row(rows, step_row);
+  if constexpr (kRolledStep) {
+    for_each_stored_row<kStepUnroll>(t.master, t.lane, rows, [&](int r, float (&v)[kEpl]) {
+      step(r, v);
+      store_row(p, t, r, v);
+      stage_row_dot(t, r, v, cv, st);
+    });
+  } else {  // the whole tile in registers: its rows' encodes and dots reduce together
+    float v[kRowsPerWarp][kEpl];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      unpack_row(rows, r, v[r]);
+      step(r, v[r]);
+    }
+    stage_tile_dots(t, v, cv, st);
+    store_tile_rows(p, t, v);
+  }
   return true;
 }
 
@@ -415,7 +454,14 @@ __device__ __forceinline__ void fold_staged_rows(const Mamba2Params& p, const Ti
 template <class SrcRows>
 __device__ __forceinline__ void stage_checkpoint_dots(const Tile& t, const RawTile& raw, const float (&cv)[kEpl],
                                                       OutStage& st, const SrcRows& rows) {
-  for_each_checkpoint_row(t, raw, rows, [&](int r, float (&v)[kEpl]) { stage_row_dot(t, r, v, cv, st); });
+  if constexpr (kStored) {
+    for_each_checkpoint_row(t, raw, rows, [&](int r, float (&v)[kEpl]) { stage_row_dot(t, r, v, cv, st); });
+  } else {  // the tile in registers: the rows' dots reduce together
+    float v[kRowsPerWarp][kEpl];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) unpack_row(raw, r, v[r]);
+    stage_tile_dots(t, v, cv, st);
+  }
 }
 
 // fold_staged_rows of ring entries 0..w-1 plus the current token (entry w), staged from global memory here (the flush

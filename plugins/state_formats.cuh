@@ -16,31 +16,21 @@ constexpr float kE2m1Max = 6.f;
 constexpr unsigned int kInfBits = 0x7f800000u;  // magnitudes at or above these fp32 bits are Inf or NaN
 
 // ---------------------------------------------------------------------------------------------- exact division
-// RN(a / b), ties to even, for finite a and finite b > 0 whose quotient is zero or a normal fp32 number (the
-// reciprocals of FP8 row scales and, under stochastic rounding, of NVFP4 block scales, as torch's), without the
-// slow-path call of IEEE division (which gives a kernel a stack frame). An approximation within 2 ulps, then exact
-// tests against the midpoints between neighbours: b times a midpoint (24 x 25 bits) is exact in fp64, and the fp64
-// fma's rounded a - b·mid has the sign of the exact one.
-__device__ __forceinline__ float div_rn(float a, float b) {
-  const float mag = fabsf(a);
-  if (mag == 0.f) return a;
-  float q = __fdividef(mag, b);
-  const double A = mag, B = b;
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {  // up while a / b lies above the midpoint to the next value (at a tie: to the even)
-    const float up = __uint_as_float(__float_as_uint(q) + 1u);
-    const double r = fma(-B, 0.5 * (double(q) + double(up)), A);
-    if (!(r > 0.0 || (r == 0.0 && (__float_as_uint(q) & 1u)))) break;
-    q = up;
-  }
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {  // down while a / b lies below the midpoint to the value before
-    const float down = __uint_as_float(__float_as_uint(q) - 1u);
-    const double r = fma(-B, 0.5 * (double(q) + double(down)), A);
-    if (!(r < 0.0 || (r == 0.0 && (__float_as_uint(q) & 1u)))) break;
-    q = down;
-  }
-  return copysignf(q, a);
+// RN(1 / b), ties to even, for a normal b > 0 whose reciprocal is normal (the reciprocals of FP8 row scales and,
+// under stochastic rounding, of NVFP4 block scales, as torch's), without the slow-path call of IEEE division (which
+// gives a kernel a stack frame) and without a branch (a warp's rows encoded together overlap: Rows::encode_rows).
+// An approximation within one ulp, one Newton step with fp32 fmas (the residual 1 - b·q is exact), which keeps it
+// within one ulp, then exact tests against the midpoints to both neighbours: b times a midpoint (24 x 25 bits) is
+// exact in fp64, and the fp64 fma's rounded 1 - b·mid has the sign of the exact one.
+__device__ __forceinline__ float rcp_rn(float b) {
+  const float approx = __fdividef(1.f, b);
+  const float q = fmaf(fmaf(-b, approx, 1.f), approx, approx);
+  const float up = __uint_as_float(__float_as_uint(q) + 1u), down = __uint_as_float(__float_as_uint(q) - 1u);
+  const double B = b;
+  const double r_up = fma(-B, 0.5 * (double(q) + double(up)), 1.0);      // 1 / b above the midpoint to `up`: > 0
+  const double r_down = fma(-B, 0.5 * (double(q) + double(down)), 1.0);  // below the one to `down`: < 0
+  const bool odd = __float_as_uint(q) & 1u;                               // a tie goes to the even neighbour
+  return r_up > 0.0 || (r_up == 0.0 && odd) ? up : r_down < 0.0 || (r_down == 0.0 && odd) ? down : q;
 }
 
 // ---------------------------------------------------------------------------------------------- E4M3 (sm_89+ cvt)
@@ -109,18 +99,19 @@ constexpr float kScaleFloor = 0x1p-100f;  // quant.SCALE_FLOOR: amax below it ge
 // finite. kTopBits: top's fp32 bits.
 template <unsigned int kTopBits>
 __device__ __forceinline__ void pow2_scale(float amax, float& s, float& inv) {
-  if (!(amax >= kScaleFloor && amax <= 3.40282347e38f)) {
-    s = inv = 1.f;
-    return;
-  }
+  const bool scaled = amax >= kScaleFloor && amax <= 3.40282347e38f;  // selects, not a branch (encode_rows)
   const unsigned int bits = __float_as_uint(amax);
-  const int k = int(bits >> 23) - int(kTopBits >> 23) + ((bits & 0x7fffffu) > (kTopBits & 0x7fffffu));
+  const int k = scaled ? int(bits >> 23) - int(kTopBits >> 23) + ((bits & 0x7fffffu) > (kTopBits & 0x7fffffu)) : 0;
   s = __uint_as_float(unsigned(k + 127) << 23);
   inv = __uint_as_float(unsigned(127 - k) << 23);
 }
 constexpr unsigned int kNvfp4TopBits = 0x45280000u;  // 6 · 448 = 2688
 constexpr float kSixth = 1.f / 6.f;                  // fp32's 1/6 (quant.quantize_nvfp4)
 constexpr float kInv448 = 1.f / 448.f;               // fp32's 1/448 (quant.quantize_fp8_rows)
+// Rows a batched encode (Rows::encode_rows) reduces together: more rows overlap more reductions but hold more
+// registers (H100, batch 8: a whole 16-row warp tile at once made Super's NVFP4 flush step 8% slower, groups of 2 made
+// GDN/KDA's 4-6% slower than groups of 4; docs/decisions.md, a warp's stored rows encoded together).
+constexpr int kEncodeGroup = 4;
 
 // The E2M1 code of |x| / d rounded to nearest from the exact quotient, ties to the even code, saturating at 6, NaN
 // giving 0 (quant.e2m1_codes_of_quotient): a bisection over the midpoints between neighbours times d, `t` holding
@@ -360,82 +351,148 @@ struct Rows {
   // stochastically; every lane of the warp calls it (the row and block maxima are reductions over lane groups).
   template <int EL = E, int kStride = 1>
   __device__ __forceinline__ void encode(int r, int slot, const float (&v)[EL], const SrKey* sr, long long e0) const {
-    constexpr int kRowLanes = C / EL;
-    static_assert(C % EL == 0 && kRowLanes * kStride <= kWarpSize, "a row's lanes lie in one warp");
-    float u[EL];
-    if (sr) sr_uniforms<EL>(*sr, e0, u);
-    unsigned char* dst = data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
-    if constexpr (FMT == kFmtPlain) {
-      float y[EL];
-#pragma unroll
-      for (int i = 0; i < EL; ++i) y[i] = v[i];
-      if constexpr (sizeof(T) == 2) {
-        if (sr) {
-#pragma unroll
-          for (int i = 0; i < EL; ++i) y[i] = round_stochastic<SrKind<T>::value>(y[i], u[i]);
-        }
-      }
-      store_vec<T, EL>(reinterpret_cast<T*>(dst), y);
-    } else if constexpr (FMT == kFmtFp8) {
-      const unsigned int mag = group_max<kRowLanes, kStride>(lane_max_magnitude(v));
-      const bool bad = mag >= kInfBits;  // a NaN or an Inf in the row
-      const float amax = __uint_as_float(mag);
-      const float s = !bad && amax >= kScaleFloor ? amax * kInv448 : 1.f;
-      const float inv = div_rn(1.f, s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
-      float z[EL];
-#pragma unroll
-      for (int i = 0; i < EL; ++i) {
-        z[i] = bad ? 0.f : v[i] * inv;
-        if (sr) z[i] = round_stochastic<kSrE4m3>(z[i], u[i]);
-      }
-      unsigned int w[(EL + 3) / 4] = {};
-#pragma unroll
-      for (int i = 0; i < EL; i += 2)
-        w[i / 4] |= float2_to_e4m3x2(z[i], i + 1 < EL ? z[i + 1] : 0.f) << (8 * (i % 4));
-      store_codes<kLaneBytesOf<EL>>(dst, w);
-      if (slot == 0) scale[r] = bad ? __int_as_float(0x7fc00000) : s;
-    } else {
-      static_assert(EL % 2 == 0 && kNvfp4Block % EL == 0, "NVFP4: an even number of columns per lane dividing 16");
-      constexpr int kBlockLanes = kNvfp4Block / EL;
-      const unsigned int bmag = group_max<kBlockLanes, kStride>(lane_max_magnitude(v));
-      const bool bad = bmag >= kInfBits;  // a NaN or an Inf in the block
-      const float bamax = __uint_as_float(bmag);
-      const unsigned int mag = group_max<kRowLanes, kStride>(bmag);
-      float amax = __uint_as_float(mag);
-      if (__any_sync(0xffffffffu, mag >= kInfBits)) {  // the second-level scale takes the row's finite elements only
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < EL; ++i) a = isfinite(v[i]) ? fmaxf(a, fabsf(v[i])) : a;
-        a = group_max<kRowLanes, kStride>(a);
-        if (mag >= kInfBits) amax = a;
-      }
-      float g, inv_g;
-      pow2_scale<kNvfp4TopBits>(amax, g, inv_g);
-      const unsigned int bcode = float_to_e4m3(bad ? __int_as_float(0x7fc00000) : bamax * (inv_g * kSixth));
-      const float b = e4m3_to_float(bcode);
-      const bool live = b > 0.f && !bad;
-      unsigned int w[(EL / 2 + 3) / 4] = {};
-      if (sr) {
-        const float inv = live ? div_rn(1.f, b) * inv_g : 0.f;  // quant.quantize_nvfp4: RN(1 / b) / g, exact scaling
-#pragma unroll
-        for (int i = 0; i < EL; ++i)
-          w[i / 8] |= float_to_e2m1(round_stochastic<kSrE2m1>(live ? v[i] * inv : 0.f, u[i])) << (4 * (i % 8));
-      } else if (live) {
-        const float d = b * g;  // exact: g is a power of two
-        const float t[7] = {0.25f * d, 0.75f * d, 1.25f * d, 1.75f * d, 2.5f * d, 3.5f * d, 5.f * d};
-#pragma unroll
-        for (int i = 0; i < EL; ++i) {
-          const unsigned int code = e2m1_quotient_code(fabsf(v[i]), t) | (__float_as_uint(v[i]) >> 31 << 3);
-          w[i / 8] |= code << (4 * (i % 8));
-        }
-      }
-      store_codes<kLaneBytesOf<EL>>(dst, w);
-      if (slot % kBlockLanes == 0) block[r * kBlockBytes + slot / kBlockLanes] = static_cast<unsigned char>(bcode);
-      if (slot == 0) scale[r] = g;
-    }
+    const float(&rows)[1][EL] = *reinterpret_cast<const float(*)[1][EL]>(&v);
+    encode_rows<1, EL, kStride>(r, slot, rows, sr, e0);
+  }
+
+  // encode() of rows r0 .. r0 + kR - 1 (v[i]: row r0 + i, whose first element is e0 + i · C), kEncodeGroup rows at a
+  // time: a group's maxima are reduced together (their shuffles independent, one vote for a non-finite value in any
+  // of its rows), then each row's codes are formed without a branch, so that a warp's rows overlap instead of
+  // queueing behind each other's reductions.
+  template <int kR, int EL = E, int kStride = 1>
+  __device__ __forceinline__ void encode_rows(int r0, int slot, const float (&v)[kR][EL], const SrKey* sr,
+                                              long long e0) const {
+    constexpr int kG = kR < kEncodeGroup ? kR : kEncodeGroup;
+    encode_group<kG, EL, kStride>(r0, slot, *reinterpret_cast<const float(*)[kG][EL]>(&v[0]), sr, e0);
+    if constexpr (kR > kG)
+      encode_rows<kR - kG, EL, kStride>(r0 + kG, slot, *reinterpret_cast<const float(*)[kR - kG][EL]>(&v[kG]), sr,
+                                        e0 + (long long)kG * C);
   }
 
  private:
+  // One group of encode_rows: the rows' maxima first, then each row's codes.
+  template <int kR, int EL, int kStride>
+  __device__ __forceinline__ void encode_group(int r0, int slot, const float (&v)[kR][EL], const SrKey* sr,
+                                               long long e0) const {
+    constexpr int kRowLanes = C / EL;
+    static_assert(C % EL == 0 && kRowLanes * kStride <= kWarpSize, "a row's lanes lie in one warp");
+    if constexpr (FMT == kFmtPlain) {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        float y[EL];
+#pragma unroll
+        for (int k = 0; k < EL; ++k) y[k] = v[i][k];
+        if constexpr (sizeof(T) == 2) {
+          if (sr) {
+            float u[EL];
+            sr_uniforms<EL>(*sr, e0 + (long long)i * C, u);
+#pragma unroll
+            for (int k = 0; k < EL; ++k) y[k] = round_stochastic<SrKind<T>::value>(y[k], u[k]);
+          }
+        }
+        store_vec<T, EL>(reinterpret_cast<T*>(row_codes<EL>(r0 + i, slot)), y);
+      }
+    } else if constexpr (FMT == kFmtFp8) {
+      unsigned int mag[kR];
+#pragma unroll
+      for (int i = 0; i < kR; ++i) mag[i] = group_max<kRowLanes, kStride>(lane_max_magnitude(v[i]));
+#pragma unroll
+      for (int i = 0; i < kR; ++i) encode_fp8_row<EL>(r0 + i, slot, v[i], mag[i], sr, e0 + (long long)i * C);
+    } else {
+      constexpr int kBlockLanes = kNvfp4Block / EL;
+      unsigned int bmag[kR];
+      float amax[kR];
+      bool any_bad = false;
+#pragma unroll
+      for (int i = 0; i < kR; ++i) bmag[i] = group_max<kBlockLanes, kStride>(lane_max_magnitude(v[i]));
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        const unsigned int mag = group_max<kRowLanes, kStride>(bmag[i]);
+        amax[i] = __uint_as_float(mag);
+        any_bad |= mag >= kInfBits;
+      }
+      if (__any_sync(0xffffffffu, any_bad)) {  // the second-level scale takes the row's finite elements only
+#pragma unroll
+        for (int i = 0; i < kR; ++i) {
+          float a = 0.f;
+#pragma unroll
+          for (int k = 0; k < EL; ++k) a = isfinite(v[i][k]) ? fmaxf(a, fabsf(v[i][k])) : a;
+          a = group_max<kRowLanes, kStride>(a);
+          if (__float_as_uint(amax[i]) >= kInfBits) amax[i] = a;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kR; ++i)
+        encode_nvfp4_row<EL>(r0 + i, slot, v[i], bmag[i], amax[i], sr, e0 + (long long)i * C);
+    }
+  }
+
+  // Where row r's codes of slot `slot` (EL columns per slot) start.
+  template <int EL>
+  __device__ __forceinline__ unsigned char* row_codes(int r, int slot) const {
+    return data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
+  }
+
+  // Row r's FP8 codes and row scale from the lane's values and the row's largest magnitude (`mag`: fp32 bits).
+  template <int EL>
+  __device__ __forceinline__ void encode_fp8_row(int r, int slot, const float (&v)[EL], unsigned int mag,
+                                                 const SrKey* sr, long long e0) const {
+    const bool bad = mag >= kInfBits;  // a NaN or an Inf in the row
+    const float amax = __uint_as_float(mag);
+    const float s = !bad && amax >= kScaleFloor ? amax * kInv448 : 1.f;
+    const float inv = rcp_rn(s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
+    float u[EL];
+    if (sr) sr_uniforms<EL>(*sr, e0, u);
+    float z[EL];
+#pragma unroll
+    for (int i = 0; i < EL; ++i) {
+      z[i] = bad ? 0.f : v[i] * inv;
+      if (sr) z[i] = round_stochastic<kSrE4m3>(z[i], u[i]);
+    }
+    unsigned int w[(EL + 3) / 4] = {};
+#pragma unroll
+    for (int i = 0; i < EL; i += 2)
+      w[i / 4] |= float2_to_e4m3x2(z[i], i + 1 < EL ? z[i + 1] : 0.f) << (8 * (i % 4));
+    store_codes<kLaneBytesOf<EL>>(row_codes<EL>(r, slot), w);
+    if (slot == 0) scale[r] = bad ? __int_as_float(0x7fc00000) : s;
+  }
+
+  // Row r's NVFP4 codes, block scale and second-level scale from the lane's values, its block's largest magnitude
+  // (`bmag`: fp32 bits, NaN above Inf) and the row's largest finite one (`amax`).
+  template <int EL>
+  __device__ __forceinline__ void encode_nvfp4_row(int r, int slot, const float (&v)[EL], unsigned int bmag,
+                                                   float amax, const SrKey* sr, long long e0) const {
+    static_assert(EL % 2 == 0 && kNvfp4Block % EL == 0, "NVFP4: an even number of columns per lane dividing 16");
+    constexpr int kBlockLanes = kNvfp4Block / EL;
+    const bool bad = bmag >= kInfBits;  // a NaN or an Inf in the block
+    float g, inv_g;
+    pow2_scale<kNvfp4TopBits>(amax, g, inv_g);
+    const float bamax = __uint_as_float(bmag);
+    const unsigned int bcode = float_to_e4m3(bad ? __int_as_float(0x7fc00000) : bamax * (inv_g * kSixth));
+    const float b = e4m3_to_float(bcode);
+    const bool live = b > 0.f && !bad;
+    unsigned int w[(EL / 2 + 3) / 4] = {};
+    if (sr) {
+      float u[EL];
+      sr_uniforms<EL>(*sr, e0, u);
+      const float inv = live ? rcp_rn(b) * inv_g : 0.f;  // quant.quantize_nvfp4: RN(1 / b) / g, exact scaling
+#pragma unroll
+      for (int i = 0; i < EL; ++i)
+        w[i / 8] |= float_to_e2m1(round_stochastic<kSrE2m1>(live ? v[i] * inv : 0.f, u[i])) << (4 * (i % 8));
+    } else {  // codes of a dead block (zero scale, or a NaN or an Inf in it) are formed, then dropped: no branch
+      const float d = b * g;  // exact: g is a power of two
+      const float t[7] = {0.25f * d, 0.75f * d, 1.25f * d, 1.75f * d, 2.5f * d, 3.5f * d, 5.f * d};
+#pragma unroll
+      for (int i = 0; i < EL; ++i) {
+        const unsigned int code = e2m1_quotient_code(fabsf(v[i]), t) | (__float_as_uint(v[i]) >> 31 << 3);
+        w[i / 8] |= live ? code << (4 * (i % 8)) : 0u;
+      }
+    }
+    store_codes<kLaneBytesOf<EL>>(row_codes<EL>(r, slot), w);
+    if (slot % kBlockLanes == 0) block[r * kBlockBytes + slot / kBlockLanes] = static_cast<unsigned char>(bcode);
+    if (slot == 0) scale[r] = g;
+  }
+
   // A lane's fetched codes as values in units of the returned scale: FP8 the E4M3 values (scale: the row's), NVFP4
   // the E2M1 values times 2^-14 (scale: block scale times second-level scale times 2^14).
   template <int EL>
@@ -664,13 +721,21 @@ struct CheckpointRows {
   template <int EL = C / kWarpSize, int kStride = 1>
   __device__ __forceinline__ void store(int r, const float (&v)[EL], unsigned flushes, int seed,
                                         int col_slot = threadIdx.x % kWarpSize) const {
-    const long long e0 = ((long long)head * R + row0 + r) * C + col_slot * EL;
+    const float(&rows)[1][EL] = *reinterpret_cast<const float(*)[1][EL]>(&v);
+    store_rows<1, EL, kStride>(r, rows, flushes, seed, col_slot);
+  }
+
+  // store() of rows r0 .. r0 + kR - 1 (Rows::encode_rows: their reductions overlap).
+  template <int kR, int EL = C / kWarpSize, int kStride = 1>
+  __device__ __forceinline__ void store_rows(int r0, const float (&v)[kR][EL], unsigned flushes, int seed,
+                                             int col_slot = threadIdx.x % kWarpSize) const {
+    const long long e0 = ((long long)head * R + row0 + r0) * C + col_slot * EL;
     const SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(seed)};
     constexpr bool kMasterSr = kSr && !(MASTER == kFmtPlain && sizeof(T) == 4);  // fp32: exact
-    master.template encode<EL, kStride>(r, col_slot, v, kMasterSr ? &master_key : nullptr, e0);
+    master.template encode_rows<kR, EL, kStride>(r0, col_slot, v, kMasterSr ? &master_key : nullptr, e0);
     if constexpr (READ != kFmtPlain) {
       const SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(seed)};
-      read.template encode<EL, kStride>(r, col_slot, v, kSr ? &read_key : nullptr, e0);
+      read.template encode_rows<kR, EL, kStride>(r0, col_slot, v, kSr ? &read_key : nullptr, e0);
     }
   }
 };

@@ -150,13 +150,13 @@ def main() -> int:
                     if rec is None:
                         continue
                     records.append(rec)
+                    with open(a.output, "w") as f:  # after every case: a run stopped by a time limit keeps its cases
+                        json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)
                     print(f"{model:24s} {label:20s} b{batch:<4d} {impl:8s} {rec['phase']:8s} {rec['mode']:8s} "
                           f"pt{rec['rows_per_cta']} tail{rec['tail_fraction']} st{rec['stages']} fold{rec['fold_bytes']} "
                           f"apart{rec['flush_ctas']}/{rec['flush_rows_per_cta']} grid{rec['grid']} "
                           f"pdl{int(rec['programmatic'])} {rec['median_us']:9.1f} us {rec['pct_of_ceiling']:5.1f}%",
                           flush=True)
-    with open(a.output, "w") as f:
-        json.dump({"copy_ceiling_gbps": ceiling, "records": records}, f, indent=1)
     return 0
 
 
