@@ -3,8 +3,10 @@
 Protocol (docs/benchmarks.md): copy ceiling in the same run; cold L2 by rotating independent caches whose total exceeds
 4x L2, all in one CUDA graph; medians of 15 graph replays. Phases: ``cycle`` = L steps per cache from staggered
 cursors (every row flushes once: whole cycles), ``nonflush`` = one step per cache with cursors staggered over
-0 .. L-2, reset outside the timed region before each replay. ``baseline``: the state-update kernel (read and write
-the checkpoint, the master in dual mode, every step). Writes JSON records with the results schema of docs/benchmarks.md.
+0 .. L-2; the cursors are reset outside the timed region before each replay. A plan in flush mode keeps its cursors
+at 0 instead (its steady state: every step flushes an empty ring, as in ``bench kernels``; a reset would fold each
+row's staggered ring once per replay). ``baseline``: the state-update kernel (read and write the checkpoint, the
+master in dual mode, every step). Writes JSON records with the results schema of docs/benchmarks.md.
 
     python3 benchmarks/dev/quant_speed.py -o benchmarks/results/quant-speed-h200.json
 """
@@ -73,14 +75,17 @@ def measure(model, label, batch, phase, L, dev, gen, ceiling, impl, tuning=Tunin
                                                                        out=out, plan=plan)
                  for _ in range(steps) for (lay, idx, _), plan in zip(layers, plans)]
         mode = plans[0].mode
-        model_bytes = (byte_model.nonflush_bytes if phase == "nonflush" else byte_model.replay_bytes)(
-            shape.dims, spec, "bf16", L)
+        if mode == "flush":  # every step reads and writes the checkpoint: the baseline's bytes (docs/benchmarks.md)
+            model_bytes = byte_model.baseline_bytes(shape.dims, spec, "bf16")
+        else:
+            model_bytes = (byte_model.nonflush_bytes if phase == "nonflush" else byte_model.replay_bytes)(
+                shape.dims, spec, "bf16", L)
 
     def reset():
         for lay, _, cursor in layers:
             lay.cursor.copy_(cursor)
 
-    us = timing.time_calls(calls, before_each=reset)
+    us = timing.time_calls(calls, before_each=None if mode == "flush" else reset)
     gbps = model_bytes * batch / (us * 1e-6) / 1e9
     rec = {"family": fam.name, "model": model, "impl": impl, "batch": batch, "L": L, "median_us": us,
            "model_gbps": gbps, "copy_ceiling_gbps": ceiling, "pct_of_ceiling": 100 * gbps / ceiling,
