@@ -112,6 +112,9 @@ constexpr float kInv448 = 1.f / 448.f;               // fp32's 1/448 (quant.quan
 // registers (H100, batch 8: a whole 16-row warp tile at once made Super's NVFP4 flush step 8% slower, groups of 2 made
 // GDN/KDA's 4-6% slower than groups of 4; docs/decisions.md, a warp's stored rows encoded together).
 constexpr int kEncodeGroup = 4;
+// The most rows a warp encodes in groups (CheckpointRows::store_rows): the GDN/KDA whole-head module's state kernels
+// (32 rows per warp, never launched by the planner) spill 8-48 B with groups of 4.
+constexpr int kEncodeGroupMaxRows = 20;
 
 // The E2M1 code of |x| / d rounded to nearest from the exact quotient, ties to the even code, saturating at 6, NaN
 // giving 0 (quant.e2m1_codes_of_quotient): a bisection over the midpoints between neighbours times d, `t` holding
@@ -355,23 +358,24 @@ struct Rows {
     encode_rows<1, EL, kStride>(r, slot, rows, sr, e0);
   }
 
-  // encode() of rows r0 .. r0 + kR - 1 (v[i]: row r0 + i, whose first element is e0 + i · C), kEncodeGroup rows at a
-  // time: a group's maxima are reduced together (their shuffles independent, one vote for a non-finite value in any
-  // of its rows), then each row's codes are formed without a branch, so that a warp's rows overlap instead of
-  // queueing behind each other's reductions.
-  template <int kR, int EL = E, int kStride = 1>
+  // encode() of rows r0 .. r0 + kR - 1 (v[i]: row r0 + i, whose first element is e0 + i · C), kGroup rows at a time:
+  // a group's maxima are reduced together (their shuffles independent, one vote for a non-finite value in any of its
+  // rows), then each row's codes are formed without a branch, so that a warp's rows overlap instead of queueing
+  // behind each other's reductions.
+  // kGroup 1: one row at a time, each behind a vote (FP8 included), which keeps the compiler from interleaving rows.
+  template <int kR, int EL = E, int kStride = 1, int kGroup = kEncodeGroup>
   __device__ __forceinline__ void encode_rows(int r0, int slot, const float (&v)[kR][EL], const SrKey* sr,
                                               long long e0) const {
-    constexpr int kG = kR < kEncodeGroup ? kR : kEncodeGroup;
-    encode_group<kG, EL, kStride>(r0, slot, *reinterpret_cast<const float(*)[kG][EL]>(&v[0]), sr, e0);
+    constexpr int kG = kR < kGroup ? kR : kGroup;
+    encode_group<kG, EL, kStride, kGroup == 1>(r0, slot, *reinterpret_cast<const float(*)[kG][EL]>(&v[0]), sr, e0);
     if constexpr (kR > kG)
-      encode_rows<kR - kG, EL, kStride>(r0 + kG, slot, *reinterpret_cast<const float(*)[kR - kG][EL]>(&v[kG]), sr,
-                                        e0 + (long long)kG * C);
+      encode_rows<kR - kG, EL, kStride, kGroup>(r0 + kG, slot, *reinterpret_cast<const float(*)[kR - kG][EL]>(&v[kG]),
+                                                sr, e0 + (long long)kG * C);
   }
 
  private:
-  // One group of encode_rows: the rows' maxima first, then each row's codes.
-  template <int kR, int EL, int kStride>
+  // One group of encode_rows: the rows' maxima first, then each row's codes (kFenced: FP8 rows behind a vote too).
+  template <int kR, int EL, int kStride, bool kFenced>
   __device__ __forceinline__ void encode_group(int r0, int slot, const float (&v)[kR][EL], const SrKey* sr,
                                                long long e0) const {
     constexpr int kRowLanes = C / EL;
@@ -394,10 +398,21 @@ struct Rows {
       }
     } else if constexpr (FMT == kFmtFp8) {
       unsigned int mag[kR];
+      bool any_bad = false;
 #pragma unroll
-      for (int i = 0; i < kR; ++i) mag[i] = group_max<kRowLanes, kStride>(lane_max_magnitude(v[i]));
+      for (int i = 0; i < kR; ++i) {
+        mag[i] = group_max<kRowLanes, kStride>(lane_max_magnitude(v[i]));
+        any_bad |= mag[i] >= kInfBits;
+      }
+      // Fenced: a branch on a vote, as NVFP4 has. Without one the compiler interleaves every row of a warp's tile,
+      // and tiles of more than kEncodeGroupMaxRows rows or stochastically rounded ones spill.
+      if (kFenced && !__any_sync(0xffffffffu, any_bad)) {
 #pragma unroll
-      for (int i = 0; i < kR; ++i) encode_fp8_row<EL>(r0 + i, slot, v[i], mag[i], sr, e0 + (long long)i * C);
+        for (int i = 0; i < kR; ++i) encode_fp8_row<EL, false>(r0 + i, slot, v[i], mag[i], sr, e0 + (long long)i * C);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kR; ++i) encode_fp8_row<EL, true>(r0 + i, slot, v[i], mag[i], sr, e0 + (long long)i * C);
+      }
     } else {
       constexpr int kBlockLanes = kNvfp4Block / EL;
       unsigned int bmag[kR];
@@ -433,11 +448,12 @@ struct Rows {
     return data + (long long)r * kDataBytes + slot * kLaneBytesOf<EL>;
   }
 
-  // Row r's FP8 codes and row scale from the lane's values and the row's largest magnitude (`mag`: fp32 bits).
-  template <int EL>
+  // Row r's FP8 codes and row scale from the lane's values and the row's largest magnitude (`mag`: fp32 bits);
+  // kMayBeBad: some row of the warp's group holds a NaN or an Inf.
+  template <int EL, bool kMayBeBad>
   __device__ __forceinline__ void encode_fp8_row(int r, int slot, const float (&v)[EL], unsigned int mag,
                                                  const SrKey* sr, long long e0) const {
-    const bool bad = mag >= kInfBits;  // a NaN or an Inf in the row
+    const bool bad = kMayBeBad && mag >= kInfBits;  // a NaN or an Inf in the row
     const float amax = __uint_as_float(mag);
     const float s = !bad && amax >= kScaleFloor ? amax * kInv448 : 1.f;
     const float inv = rcp_rn(s);  // quant.quantize_fp8_rows: x times the rounded reciprocal
@@ -721,21 +737,36 @@ struct CheckpointRows {
   template <int EL = C / kWarpSize, int kStride = 1>
   __device__ __forceinline__ void store(int r, const float (&v)[EL], unsigned flushes, int seed,
                                         int col_slot = threadIdx.x % kWarpSize) const {
-    const float(&rows)[1][EL] = *reinterpret_cast<const float(*)[1][EL]>(&v);
-    store_rows<1, EL, kStride>(r, rows, flushes, seed, col_slot);
+    store_group<1, EL, kStride, kEncodeGroup>(r, *reinterpret_cast<const float(*)[1][EL]>(&v), flushes, seed, col_slot);
   }
 
-  // store() of rows r0 .. r0 + kR - 1 (Rows::encode_rows: their reductions overlap).
+  // store() of rows r0 .. r0 + kR - 1, encoded kEncodeGroup at a time (Rows::encode_rows: their reductions overlap);
+  // one at a time, each behind a vote, under stochastic rounding and for more than kEncodeGroupMaxRows rows (their
+  // groups' encodes spill beside the rows).
   template <int kR, int EL = C / kWarpSize, int kStride = 1>
   __device__ __forceinline__ void store_rows(int r0, const float (&v)[kR][EL], unsigned flushes, int seed,
                                              int col_slot = threadIdx.x % kWarpSize) const {
+    if constexpr (kSr || kR > kEncodeGroupMaxRows) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r)  // a row's master and read copy, then the next row's
+        store_group<1, EL, kStride, 1>(r0 + r, *reinterpret_cast<const float(*)[1][EL]>(&v[r]), flushes, seed,
+                                       col_slot);
+    } else {
+      store_group<kR, EL, kStride, kEncodeGroup>(r0, v, flushes, seed, col_slot);
+    }
+  }
+
+ private:
+  template <int kR, int EL, int kStride, int kGroup>
+  __device__ __forceinline__ void store_group(int r0, const float (&v)[kR][EL], unsigned flushes, int seed,
+                                              int col_slot) const {
     const long long e0 = ((long long)head * R + row0 + r0) * C + col_slot * EL;
     const SrKey master_key{static_cast<unsigned>(slot), flushes, 0u, static_cast<unsigned>(seed)};
     constexpr bool kMasterSr = kSr && !(MASTER == kFmtPlain && sizeof(T) == 4);  // fp32: exact
-    master.template encode_rows<kR, EL, kStride>(r0, col_slot, v, kMasterSr ? &master_key : nullptr, e0);
+    master.template encode_rows<kR, EL, kStride, kGroup>(r0, col_slot, v, kMasterSr ? &master_key : nullptr, e0);
     if constexpr (READ != kFmtPlain) {
       const SrKey read_key{static_cast<unsigned>(slot), flushes, 1u, static_cast<unsigned>(seed)};
-      read.template encode_rows<kR, EL, kStride>(r0, col_slot, v, kSr ? &read_key : nullptr, e0);
+      read.template encode_rows<kR, EL, kStride, kGroup>(r0, col_slot, v, kSr ? &read_key : nullptr, e0);
     }
   }
 };
