@@ -287,7 +287,7 @@ __device__ __forceinline__ void store_tile_rows(const Mamba2Params& p, const Til
     t.rows.template store_rows<kRowsPerWarp>(0, v, t.flushes, p.seed);
   } else {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) rssm::store_vec<state_t, kEpl>(t.state + r * N, v[r]);
+    for (int r = 0; r < kRowsPerWarp; ++r) store_row(p, t, r, v[r]);
   }
 }
 
