@@ -88,7 +88,7 @@ if has tests; then
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?; record "pytest -m 'gpu or kernels' (but quantized, long)" $rc "$(tail -n 1 "$OUT/gpu_tests.log")"
 fi
-if has quantized; then  # one process: its tests pass in 109-126 s (H100, 299 of them) after the precompile; 14 workers were far slower
+if has quantized; then  # one process: the file passes in 109-126 s (H100) after the precompile; 14 workers were far slower
   bounded "${QUANTIZED_TIMEOUT:-540}" python3 -m pytest -v "${test_k[@]}" -m "gpu or kernels" tests/test_quantized_gpu.py \
     > "$OUT/gpu_tests_quantized.log" 2>&1
   rc=$?; record "pytest tests/test_quantized_gpu.py" $rc "$(tail -n 1 "$OUT/gpu_tests_quantized.log")"
