@@ -745,6 +745,39 @@ constexpr bool kGridPlannedTile =
     kRowsPerWarp * kEpl * int(sizeof(state_t)) + 4 * kEpl * int(sizeof(float)) <= kVerifyRawBytes;
 constexpr int kGridT2MinBlocks = kGridPlannedTile ? 0 : 1;
 
+// Lane l's Δ of head h for a verify of row b from the history `cur` of slot `slot` (ring length R, n = count + T
+// records): record l (history l < count, window token l - count), 0 past the window.
+__device__ __forceinline__ float record_delta(const Mamba2Params& p, int slot, int b, int h, rssm::SpecCursor cur,
+                                              int n, int R, int lane) {
+  const float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
+  const int count = cur.count;
+  return lane < count ? dt_ring[cur.position(lane, R)] : lane < n ? current_delta(p, b, h, lane - count) : 0.f;
+}
+
+// Warp-collective: head h's verify weights (VerifyCoef, ring length R) into `coef` from lane l's Δ `d` of record l
+// (record_delta) and the products bc[tok * kMaxL + j] = B_j · C_tok of the records base .. count + T - 1; a folding
+// verify's history weights first.
+__device__ __forceinline__ void head_verify_weights(float d, float a, int count, int base, bool fold, int T, int R,
+                                                    const float* bc, float* coef) {
+  const int lane = threadIdx.x % rssm::kWarpSize;
+  if (fold) {
+    float decay;
+    const float s = decay_weights(lane < count ? d : 0.f, a, decay);
+    float* f = VerifyCoef::fold(coef, R);
+    if (lane < count) f[lane] = s;
+    if (lane == 0) f[R] = decay;
+  }
+  for (int tok = 0; tok < T; ++tok) {  // token tok sees records base .. count + tok: lane l holds record base + l
+    const int seen = count + tok + 1 - base;
+    const float dl = __shfl_sync(0xffffffffu, d, (base + lane) % rssm::kWarpSize);
+    float decay;
+    const float s = decay_weights(lane < seen ? dl : 0.f, a, decay);
+    float* w = VerifyCoef::w(coef, R, tok);
+    if (lane < seen) w[lane] = s * bc[tok * rssm::kMaxL + base + lane];
+    if (lane == 0) w[R] = decay;
+  }
+}
+
 }  // namespace
 
 // Verify step 1, grid (batch, ngroups), 128 threads: per (row, group) the products B_j · C_t of every record the
@@ -806,27 +839,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
   const int heads_per_group = p.nheads / p.ngroups;
   for (int hh = warp; hh < heads_per_group; hh += rssm::kNumWarps) {  // a warp per head
     const int h = g * heads_per_group + hh;
-    const float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
-    const float d = lane < count ? dt_ring[cur.position(lane, R)] : lane < n ? current_delta(p, b, h, lane - count)
-                                                                             : 0.f;
-    const float a = p.A[h];
-    float* coef = p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R);
-    if (fold) {
-      float decay;
-      const float s = decay_weights(lane < count ? d : 0.f, a, decay);
-      float* f = VerifyCoef::fold(coef, R);
-      if (lane < count) f[lane] = s;
-      if (lane == 0) f[R] = decay;
-    }
-    for (int tok = 0; tok < T; ++tok) {  // token tok sees records base .. count + tok: lane l holds record base + l
-      const int seen = count + tok + 1 - base;
-      const float dl = __shfl_sync(0xffffffffu, d, (base + lane) % rssm::kWarpSize);
-      float decay;
-      const float s = decay_weights(lane < seen ? dl : 0.f, a, decay);
-      float* w = VerifyCoef::w(coef, R, tok);
-      if (lane < seen) w[lane] = s * s_bc[tok][base + lane];
-      if (lane == 0) w[R] = decay;
-    }
+    const float d = record_delta(p, slot, b, h, cur, n, R, lane);
+    head_verify_weights(d, p.A[h], count, base, fold, T, R, &s_bc[0][0],
+                        p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R));
     if (lane >= count && lane < n) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head +
                                              after.position(after.count + lane - count, R)] = d;
   }
@@ -845,18 +860,27 @@ namespace {
 
 // Verify step 2 at small batch for windows of at most kT tokens, grid (P / PT, nheads, batch): y_t = decay_t (S · C_t) +
 // Σ_l w[t][l] x_{base + l} + D x_t over the records token t sees, S the checkpoint or (a folding verify) the
-// history folded into it, stored by this CTA for its rows. The row's cursor word comes from the prep kernel (p.step).
-template <int kT>
+// history folded into it, stored by this CTA for its rows. The row's cursor word and the head's weights come from
+// the prep kernel (p.step, p.coef). kOneLaunch: the whole verify in this launch, no prep kernel; each CTA reads the
+// cursor word, skips the rows the prep kernel would, and takes its head's weights itself (B · C of its group's records,
+// head_verify_weights); the first row tile of each head appends the window's Δ records, of each group's first head
+// its B records, and the last CTA of a folding row moves the cursor past the history (rssm::arrive_and_advance).
+template <int kT, bool kOneLaunch>
 __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
   Tile t;
   if (!setup_tile(p, t)) return;
-  const int word = p.step[t.b];
+  int word = kOneLaunch ? p.cursor[t.slot] : p.step[t.b];
+  const int first_id = kOneLaunch ? rssm::preload_row_id(p.slot_idx, t.b, t.lane) : 0;
   // The tile's rows load first, in flight while the inputs load, where they and the C columns take at most 48
   // registers (the tiles the planner takes for T <= 4: core/ops/mamba2_spec.py), else each where it is used.
   constexpr bool kPreload = sizeof(RawTile) + sizeof(float) * kT * kEpl <= kVerifyRawBytes;
   RawTile raw;
   if constexpr (kPreload) load_raw(t, raw);
   else (void)raw;
+  if constexpr (kOneLaunch) {  // the prep kernel's skip rule, the same answer in every warp of every CTA of the row
+    if (word < 0 || !rssm::SpecCursor::of(word).valid(p.window, p.L) || repeats_earlier_row(p, t, first_id))
+      word = rssm::kSkipStep;
+  }
   if (word == rssm::kSkipStep) {
     zero_pad_output(p, t.b, t.head, t.row0);
     return;
@@ -869,15 +893,17 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
   __shared__ float s_x[rssm::kMaxL][PT];
   __shared__ float s_dot[kT][PT];
   __shared__ float s_coef[VerifyCoef::floats(rssm::kMaxL)];
-  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];  // a folding verify's history records
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];  // history records (a folding verify; one launch: always)
   const act_t* x_ring = x_ring_at(p, t.slot, t.head) + t.row0;
   for (int i = threadIdx.x; i < n * PT; i += rssm::kThreads) {
     const int j = i / PT, r = i % PT;
     const act_t* src = j < count ? x_ring + (long long)cur.position(j, R) * P : x_of(p, t) + (j - count) * p.s_x_t + t.row0;
     s_x[j][r] = rssm::to_float(src[r]);
   }
-  const float* coef = p.coef + t.b * p.s_coef_row + (long long)t.head * VerifyCoef::floats(R);
-  for (int i = threadIdx.x; i < VerifyCoef::floats(R); i += rssm::kThreads) s_coef[i] = coef[i];
+  if constexpr (!kOneLaunch) {
+    const float* coef = p.coef + t.b * p.s_coef_row + (long long)t.head * VerifyCoef::floats(R);
+    for (int i = threadIdx.x; i < VerifyCoef::floats(R); i += rssm::kThreads) s_coef[i] = coef[i];
+  }
   float cv[kT][kEpl];  // this lane's columns of every window token's C (tokens >= T: zeros)
 #pragma unroll
   for (int tok = 0; tok < kT; ++tok) {
@@ -889,7 +915,7 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
       for (int e = 0; e < kEpl; ++e) cv[tok][e] = 0.f;
     }
   }
-  if (fold) {
+  if (fold || kOneLaunch) {  // the history records' B (one launch: for its B · C products too)
     const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
     for (int j = t.warp; j < count; j += rssm::kNumWarps) {
       using BVec = rssm::VecTraits<act_t, kEpl>;
@@ -900,6 +926,32 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
     }
   }
   __syncthreads();
+  float d_head = 0.f;  // one launch, warp 0: lane l's Δ of record l (record_delta)
+  if constexpr (kOneLaunch) {
+    __shared__ float s_bc[kT][rssm::kMaxL];
+    for (int j = base + t.warp; j < n; j += rssm::kNumWarps) {  // B_j · C_t, a warp per record the window sees
+      float bv[kEpl];
+      if (j < count) rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
+      else rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + (j - count) * p.s_B_t +
+                                       t.lane * kEpl, bv);
+      float bc = 0.f;  // lane tok: token tok's
+#pragma unroll
+      for (int tok = 0; tok < kT; ++tok) {
+        float part = 0.f;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) part = fmaf(bv[e], cv[tok][e], part);
+        const float sum = rssm::warp_sum(part);
+        if (t.lane == tok) bc = sum;
+      }
+      if (t.lane < T) s_bc[t.lane][j] = bc;
+    }
+    __syncthreads();
+    if (t.warp == 0) {
+      d_head = record_delta(p, t.slot, t.b, t.head, cur, n, R, t.lane);
+      head_verify_weights(d_head, p.A[t.head], count, base, fold, T, R, &s_bc[0][0], s_coef);
+    }
+    __syncthreads();
+  }
   const float* fold_w = VerifyCoef::fold(s_coef, R);
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {  // unrolled: the raw tile stays in registers
@@ -955,6 +1007,21 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
         rssm::from_float<act_t>(y);
     x_dst[(long long)after.position(after.count + tok, R) * P + r] = rssm::from_float<act_t>(xt);
   }
+  if constexpr (kOneLaunch) {  // the window's Δ and B records after the history; a folding row's cursor
+    if (blockIdx.x == 0 && t.warp == 0 && t.lane >= count && t.lane < n)
+      p.dt_ring[t.slot * p.s_dtr_slot + t.head * p.s_dtr_head + after.position(after.count + t.lane - count, R)] =
+          d_head;
+    if (blockIdx.x == 0 && t.head % (p.nheads / p.ngroups) == 0) {
+      act_t* B_dst = static_cast<act_t*>(p.B_ring) + t.slot * p.s_Br_slot + t.group * p.s_Br_group;
+      const act_t* B_in = group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group);
+      for (int i = threadIdx.x; i < T * N; i += rssm::kThreads) {
+        const int tok = i / N;
+        B_dst[(long long)after.position(after.count + tok, R) * N + i % N] = B_in[tok * p.s_B_t + i % N];
+      }
+    }
+    if (fold && threadIdx.x == 0)  // every thread read the cursor word before the barriers above
+      rssm::arrive_and_advance(p.cursor, p.arrive, t.slot, gridDim.x * gridDim.y, after.word());
+  }
 }
 
 }  // namespace
@@ -964,13 +1031,29 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
 // T). Windows of 8: a minimum of one CTA per SM, else ptxas trades registers for occupancy and spills.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kGridT2MinBlocks) mamba2_verify_grid_t2_kernel(
     const Mamba2Params p) {
-  verify_rows<2>(p);
+  verify_rows<2, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_grid_t4_kernel(const Mamba2Params p) {
-  verify_rows<4>(p);
+  verify_rows<4, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_grid_t8_kernel(const Mamba2Params p) {
-  verify_rows<8>(p);
+  verify_rows<8, false>(p);
+}
+
+// The verify in one launch at small batch (verify_rows<kT, true>: no prep kernel; Tuning.one_launch_verify), windows
+// of up to 2, 4 and 8 tokens: a minimum of one CTA per SM (with the grid kernels' bounds ptxas spilled 32-48 bytes in
+// the window-4 kernel on sm_100a).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_one_launch_t2_kernel(
+    const Mamba2Params p) {
+  verify_rows<2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_one_launch_t4_kernel(
+    const Mamba2Params p) {
+  verify_rows<4, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_one_launch_t8_kernel(
+    const Mamba2Params p) {
+  verify_rows<8, true>(p);
 }
 
 // The per-draft-state verify (the baseline speculative decoding of vLLM and TensorRT-LLM outside their replay

@@ -16,7 +16,7 @@ from trtllm_replayssm.core.families import FAMILIES, family_of
 from trtllm_replayssm.core.formats import parse_state_label, state_spec
 from trtllm_replayssm.core.layouts import (GDN_PREP_MAX_GROUP, delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
                                            delta_verify_stage_bytes, key_ring_dtype)
-from trtllm_replayssm.core.ops import delta, launch, mamba2
+from trtllm_replayssm.core.ops import delta, launch, mamba2, mamba2_spec
 from trtllm_replayssm.core.plans import Device, Tuning
 from trtllm_replayssm.serving.presets import get_preset
 
@@ -412,6 +412,21 @@ def test_gdn_verify_plan_takes_the_grid_kernel_above_the_prep_group():
     dims = replace(dims, num_v_heads=2 * GDN_PREP_MAX_GROUP)
     plan = delta.verify_plan(_layer(dims, torch.float32, torch.bfloat16, 19, slots=512), 512, 4, device=H200)
     assert plan.mode == "grid"
+
+
+def test_mamba2_one_launch_verify_drops_the_prep_kernel_below_the_threshold_only():
+    """Tuning.one_launch_verify: below the persistent verify's threshold the grid kernels' tile and grid without the
+    prep kernel (the op then launches the one-launch kernel); from it on the persistent plan, unchanged."""
+    dims = get_preset("nemotron-3-super-120b").ssm_dims
+    layer = _layer(dims, torch.float32, torch.bfloat16, 19, slots=256)
+    one = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify=True)
+    for batch in (1, 8):
+        grid = mamba2_spec.verify_plan(layer, batch, 4, device=H200)
+        single = mamba2_spec.verify_plan(layer, batch, 4, one, device=H200)
+        assert grid.mode == single.mode == "grid" and grid.prep_threads > 0 and single.prep_threads == 0
+        assert (single.rows_per_cta, single.grid) == (grid.rows_per_cta, grid.grid) and single.prep_grid == (0, 0, 0)
+    assert mamba2_spec.verify_plan(layer, 256, 4, one, device=H200) == mamba2_spec.verify_plan(layer, 256, 4,
+                                                                                                device=H200)
 
 
 def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():

@@ -51,6 +51,11 @@ def _setup(H, P, N, G, ring_len, state_dtype, act, seed):
 
 
 SHAPES = [(16, 64, 128, 8), (8, 80, 128, 2), (4, 64, 64, 1)]
+# The verify kernels a test runs by tuning: at the tests' small batches the grid kernel after the prep kernel, its
+# one-launch form, and (threshold 0) the persistent kernel after the prep kernel.
+KERNELS = {"grid": mamba2_spec.VERIFY_TUNING,
+           "one_launch": replace(mamba2_spec.VERIFY_TUNING, one_launch_verify=True),
+           "persistent": replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0)}
 # The CPU reference ops (no GPU) run the contract on the smallest shape, with fewer windows.
 CASE_SHAPES = SHAPES if DEV == "cuda" else SHAPES[2:]
 WINDOWS = 48 if DEV == "cuda" else 16
@@ -59,13 +64,12 @@ WINDOWS = 48 if DEV == "cuda" else 16
 @pytest.mark.parametrize("H,P,N,G", CASE_SHAPES)
 @pytest.mark.parametrize("T,L", [(1, 16), (2, 16), (4, 16), (8, 16), (4, 5)])
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("kernel", ["grid", "persistent"] if DEV == "cuda" else ["reference"])
+@pytest.mark.parametrize("kernel", list(KERNELS) if DEV == "cuda" else ["reference"])
 def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(H, P, N, G, T, L, state_dtype, kernel):
     """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row, folds at different windows per row, a pad row with poisoned outputs, slot reuse, and
-    slots of no row left untouched; on a GPU with the grid kernel (the test's small batch) and the persistent one."""
-    tuning = replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0 if kernel == "persistent" else None)
-    _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning)
+    slots of no row left untouched; on a GPU with each verify kernel (KERNELS), on a CPU the reference ops."""
+    _check_verify_and_commit(H, P, N, G, T, L, state_dtype, KERNELS.get(kernel, mamba2_spec.VERIFY_TUNING))
 
 
 @pytest.mark.gpu
@@ -205,11 +209,11 @@ def test_persistent_verify_with_claimed_tiles_equals_the_grid_kernel(T):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("T", [2, 4])
-@pytest.mark.parametrize("kernel", ["grid", "persistent"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
 def test_graph_replay_equals_eager(T, kernel):
     """Verify + commit captured once and replayed over many windows (inputs and accepted counts copied into the
-    graph's buffers) give the same outputs and state as eager launches, bit for bit, with either verify kernel."""
-    tuning = replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0 if kernel == "persistent" else None)
+    graph's buffers) give the same outputs and state as eager launches, bit for bit, with each verify kernel."""
+    tuning = KERNELS[kernel]
     H, P, N, G = 16, 64, 128, 8
     ring_len = 16 + T - 1
     _, _, eager_layer, params = _setup(H, P, N, G, ring_len, "fp32", torch.bfloat16, seed=7)

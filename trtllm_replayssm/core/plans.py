@@ -93,7 +93,8 @@ class Tuning:
     dependents; ``l2_hints``: let them hint L2 before their wait (None: state_l2_hints decides by grid size);
     ``adaptive_threshold``: work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2
     speculative verify runs its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x
-    SMs)."""
+    SMs); ``one_launch_verify``: a Mamba-2 speculative verify below that threshold runs in one launch (its grid
+    kernel taking the prep kernel's work itself; not timed on a GPU yet, hence off)."""
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3
@@ -108,6 +109,7 @@ class Tuning:
     programmatic_state: bool = True
     l2_hints: bool | None = None
     adaptive_threshold: int | None = None
+    one_launch_verify: bool = False
 
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
@@ -130,7 +132,7 @@ class LaunchPlan:
     """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``fused`` (the replay in one
     launch of a state-kernel grid: every CTA folds its rows' ring, ``fold_bytes`` of shared memory), ``flush`` (the
     flush kernel: every row folds its ring and writes its state), ``baseline`` (the state-update kernel) or ``grid`` (a
-    speculative verify at small batch: prep + a CTA per row tile). ``key`` names the shapes and dtypes the plan was
+    speculative verify at small batch: prep where the plan has one, then a CTA per row tile). ``key`` names the shapes and dtypes the plan was
     made for; an op refuses a plan made for others.
 
     State kernels (fused, flush, baseline) run ``grid`` = (rows / rows_per_cta, heads, batch). The replay's prep kernel runs

@@ -38,6 +38,7 @@ KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_
 SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
                 **{f"verify_main_t{t}": f"mamba2_verify_main_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 **{f"verify_grid_t{t}": f"mamba2_verify_grid_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
+                **{f"verify_one_launch_t{t}": f"mamba2_verify_one_launch_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 "per_draft": "mamba2_per_draft_verify_kernel", "per_draft_commit": "mamba2_per_draft_commit_kernel"}
 REPLAY_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # replay measured faster than the baseline
 # Share of the replay main kernel's tiles claimed at run time (docs/decisions.md, tail claims).

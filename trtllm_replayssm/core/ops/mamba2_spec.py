@@ -71,7 +71,8 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     verify prep kernel, then, from the tuning's ``adaptive_threshold`` work items (batch x heads; default
     VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM), the persistent verify kernel of the smallest window bucket that holds
     ``window``, with the largest row tile up to the state kernels' heuristic whose stage fits twice per CTA beside the
-    fold buffer; below it, the grid verify kernel of that bucket (mode ``grid``)."""
+    fold buffer; below it, the grid verify kernel of that bucket (mode ``grid``), with the tuning's
+    ``one_launch_verify`` its one-launch form (no prep kernel)."""
     _, H, P, N = layer.require_state().shape
     G, R = layer.B_ring.shape[1], layer.buffer_len
     dev = device or device_of(layer.state.device)
@@ -83,7 +84,7 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     prep = dict(prep_grid=(batch, G, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
     if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
-        return LaunchPlan("grid", key, tile, (P // tile, H, batch), **prep)
+        return LaunchPlan("grid", key, tile, (P // tile, H, batch), **({} if tuning.one_launch_verify else prep))
     stage = {t: mamba2_verify_stage_bytes(R, t, N, state_elem, act_elem, bucket) for t in tile_choices(P, N)}
     return persistent_verify_plan(key, stage, state_tile(P, N, batch * H, dev, tuning), batch * H * P, act_elem,
                                   mamba2_fold_bytes(R, N, act_elem), resolved_tail_fraction(tuning, TAIL_FRACTION),
@@ -128,8 +129,9 @@ def _verify_cuda(state, x_ring, dt_ring, B_ring, cursor, arrive, coef, step, x, 
     launch_plan = Launch.from_words(plan)
     config = kernel_config(x.shape[-1], B.shape[-1], state.dtype, x.dtype, launch_plan.rows_per_cta)
     bucket = window_bucket(x.shape[1])
+    grid = f"verify_grid_t{bucket}" if launch_plan.prep_threads else f"verify_one_launch_t{bucket}"
     names = {"prep": SPEC_KERNELS["verify_prep"], "main": SPEC_KERNELS[f"verify_main_t{bucket}"],
-             "grid": SPEC_KERNELS[f"verify_grid_t{bucket}"]}
+             "grid": SPEC_KERNELS[grid]}
     run_plan(config, names, launch_plan, params, x.device, prep_carveout=False)
 
 
