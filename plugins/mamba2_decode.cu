@@ -745,13 +745,14 @@ constexpr bool kGridPlannedTile =
     kRowsPerWarp * kEpl * int(sizeof(state_t)) + 4 * kEpl * int(sizeof(float)) <= kVerifyRawBytes;
 constexpr int kGridT2MinBlocks = kGridPlannedTile ? 0 : 1;
 
-// Lane l's Δ of head h for a verify of row b from the history `cur` of slot `slot` (ring length R, n = count + T
-// records): record l (history l < count, window token l - count), 0 past the window.
+// Lane l's Δ of head h for a verify of row b from the history `cur` of slot `slot`: record l (history l < count,
+// window token l - count), 0 past the window.
 __device__ __forceinline__ float record_delta(const Mamba2Params& p, int slot, int b, int h, rssm::SpecCursor cur,
-                                              int n, int R, int lane) {
+                                              int lane) {
   const float* dt_ring = p.dt_ring + slot * p.s_dtr_slot + h * p.s_dtr_head;
   const int count = cur.count;
-  return lane < count ? dt_ring[cur.position(lane, R)] : lane < n ? current_delta(p, b, h, lane - count) : 0.f;
+  return lane < count ? dt_ring[cur.position(lane, p.L)]
+                      : lane < count + p.window ? current_delta(p, b, h, lane - count) : 0.f;
 }
 
 // Warp-collective: head h's verify weights (VerifyCoef, ring length R) into `coef` from lane l's Δ `d` of record l
@@ -839,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
   const int heads_per_group = p.nheads / p.ngroups;
   for (int hh = warp; hh < heads_per_group; hh += rssm::kNumWarps) {  // a warp per head
     const int h = g * heads_per_group + hh;
-    const float d = record_delta(p, slot, b, h, cur, n, R, lane);
+    const float d = record_delta(p, slot, b, h, cur, lane);
     head_verify_weights(d, p.A[h], count, base, fold, T, R, &s_bc[0][0],
                         p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R));
     if (lane >= count && lane < n) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head +
@@ -947,7 +948,7 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
     }
     __syncthreads();
     if (t.warp == 0) {
-      d_head = record_delta(p, t.slot, t.b, t.head, cur, n, R, t.lane);
+      d_head = record_delta(p, t.slot, t.b, t.head, cur, t.lane);
       head_verify_weights(d_head, p.A[t.head], count, base, fold, T, R, &s_bc[0][0], s_coef);
     }
     __syncthreads();
