@@ -508,11 +508,11 @@ __device__ __forceinline__ void stage_fold_weights(float d, float a, int w, int 
   if (lane == 0) s_decay = decay;
 }
 
-// A state kernel's start (the baseline, flush and one-launch replay kernels; rssm::wait_previous_grid): where the
-// plan says so (p.l2_hints), L2 hints for the guessed slot (rssm::guessed_slot), each warp's checkpoint rows (a
-// one-launch replay in dual mode: the read copy's too), with kCursor the cursor, with kRing the ring records the
-// one-launch replay stages (B of the group by warp 1, Δ by warp 2, the tile's x rows by warp 3); then the wait for
-// the kernel before.
+// A state kernel's start (the baseline, flush, one-launch replay and one-launch verify kernels;
+// rssm::wait_previous_grid): where the plan says so (p.l2_hints), L2 hints for the guessed slot (rssm::guessed_slot),
+// each warp's checkpoint rows (a one-launch replay in dual mode: the read copy's too), with kCursor the cursor, with
+// kRing the ring records the one-launch kernels stage (B of the group by warp 1, Δ by warp 2, the tile's x rows by
+// warp 3); then the wait for the kernel before.
 template <bool kCursor, bool kRing>
 __device__ __forceinline__ void begin_state_kernel(const Mamba2Params& p) {
   const int slot = p.l2_hints ? rssm::guessed_slot(p.slot_idx, blockIdx.z, p.pad_slot_id, p.slots) : p.pad_slot_id;
@@ -868,6 +868,7 @@ namespace {
 // its B records, and the last CTA of a folding row moves the cursor past the history (rssm::arrive_and_advance).
 template <int kT, bool kOneLaunch>
 __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
+  if constexpr (kOneLaunch) begin_state_kernel<true, true>(p);
   Tile t;
   if (!setup_tile(p, t)) return;
   int word = kOneLaunch ? p.cursor[t.slot] : p.step[t.b];
@@ -895,6 +896,8 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
   __shared__ float s_dot[kT][PT];
   __shared__ float s_coef[VerifyCoef::floats(rssm::kMaxL)];
   __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];  // history records (a folding verify; one launch: always)
+  // One launch, warp 0: lane l's Δ of record l (record_delta), loaded with the other inputs.
+  const float d_head = kOneLaunch && t.warp == 0 ? record_delta(p, t.slot, t.b, t.head, cur, t.lane) : 0.f;
   const act_t* x_ring = x_ring_at(p, t.slot, t.head) + t.row0;
   for (int i = threadIdx.x; i < n * PT; i += rssm::kThreads) {
     const int j = i / PT, r = i % PT;
@@ -927,7 +930,6 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
     }
   }
   __syncthreads();
-  float d_head = 0.f;  // one launch, warp 0: lane l's Δ of record l (record_delta)
   if constexpr (kOneLaunch) {
     __shared__ float s_bc[kT][rssm::kMaxL];
     for (int j = base + t.warp; j < n; j += rssm::kNumWarps) {  // B_j · C_t, a warp per record the window sees
@@ -935,20 +937,18 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
       if (j < count) rssm::load_vec<act_t, kEpl>(&s_B[j][t.lane * kEpl], bv);
       else rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + (j - count) * p.s_B_t +
                                        t.lane * kEpl, bv);
-      float bc = 0.f;  // lane tok: token tok's
+      float part[kT];
 #pragma unroll
       for (int tok = 0; tok < kT; ++tok) {
-        float part = 0.f;
+        part[tok] = 0.f;
 #pragma unroll
-        for (int e = 0; e < kEpl; ++e) part = fmaf(bv[e], cv[tok][e], part);
-        const float sum = rssm::warp_sum(part);
-        if (t.lane == tok) bc = sum;
+        for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(bv[e], cv[tok][e], part[tok]);
       }
+      const float bc = rssm::warp_sum_scatter<kT>(part);  // lane tok: token tok's
       if (t.lane < T) s_bc[t.lane][j] = bc;
     }
     __syncthreads();
     if (t.warp == 0) {
-      d_head = record_delta(p, t.slot, t.b, t.head, cur, t.lane);
       head_verify_weights(d_head, p.A[t.head], count, base, fold, T, R, &s_bc[0][0], s_coef);
     }
     __syncthreads();

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trtllm_replayssm.core.jit.compiler import compile_ptx
+from trtllm_replayssm.core.layouts import VERIFY_WINDOW_BUCKETS
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import delta, mamba2
 
@@ -34,12 +35,15 @@ def test_delta_state_kernels_store_rows_in_16_byte_vectors(per_channel_gate, row
     (mamba2, lambda: mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 8)),
 ])
 def test_state_kernels_read_nothing_the_kernel_before_writes_until_they_wait(family, config):
-    """Programmatic state kernels (rssm::wait_previous_grid): before ``griddepcontrol.wait`` the only global load is
-    the guessed slot id, read around L1 (``ld.global.cg``; the rest are prefetch hints), and the next kernel may
-    launch only after the wait."""
+    """Programmatic state kernels and the one-launch Mamba-2 verify (rssm::wait_previous_grid): before
+    ``griddepcontrol.wait`` the only global load is the guessed slot id, read around L1 (``ld.global.cg``; the rest
+    are prefetch hints), and the next kernel may launch only after the wait."""
     ptx = compile_ptx(config(), "sm_90a")
-    for kind in ("state", "flush", "fused"):
-        body = _entry(ptx, family.KERNELS[kind])
+    kernels = [family.KERNELS[kind] for kind in ("state", "flush", "fused")]
+    if family is mamba2:
+        kernels += [family.SPEC_KERNELS[f"verify_one_launch_t{t}"] for t in VERIFY_WINDOW_BUCKETS]
+    for kind in kernels:
+        body = _entry(ptx, kind)
         wait = body.index("griddepcontrol.wait")
         assert body.index("griddepcontrol.launch_dependents") > wait, kind
         loads = re.findall(r"\bld\.global[.\w]*", body[:wait])

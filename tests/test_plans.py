@@ -414,19 +414,31 @@ def test_gdn_verify_plan_takes_the_grid_kernel_above_the_prep_group():
     assert plan.mode == "grid"
 
 
-def test_mamba2_one_launch_verify_drops_the_prep_kernel_below_the_threshold_only():
-    """Tuning.one_launch_verify: below the persistent verify's threshold the grid kernels' tile and grid without the
-    prep kernel (the op then launches the one-launch kernel); from it on the persistent plan, unchanged."""
-    dims = get_preset("nemotron-3-super-120b").ssm_dims
+def test_mamba2_verify_runs_in_one_launch_up_to_its_work_per_sm_only():
+    """Tuning.one_launch_verify_max_work_per_sm: up to that many work items per SM the grid kernels' tile and grid
+    without the prep kernel (the op then launches the one-launch kernel, a programmatic state kernel), above it prep
+    + grid; from the persistent verify's threshold on the persistent plan, unchanged."""
+    dims = get_preset("nemotron-3-super-120b").ssm_dims  # 128 heads: 0.97 work items per SM per row
     layer = _layer(dims, torch.float32, torch.bfloat16, 19, slots=256)
-    one = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify=True)
-    for batch in (1, 8):
-        grid = mamba2_spec.verify_plan(layer, batch, 4, device=H200)
-        single = mamba2_spec.verify_plan(layer, batch, 4, one, device=H200)
+    never = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=0)
+    always = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=float("inf"))
+    for batch in (1, 2, 8):
+        grid = mamba2_spec.verify_plan(layer, batch, 4, never, device=H200)
+        single = mamba2_spec.verify_plan(layer, batch, 4, always, device=H200)
         assert grid.mode == single.mode == "grid" and grid.prep_threads > 0 and single.prep_threads == 0
         assert (single.rows_per_cta, single.grid) == (grid.rows_per_cta, grid.grid) and single.prep_grid == (0, 0, 0)
-    assert mamba2_spec.verify_plan(layer, 256, 4, one, device=H200) == mamba2_spec.verify_plan(layer, 256, 4,
-                                                                                                device=H200)
+        ctas = single.grid[0] * single.grid[1] * single.grid[2]
+        assert single.programmatic and single.l2_hints == (ctas <= plans.L2_HINT_MAX_CTAS_PER_SM * H200.sm_count)
+        assert not grid.programmatic  # after prep, the grid kernel launches plainly
+        default = mamba2_spec.verify_plan(layer, batch, 4, device=H200)
+        one_launch = batch * dims.nheads <= plans.ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM * H200.sm_count
+        assert default == (single if one_launch else grid), batch
+    assert mamba2_spec.verify_plan(layer, 1, 4, device=H200).prep_threads == 0  # batch 1 runs in one launch
+    assert mamba2_spec.verify_plan(layer, 2, 4, device=H200).prep_threads > 0
+    assert mamba2_spec.verify_plan(layer, 256, 4, always, device=H200) == mamba2_spec.verify_plan(layer, 256, 4,
+                                                                                                   device=H200)
+    with pytest.raises(ValueError, match="one_launch_verify_max_work_per_sm"):
+        Tuning(one_launch_verify_max_work_per_sm=-1)
 
 
 def test_delta_verify_plan_runs_one_cta_per_sm_above_128_key_channels():

@@ -53,8 +53,8 @@ def _setup(H, P, N, G, ring_len, state_dtype, act, seed):
 SHAPES = [(16, 64, 128, 8), (8, 80, 128, 2), (4, 64, 64, 1)]
 # The verify kernels a test runs by tuning: at the tests' small batches the grid kernel after the prep kernel, its
 # one-launch form, and (threshold 0) the persistent kernel after the prep kernel.
-KERNELS = {"grid": mamba2_spec.VERIFY_TUNING,
-           "one_launch": replace(mamba2_spec.VERIFY_TUNING, one_launch_verify=True),
+KERNELS = {"grid": replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=0),
+           "one_launch": replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=float("inf")),
            "persistent": replace(mamba2_spec.VERIFY_TUNING, adaptive_threshold=0)}
 # The CPU reference ops (no GPU) run the contract on the smallest shape, with fewer windows.
 CASE_SHAPES = SHAPES if DEV == "cuda" else SHAPES[2:]

@@ -29,6 +29,9 @@ STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels
 TARGET_CTAS_PER_SM = 24           # speculative state kernels: enough CTAs to fill the GPU at small batch
 DECODE_MIN_CTAS_PER_SM = 1        # decode state kernels: the largest tile that still gives every SM a CTA (measured)
 L2_HINT_MAX_CTAS_PER_SM = 2       # programmatic state kernels hint L2 before their wait on grids up to this (measured)
+# A Mamba-2 verify runs in one launch up to this many work items (batch x heads) per SM: faster than prep + grid
+# at 0.97 and 1.45, slower from 1.94 (H100, docs/decisions.md, Mamba-2 verify in one launch).
+ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM = 1.5
 FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PLAIN_REPLAY_CTAS = 3             # replay main kernels on plain checkpoints: CTAs per SM (kReplayCtasPerSm)
@@ -93,8 +96,8 @@ class Tuning:
     dependents; ``l2_hints``: let them hint L2 before their wait (None: state_l2_hints decides by grid size);
     ``adaptive_threshold``: work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2
     speculative verify runs its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x
-    SMs); ``one_launch_verify``: a Mamba-2 speculative verify below that threshold runs in one launch (its grid
-    kernel taking the prep kernel's work itself; not timed on a GPU yet, hence off)."""
+    SMs); ``one_launch_verify_max_work_per_sm``: a Mamba-2 speculative verify of at most this many work items per SM
+    runs in one launch (its grid kernel taking the prep kernel's work itself; 0: never)."""
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3
@@ -109,13 +112,16 @@ class Tuning:
     programmatic_state: bool = True
     l2_hints: bool | None = None
     adaptive_threshold: int | None = None
-    one_launch_verify: bool = False
+    one_launch_verify_max_work_per_sm: float = ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM
 
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm: expected >= 1, got {self.ctas_per_sm}")
         if self.stored_ctas_per_sm is not None and self.stored_ctas_per_sm < 1:
             raise ValueError(f"stored_ctas_per_sm: expected >= 1, got {self.stored_ctas_per_sm}")
+        if not self.one_launch_verify_max_work_per_sm >= 0:
+            raise ValueError(f"one_launch_verify_max_work_per_sm: expected a number >= 0, "
+                             f"got {self.one_launch_verify_max_work_per_sm!r}")
         if self.flush_ctas_per_sm < 1:
             raise ValueError(f"flush_ctas_per_sm: expected >= 1, got {self.flush_ctas_per_sm}")
         if self.flush_rows_per_cta is not None and self.flush_rows_per_cta < 1:

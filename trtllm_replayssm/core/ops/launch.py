@@ -75,7 +75,7 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
         launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.fold_bytes, programmatic=plan.programmatic)
         return
     if plan.mode == "grid" and not plan.prep_threads:
-        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)
+        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
         return
     prep = get_kernel(config, names["prep"], device)
     if prep_carveout:

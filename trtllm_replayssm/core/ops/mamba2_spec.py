@@ -27,7 +27,7 @@ from trtllm_replayssm.core.ops.mamba2 import (DEFAULT_TUNING, SPEC_KERNELS, TAIL
 from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import (Device, Launch, LaunchPlan, Tuning, adaptive_threshold, checked_plan,
                                          device_of, persistent_verify_plan, programmatic_prep, resolved_tail_fraction,
-                                         state_tile)
+                                         state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 
@@ -71,8 +71,8 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     verify prep kernel, then, from the tuning's ``adaptive_threshold`` work items (batch x heads; default
     VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM), the persistent verify kernel of the smallest window bucket that holds
     ``window``, with the largest row tile up to the state kernels' heuristic whose stage fits twice per CTA beside the
-    fold buffer; below it, the grid verify kernel of that bucket (mode ``grid``), with the tuning's
-    ``one_launch_verify`` its one-launch form (no prep kernel)."""
+    fold buffer; below it, the grid verify kernel of that bucket (mode ``grid``), up to the tuning's
+    ``one_launch_verify_max_work_per_sm`` in its one-launch form (no prep kernel)."""
     _, H, P, N = layer.require_state().shape
     G, R = layer.B_ring.shape[1], layer.buffer_len
     dev = device or device_of(layer.state.device)
@@ -84,7 +84,11 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     prep = dict(prep_grid=(batch, G, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
     if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
-        return LaunchPlan("grid", key, tile, (P // tile, H, batch), **({} if tuning.one_launch_verify else prep))
+        grid = (P // tile, H, batch)
+        if batch * H <= tuning.one_launch_verify_max_work_per_sm * dev.sm_count:  # a programmatic state kernel
+            return LaunchPlan("grid", key, tile, grid, programmatic=tuning.programmatic_state,
+                              l2_hints=state_l2_hints(grid, dev, tuning))
+        return LaunchPlan("grid", key, tile, grid, **prep)
     stage = {t: mamba2_verify_stage_bytes(R, t, N, state_elem, act_elem, bucket) for t in tile_choices(P, N)}
     return persistent_verify_plan(key, stage, state_tile(P, N, batch * H, dev, tuning), batch * H * P, act_elem,
                                   mamba2_fold_bytes(R, N, act_elem), resolved_tail_fraction(tuning, TAIL_FRACTION),
