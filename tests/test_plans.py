@@ -378,8 +378,8 @@ def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(model, state_dtype):
-    """Below 8 (row, value head) work items per SM the grid kernel without a prep, from there the prep and the
-    persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (key head,
+    """Below 8 (row, value head) work items per SM the grid kernel without a prep (a programmatic state kernel), from
+    there the prep and the persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (key head,
     row) for GDN and per (value head, row) for KDA; plans made for another call are refused."""
     dims, T, L = get_preset(model).ssm_dims, 4, 19
     layer = _layer(dims, state_dtype, torch.bfloat16, L, slots=64)
@@ -387,6 +387,9 @@ def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(
     first = -(-delta.VERIFY_PERSISTENT_MIN_WORK_PER_SM * H200.sm_count // HV)  # the first persistent batch
     grid = delta.verify_plan(layer, first - 1, T, device=H200)
     assert grid.mode == "grid" and grid.prep_threads == 0 and grid.grid == (V // grid.rows_per_cta, HV, first - 1)
+    assert grid.programmatic and grid.l2_hints  # a programmatic state kernel, L2 hints on every grid
+    plain = delta.verify_plan(layer, 1, T, replace(delta.VERIFY_TUNING, programmatic_state=False), device=H200)
+    assert not plain.programmatic and not plain.l2_hints
     plan = delta.verify_plan(layer, first, T, device=H200)
     tile = plan.rows_per_cta
     assert plan.mode == "replay" and plan.fold_bytes == 0 and plan.stages == 2

@@ -463,7 +463,7 @@ def verify_ctas_per_sm(key_dim: int) -> int:
 def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = VERIFY_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN/KDA verify of ``batch`` rows and windows of ``window`` tokens: the grid kernel
-    (mode ``grid``, no prep) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
+    (mode ``grid``, no prep; a programmatic state kernel with L2 hints on every grid) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
     VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM) or for GDN with more than GDN_PREP_MAX_GROUP value heads per key head,
     else the verify prep kernel (a CTA per row and key ring head: key head for GDN, value head for KDA) and the
     persistent verify kernel (mode ``replay``) with the largest row tile up to the state kernels' heuristic whose
@@ -477,7 +477,9 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     small = work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning)
     if small or HV // key_heads > GDN_PREP_MAX_GROUP:
         tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
-        return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
+        grid = (V // tile, HV, batch)  # a programmatic state kernel hinting its ring records as the one-launch replay
+        return LaunchPlan("grid", key, tile, grid, programmatic=tuning.programmatic_state,
+                          l2_hints=state_l2_hints(grid, dev, tuning, any_grid=True))
     state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
     per_channel_gate = isinstance(layer, KDALayerCache)
     stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem, key_elem, per_channel_gate)
