@@ -859,6 +859,18 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
 
 namespace {
 
+// This lane's partial dots of `v` (its kEpl columns) with each of the kT window tokens' C columns `cv`.
+template <int kT>
+__device__ __forceinline__ void token_partials(const float (&v)[kEpl], const float (&cv)[kT][kEpl],
+                                               float (&part)[kT]) {
+#pragma unroll
+  for (int tok = 0; tok < kT; ++tok) {
+    part[tok] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(v[e], cv[tok][e], part[tok]);
+  }
+}
+
 // Verify step 2 at small batch for windows of at most kT tokens, grid (P / PT, nheads, batch): y_t = decay_t (S · C_t) +
 // Σ_l w[t][l] x_{base + l} + D x_t over the records token t sees, S the checkpoint or (a folding verify) the
 // history folded into it, stored by this CTA for its rows. The row's cursor word and the head's weights come from
@@ -938,12 +950,7 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
       else rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + (j - count) * p.s_B_t +
                                        t.lane * kEpl, bv);
       float part[kT];
-#pragma unroll
-      for (int tok = 0; tok < kT; ++tok) {
-        part[tok] = 0.f;
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(bv[e], cv[tok][e], part[tok]);
-      }
+      token_partials(bv, cv, part);
       const float bc = rssm::warp_sum_scatter<kT>(part);  // lane tok: token tok's
       if (t.lane < T) s_bc[t.lane][j] = bc;
     }
@@ -975,12 +982,7 @@ __device__ __forceinline__ void verify_rows(const Mamba2Params& p) {
       for (int e = 0; e < kEpl; ++e) v[e] = rssm::round_through<state_t>(v[e]);
     }
     float part[kT];
-#pragma unroll
-    for (int tok = 0; tok < kT; ++tok) {
-      part[tok] = 0.f;
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) part[tok] = fmaf(v[e], cv[tok][e], part[tok]);
-    }
+    token_partials(v, cv, part);
     float dot = 0.f;  // lane tok: token tok's (a transposed reduction, warp_sum_scatter, spills here)
 #pragma unroll
     for (int tok = 0; tok < kT; ++tok) {
@@ -1041,8 +1043,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_gr
   verify_rows<8, false>(p);
 }
 
-// The verify in one launch at small batch (verify_rows<kT, true>: no prep kernel; Tuning.one_launch_verify), windows
-// of up to 2, 4 and 8 tokens: a minimum of one CTA per SM (with the grid kernels' bounds ptxas spilled 32-48 bytes in
+// The verify in one launch at small batch (verify_rows<kT, true>: no prep kernel; up to
+// Tuning.one_launch_verify_max_work_per_sm), windows of up to 2, 4 and 8 tokens: a minimum of one CTA per SM (with the grid kernels' bounds ptxas spilled 32-48 bytes in
 // the window-4 kernel on sm_100a).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_one_launch_t2_kernel(
     const Mamba2Params p) {
