@@ -1835,12 +1835,8 @@ __device__ __forceinline__ void decode_window(const float (&sq)[kMaxWindow], con
 // and the window's ring records at the positions after the history: u by every CTA for its rows, the gates (and KDA
 // keys) by each value head's first CTA, GDN keys by the first CTA of each key head's first value head. Reads no record
 // the launch writes (window values come from the inputs). Skips (zero outputs, no writes) pad rows, rows repeating an
-// earlier row's slot and rows whose cursor word does not hold the window. Starts as the one-launch replay does
-// (prefetch_step: L2 hints for the guessed slot's rows, cursor and ring records where the plan says so, then the wait
-// for the kernel before).
+// earlier row's slot and rows whose cursor word does not hold the window.
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) delta_verify_kernel(const DeltaParams p) {
-  prefetch_step<StepKind::kFused>(p, grid_tile());
-  rssm::wait_previous_grid();
   __shared__ __align__(16) VerifyShared sm;
   const int b = blockIdx.z, T = p.window;
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);

@@ -35,15 +35,13 @@ def test_delta_state_kernels_store_rows_in_16_byte_vectors(per_channel_gate, row
     (mamba2, lambda: mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 8)),
 ])
 def test_state_kernels_read_nothing_the_kernel_before_writes_until_they_wait(family, config):
-    """Programmatic state kernels and the verify kernels without a prep kernel (rssm::wait_previous_grid): before
+    """Programmatic state kernels and the one-launch Mamba-2 verify (rssm::wait_previous_grid): before
     ``griddepcontrol.wait`` the only global load is the guessed slot id, read around L1 (``ld.global.cg``; the rest
     are prefetch hints), and the next kernel may launch only after the wait."""
     ptx = compile_ptx(config(), "sm_90a")
     kernels = [family.KERNELS[kind] for kind in ("state", "flush", "fused")]
     if family is mamba2:
         kernels += [family.SPEC_KERNELS[f"verify_one_launch_t{t}"] for t in VERIFY_WINDOW_BUCKETS]
-    else:
-        kernels.append(family.KERNELS["verify"])
     for kind in kernels:
         body = _entry(ptx, kind)
         wait = body.index("griddepcontrol.wait")

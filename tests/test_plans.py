@@ -377,19 +377,20 @@ def test_delta_stored_checkpoints_keep_flush_rows_apart(model):
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "kimi-linear-48b"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_delta_verify_plan_takes_the_persistent_kernel_from_8_work_items_per_sm(model, state_dtype):
-    """Below 8 (row, value head) work items per SM the grid kernel without a prep (a programmatic state kernel), from
-    there the prep and the persistent kernel: its stages fit twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (key head,
-    row) for GDN and per (value head, row) for KDA; plans made for another call are refused."""
+def test_delta_verify_plan_takes_the_persistent_kernel_from_its_work_per_sm(model, state_dtype):
+    """Below VERIFY_PERSISTENT_MIN_WORK_PER_SM (row, value head) work items per SM the grid kernel without a prep on
+    32-row tiles at every batch (a tuning's tile kept), from there the prep and the persistent kernel: its stages fit
+    twice per CTA at 2 CTAs per SM, no fold buffer, a prep CTA per (key head, row) for GDN and per (value head, row)
+    for KDA; plans made for another call are refused."""
     dims, T, L = get_preset(model).ssm_dims, 4, 19
     layer = _layer(dims, state_dtype, torch.bfloat16, L, slots=64)
     HV, V, K = layer.state.shape[1:]
     first = -(-delta.VERIFY_PERSISTENT_MIN_WORK_PER_SM * H200.sm_count // HV)  # the first persistent batch
     grid = delta.verify_plan(layer, first - 1, T, device=H200)
-    assert grid.mode == "grid" and grid.prep_threads == 0 and grid.grid == (V // grid.rows_per_cta, HV, first - 1)
-    assert grid.programmatic and grid.l2_hints  # a programmatic state kernel, L2 hints on every grid
-    plain = delta.verify_plan(layer, 1, T, replace(delta.VERIFY_TUNING, programmatic_state=False), device=H200)
-    assert not plain.programmatic and not plain.l2_hints
+    assert grid.mode == "grid" and grid.prep_threads == 0 and grid.grid == (V // 32, HV, first - 1)
+    assert delta.verify_plan(layer, 1, T, device=H200).rows_per_cta == delta.VERIFY_GRID_ROWS_PER_CTA == 32
+    pinned = replace(delta.VERIFY_TUNING, rows_per_cta=8)
+    assert delta.verify_plan(layer, 1, T, pinned, device=H200).grid == (V // 8, HV, 1)
     plan = delta.verify_plan(layer, first, T, device=H200)
     tile = plan.rows_per_cta
     assert plan.mode == "replay" and plan.fold_bytes == 0 and plan.stages == 2
@@ -418,26 +419,31 @@ def test_gdn_verify_plan_takes_the_grid_kernel_above_the_prep_group():
 
 
 def test_mamba2_verify_runs_in_one_launch_up_to_its_work_per_sm_only():
-    """Tuning.one_launch_verify_max_work_per_sm: up to that many work items per SM the grid kernels' tile and grid
-    without the prep kernel (the op then launches the one-launch kernel, a programmatic state kernel), above it prep
-    + grid; from the persistent verify's threshold on the persistent plan, unchanged."""
+    """Tuning.one_launch_verify_max_work_per_sm: up to that many work items per SM the one-launch kernel (a
+    programmatic state kernel without the prep kernel) on the largest tile up to ONE_LAUNCH_VERIFY_MAX_ROWS with
+    ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM CTAs per SM, above it prep + grid on the grid kernel's tile; from the persistent
+    verify's threshold on the persistent plan, unchanged."""
     dims = get_preset("nemotron-3-super-120b").ssm_dims  # 128 heads: 0.97 work items per SM per row
     layer = _layer(dims, torch.float32, torch.bfloat16, 19, slots=256)
     never = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=0)
     always = replace(mamba2_spec.VERIFY_TUNING, one_launch_verify_max_work_per_sm=float("inf"))
-    for batch in (1, 2, 8):
+    assert (mamba2_spec.ONE_LAUNCH_VERIFY_MAX_ROWS, mamba2_spec.ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM) == (32, 3)
+    for batch, tile in ((1, 16), (2, 32), (4, 32), (8, 32)):  # 64 rows per head: 512 CTAs at batch 1 from 16 rows
         grid = mamba2_spec.verify_plan(layer, batch, 4, never, device=H200)
         single = mamba2_spec.verify_plan(layer, batch, 4, always, device=H200)
         assert grid.mode == single.mode == "grid" and grid.prep_threads > 0 and single.prep_threads == 0
-        assert (single.rows_per_cta, single.grid) == (grid.rows_per_cta, grid.grid) and single.prep_grid == (0, 0, 0)
+        assert single.rows_per_cta == tile and single.grid == (64 // tile, 128, batch) and single.prep_grid == (0, 0, 0)
+        assert grid.rows_per_cta <= 16  # the grid kernel's own heuristic
+        pinned = replace(always, rows_per_cta=8)
+        assert mamba2_spec.verify_plan(layer, batch, 4, pinned, device=H200).grid == (8, 128, batch)
         ctas = single.grid[0] * single.grid[1] * single.grid[2]
         assert single.programmatic and single.l2_hints == (ctas <= plans.L2_HINT_MAX_CTAS_PER_SM * H200.sm_count)
         assert not grid.programmatic  # after prep, the grid kernel launches plainly
         default = mamba2_spec.verify_plan(layer, batch, 4, device=H200)
         one_launch = batch * dims.nheads <= plans.ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM * H200.sm_count
         assert default == (single if one_launch else grid), batch
-    assert mamba2_spec.verify_plan(layer, 1, 4, device=H200).prep_threads == 0  # batch 1 runs in one launch
-    assert mamba2_spec.verify_plan(layer, 2, 4, device=H200).prep_threads > 0
+    assert mamba2_spec.verify_plan(layer, 4, 4, device=H200).prep_threads == 0  # batch 4 runs in one launch
+    assert mamba2_spec.verify_plan(layer, 8, 4, device=H200).prep_threads > 0
     assert mamba2_spec.verify_plan(layer, 256, 4, always, device=H200) == mamba2_spec.verify_plan(layer, 256, 4,
                                                                                                    device=H200)
     with pytest.raises(ValueError, match="one_launch_verify_max_work_per_sm"):

@@ -29,9 +29,10 @@ STATIC_SHARED_BYTES = 2048        # per CTA: the pipe's barriers and the kernels
 TARGET_CTAS_PER_SM = 24           # speculative state kernels: enough CTAs to fill the GPU at small batch
 DECODE_MIN_CTAS_PER_SM = 1        # decode state kernels: the largest tile that still gives every SM a CTA (measured)
 L2_HINT_MAX_CTAS_PER_SM = 2       # programmatic state kernels hint L2 before their wait on grids up to this (measured)
-# A Mamba-2 verify runs in one launch up to this many work items (batch x heads) per SM: faster than prep + grid
-# at 0.97 and 1.45, slower from 1.94 (H100, docs/decisions.md, Mamba-2 verify in one launch).
-ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM = 1.5
+# A Mamba-2 verify runs in one launch up to this many work items (batch x heads) per SM: with its own row tiles
+# faster than prep + grid up to 3.9 (Super batch 4), slower at 5.8 and 7.8 (H100, docs/decisions.md, Mamba-2 verify
+# in one launch).
+ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM = 4
 FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PLAIN_REPLAY_CTAS = 3             # replay main kernels on plain checkpoints: CTAs per SM (kReplayCtasPerSm)

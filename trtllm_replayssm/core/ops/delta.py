@@ -447,9 +447,13 @@ def window_tile(state: torch.Tensor, batch: int) -> int:
 
 
 # The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM,
-# the grid kernel (delta_verify_kernel) below: H200, T = 4, grid / persistent µs per step (kernel times): Qwen3.5-4B
-# batch 8 47.9 / 48.1, batch 64 137.3 / 118.4, batch 256 529.2 / 389.7 (docs/decisions.md, GDN/KDA verify).
-VERIFY_PERSISTENT_MIN_WORK_PER_SM = 8
+# the grid kernel (delta_verify_kernel, 32-row tiles) below: H100, T = 4, grid / persistent µs per step (kernel
+# times): Qwen3.5-4B batch 16 39.9 / 48.5, batch 32 74.2 / 54.4 (docs/decisions.md, GDN/KDA grid verify tiles).
+VERIFY_PERSISTENT_MIN_WORK_PER_SM = 5
+# The grid verify's row tile: every CTA computes its (row, value head)'s window coefficients, so fewer, larger tiles
+# pay: H100, T = 4, Qwen3.5-4B, µs per step (kernel times) with 8 / 32-row tiles: batch 1 9.8 / 8.5, batch 8 50.8 /
+# 23.0 (docs/decisions.md, GDN/KDA grid verify tiles).
+VERIFY_GRID_ROWS_PER_CTA = 32
 # The persistent verify's tuning: two CTAs per SM of two stages (at most verify_ctas_per_sm).
 VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
 
@@ -463,7 +467,7 @@ def verify_ctas_per_sm(key_dim: int) -> int:
 def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = VERIFY_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN/KDA verify of ``batch`` rows and windows of ``window`` tokens: the grid kernel
-    (mode ``grid``, no prep; a programmatic state kernel with L2 hints on every grid) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
+    (mode ``grid``, no prep, VERIFY_GRID_ROWS_PER_CTA-row tiles) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
     VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM) or for GDN with more than GDN_PREP_MAX_GROUP value heads per key head,
     else the verify prep kernel (a CTA per row and key ring head: key head for GDN, value head for KDA) and the
     persistent verify kernel (mode ``replay``) with the largest row tile up to the state kernels' heuristic whose
@@ -476,10 +480,8 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     work, key_heads = batch * HV, layer.k_ring.shape[1]
     small = work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning)
     if small or HV // key_heads > GDN_PREP_MAX_GROUP:
-        tile = _row_tile(V, K, work, dev, DEFAULT_TUNING if tuning.rows_per_cta is None else tuning)
-        grid = (V // tile, HV, batch)  # a programmatic state kernel hinting its ring records as the one-launch replay
-        return LaunchPlan("grid", key, tile, grid, programmatic=tuning.programmatic_state,
-                          l2_hints=state_l2_hints(grid, dev, tuning, any_grid=True))
+        tile = _row_tile(V, K, work, dev, tuning) if tuning.rows_per_cta is not None else _verify_grid_tile(V, K)
+        return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
     state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
     per_channel_gate = isinstance(layer, KDALayerCache)
     stage = {t: delta_verify_stage_bytes(L, window, t, K, state_elem, act_elem, key_elem, per_channel_gate)
@@ -489,6 +491,12 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
                                   resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning,
                                   prep_grid=(key_heads, batch, 1),
                                   prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
+
+
+def _verify_grid_tile(value_dim: int, key_dim: int) -> int:
+    """The grid verify's row tile: the largest heuristic tile up to VERIFY_GRID_ROWS_PER_CTA, else the smallest."""
+    choices = tile_choices(value_dim, key_dim)
+    return max([t for t in choices if t <= VERIFY_GRID_ROWS_PER_CTA] or [min(choices)])
 
 
 def verify_plan_key(layer: GDNLayerCache, batch: int, window: int) -> tuple:

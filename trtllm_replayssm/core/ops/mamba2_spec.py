@@ -46,6 +46,12 @@ VERIFY_RAW_BYTES = 192
 # persistent kernel: H200, Super, T = 4, grid / persistent µs per step: batch 1 15.1 / 21.8, batch 8 35.8 / 54.9,
 # batch 64 179.8 / 133.9 (docs/decisions.md, Mamba-2 verify).
 VERIFY_PERSISTENT_MIN_WORK_PER_SM = 16
+# The one-launch verify's row tile: the largest up to this many rows whose grid gives every SM
+# ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM CTAs (every CTA computes its head's B·C products itself, so fewer, larger tiles
+# pay): H100, T = 4, Super, µs per step (kernel times) with 8 / 16 / 32-row tiles: batch 1 11.7 / 8.3 / 9.4, batch 2
+# 19.8 / 13.8 / 11.3, batch 4 35.8 / 24.7 / 19.5 (docs/decisions.md, Mamba-2 verify in one launch).
+ONE_LAUNCH_VERIFY_MAX_ROWS = 32
+ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM = 3
 
 
 def _grid_tile(P: int, N: int, state_elem: int, batch: int, H: int, dev: Device, tuning: Tuning) -> int:
@@ -58,6 +64,17 @@ def _grid_tile(P: int, N: int, state_elem: int, batch: int, H: int, dev: Device,
     ahead = [t for t in tile_choices(P, N) if t <= tile and t // NUM_WARPS * N * state_elem // 32 + c_bytes
              <= VERIFY_RAW_BYTES]
     return max(ahead) if ahead else min(tile_choices(P, N))
+
+
+def _one_launch_tile(P: int, N: int, work: int, dev: Device, tuning: Tuning) -> int:
+    """The one-launch verify's row tile (the tuning's ``rows_per_cta`` if set): the largest heuristic tile up to
+    ONE_LAUNCH_VERIFY_MAX_ROWS whose grid has ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM CTAs per SM, else the smallest."""
+    if tuning.rows_per_cta is not None:
+        return state_tile(P, N, work, dev, tuning)
+    choices = tile_choices(P, N)
+    fitting = [t for t in choices if t <= ONE_LAUNCH_VERIFY_MAX_ROWS
+               and work * (P // t) >= ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM * dev.sm_count]
+    return max(fitting) if fitting else min(choices)
 
 
 # The persistent verify's default tuning: two CTAs per SM of two stages each (H200, Super, batch 256, T = 4: 64-row
@@ -83,12 +100,13 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     state_elem, act_elem = layer.state.element_size(), layer.x_ring.element_size()
     prep = dict(prep_grid=(batch, G, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
     if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
-        tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
-        grid = (P // tile, H, batch)
         if batch * H <= tuning.one_launch_verify_max_work_per_sm * dev.sm_count:  # a programmatic state kernel
+            tile = _one_launch_tile(P, N, batch * H, dev, tuning)
+            grid = (P // tile, H, batch)
             return LaunchPlan("grid", key, tile, grid, programmatic=tuning.programmatic_state,
                               l2_hints=state_l2_hints(grid, dev, tuning))
-        return LaunchPlan("grid", key, tile, grid, **prep)
+        tile = _grid_tile(P, N, state_elem, batch, H, dev, tuning)
+        return LaunchPlan("grid", key, tile, (P // tile, H, batch), **prep)
     stage = {t: mamba2_verify_stage_bytes(R, t, N, state_elem, act_elem, bucket) for t in tile_choices(P, N)}
     return persistent_verify_plan(key, stage, state_tile(P, N, batch * H, dev, tuning), batch * H * P, act_elem,
                                   mamba2_fold_bytes(R, N, act_elem), resolved_tail_fraction(tuning, TAIL_FRACTION),
