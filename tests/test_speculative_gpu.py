@@ -87,6 +87,19 @@ def test_verify_with_whole_head_tiles(H, P, N, G, T, state_dtype):
     _check_verify_and_commit(H, P, N, G, T, 16, state_dtype, tuning)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="row tiles are a CUDA launch choice")
+@pytest.mark.parametrize("H,P,N,G,tile", [(*SHAPES[0], 16), (*SHAPES[0], 32), (*SHAPES[1], 16), (*SHAPES[1], 20)])
+@pytest.mark.parametrize("T", [2, 4])
+def test_one_launch_verify_with_its_serving_tiles(H, P, N, G, tile, T):
+    """The one-launch kernel on the row tiles its planner takes at batch 1-4 (Super: 16 and 32 rows, Nano: 16 and
+    20), forced at the test's batch."""
+    tuning = replace(KERNELS["one_launch"], rows_per_cta=tile)
+    plan = mamba2_spec.verify_plan(_setup(H, P, N, G, 16 + T - 1, "fp32", torch.bfloat16, 0)[2], len(SLOT_IDS),
+                                   T, tuning)
+    assert (plan.mode, plan.prep_threads, plan.rows_per_cta) == ("grid", 0, tile)
+    _check_verify_and_commit(H, P, N, G, T, 16, "fp32", tuning)
+
+
 def _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning: Tuning) -> None:
     act = torch.bfloat16
     ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))

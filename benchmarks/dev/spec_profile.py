@@ -17,8 +17,8 @@ from trtllm_replayssm.lab.bench.shapes import shape_from_preset
 dev = torch.device("cuda", 0)
 model, batch, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 16
-tunings = {t: Tuning(**{k: int(v) for k, v in (kv.split("=") for kv in t.split(","))}) for t in sys.argv[5].split(";")} \
-    if len(sys.argv) > 5 else {"default": None}
+tunings = {t: Tuning(**{k: int(v) for k, v in (kv.split("=") for kv in t.split(","))})
+           for t in sys.argv[5].split(";")} if len(sys.argv) > 5 else {"default": None}
 shape = shape_from_preset(model)
 gen = torch.Generator().manual_seed(0)
 ring = spec.ring_len(16, window)

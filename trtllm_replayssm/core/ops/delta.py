@@ -447,12 +447,12 @@ def window_tile(state: torch.Tensor, batch: int) -> int:
 
 
 # The persistent verify (prep + delta_verify_main_kernel) from this many (batch row, value head) work items per SM,
-# the grid kernel (delta_verify_kernel, 32-row tiles) below: H100, T = 4, grid / persistent µs per step (kernel
-# times): Qwen3.5-4B batch 16 39.9 / 48.5, batch 32 74.2 / 54.4 (docs/decisions.md, GDN/KDA grid verify tiles).
+# the grid kernel (delta_verify_kernel) below: H100, T = 4, grid / persistent µs per step (kernel times): Qwen3.5-4B
+# batch 16 39.9 / 48.5 (64-row tiles), batch 32 74.2 / 54.4 (docs/decisions.md, GDN/KDA grid verify: 32-row tiles).
 VERIFY_PERSISTENT_MIN_WORK_PER_SM = 5
 # The grid verify's row tile: every CTA computes its (row, value head)'s window coefficients, so fewer, larger tiles
 # pay: H100, T = 4, Qwen3.5-4B, µs per step (kernel times) with 8 / 32-row tiles: batch 1 9.8 / 8.5, batch 8 50.8 /
-# 23.0 (docs/decisions.md, GDN/KDA grid verify tiles).
+# 23.0 (docs/decisions.md, GDN/KDA grid verify: 32-row tiles).
 VERIFY_GRID_ROWS_PER_CTA = 32
 # The persistent verify's tuning: two CTAs per SM of two stages (at most verify_ctas_per_sm).
 VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
