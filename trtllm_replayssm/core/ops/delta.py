@@ -467,11 +467,11 @@ def verify_ctas_per_sm(key_dim: int) -> int:
 def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = VERIFY_TUNING,
                 device: Device | None = None) -> LaunchPlan:
     """The launch plan of a GDN/KDA verify of ``batch`` rows and windows of ``window`` tokens: the grid kernel
-    (mode ``grid``, no prep, VERIFY_GRID_ROWS_PER_CTA-row tiles) below the tuning's ``adaptive_threshold`` work items (batch x value heads; default
-    VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM) or for GDN with more than GDN_PREP_MAX_GROUP value heads per key head,
-    else the verify prep kernel (a CTA per row and key ring head: key head for GDN, value head for KDA) and the
-    persistent verify kernel (mode ``replay``) with the largest row tile up to the state kernels' heuristic whose
-    stage fits twice per CTA."""
+    (mode ``grid``, no prep, launched plainly on VERIFY_GRID_ROWS_PER_CTA-row tiles) below the tuning's
+    ``adaptive_threshold`` work items (batch x value heads; default VERIFY_PERSISTENT_MIN_WORK_PER_SM per SM) or for
+    GDN with more than GDN_PREP_MAX_GROUP value heads per key head, else the verify prep kernel (a CTA per row and key
+    ring head: key head for GDN, value head for KDA) and the persistent verify kernel (mode ``replay``) with the
+    largest row tile up to the state kernels' heuristic whose stage fits twice per CTA."""
     _, HV, V, K = layer.require_state().shape
     L, dev = layer.buffer_len, device or device_of(layer.state.device)
     key = verify_plan_key(layer, batch, window)
