@@ -167,7 +167,8 @@ if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs 
     --models nemotron-3-super-120b,nemotron-3-nano-4b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
     -o "$OUT/kernels-spec-${gpu}.json" > "$OUT/bench_spec.log" 2>&1
   rc=$?; record "bench kernels --spec" $rc "$OUT/kernels-spec-${gpu}.json"
-  # GDN and KDA verify (no peer runs it): 70 s for three models at batch 1-512 on the H200
+  # GDN and KDA verify (fla-core's per-draft verify beside it where .whl holds its wheel): 70 s for three models at
+  # batch 1-512 on the H200 without it
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family gdn,kda \
     --models qwen3.5-4b,qwen3.5-122b,kimi-linear-48b --batch "${SPEC_BATCH:-1,8,64,256,512}" \
     -o "$OUT/kernels-spec-delta-${gpu}.json" > "$OUT/bench_spec_delta.log" 2>&1
