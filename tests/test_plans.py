@@ -597,3 +597,27 @@ def test_state_kernels_hint_l2_on_small_grids_and_the_delta_one_launch_replay_on
     assert fam.replay_plan(layer, 16, "flush", Tuning(l2_hints=True), device=H200).l2_hints
     assert not fam.replay_plan(layer, 1, "flush", Tuning(l2_hints=False), device=H200).l2_hints
     assert not fam.replay_plan(layer, 1, "flush", Tuning(programmatic_state=False, l2_hints=True), device=H200).l2_hints
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-super-120b", "nemotron-3-nano-4b", "qwen3.5-4b", "qwen3.5-122b",
+                                   "kimi-linear-48b", "glm-5.3-flash"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_verify_plans_launch_shipped_modules(model, state_dtype):
+    """Every verify plan at batch 1-64, 128, 256 and 512 (windows of 2, 4 and 8) runs a row tile whose module the
+    catalog ships for the model (a tile outside it would compile at run time, unchecked by the kernel gate)."""
+    from trtllm_replayssm.serving.catalog import spec_configs
+
+    spec = get_preset(model)
+    dims = spec.ssm_dims
+    shipped = set(spec_configs(spec, state_dtype, torch.bfloat16))
+    layer = _layer(dims, state_dtype, torch.bfloat16, 16 + 7, slots=512)
+    _, H, V, K = layer.state.shape
+    for T in (2, 4, 8):
+        for batch in [*range(1, 65), 128, 256, 512]:
+            if family_of(dims).name == "mamba2":
+                tile = mamba2_spec.verify_plan(layer, batch, T, device=H200).rows_per_cta
+                config = mamba2.kernel_config(V, K, state_dtype, torch.bfloat16, tile)
+            else:
+                tile = delta.verify_plan(layer, batch, T, device=H200).rows_per_cta
+                config = delta.kernel_config(dims.per_channel_gate, K, V, state_dtype, torch.bfloat16, tile)
+            assert config in shipped, (model, T, batch, tile)
