@@ -1044,8 +1044,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_gr
 }
 
 // The verify in one launch at small batch (verify_rows<kT, true>: no prep kernel; up to
-// Tuning.one_launch_verify_max_work_per_sm), windows of up to 2, 4 and 8 tokens: a minimum of one CTA per SM (with the grid kernels' bounds ptxas spilled 32-48 bytes in
-// the window-4 kernel on sm_100a).
+// Tuning.one_launch_verify_max_work_per_sm), windows of up to 2, 4 and 8 tokens: a minimum of one CTA per SM (with
+// the grid kernels' bounds ptxas spilled 32-48 bytes in the window-4 kernel on sm_100a).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_verify_one_launch_t2_kernel(
     const Mamba2Params p) {
   verify_rows<2, true>(p);

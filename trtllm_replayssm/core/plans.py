@@ -301,18 +301,18 @@ def state_l2_hints(grid: tuple[int, int, int], device: Device, tuning: Tuning, a
     return any_grid or grid[0] * grid[1] * grid[2] <= L2_HINT_MAX_CTAS_PER_SM * device.sm_count
 
 
-def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, fused: bool = False,
-               min_ctas_per_sm: int = TARGET_CTAS_PER_SM) -> int:
+def state_tile(rows: int, cols: int, work_items: int, device: Device, tuning: Tuning, max_rows: int | None = None,
+               min_ctas_per_sm: float = TARGET_CTAS_PER_SM) -> int:
     """Row tile of a state kernel for a (rows x cols) state per head (the tuning's ``rows_per_cta`` if set): the
-    largest tile whose grid has ``min_ctas_per_sm`` CTAs per SM (the decode state kernels: DECODE_MIN_CTAS_PER_SM),
-    else the smallest; the one-launch replay (``fused``) takes none above FUSED_MAX_ROWS_PER_CTA rows."""
+    largest tile up to ``max_rows`` (the one-launch replay: FUSED_MAX_ROWS_PER_CTA) whose grid has
+    ``min_ctas_per_sm`` CTAs per SM (the decode state kernels: DECODE_MIN_CTAS_PER_SM), else the smallest."""
     if tuning.rows_per_cta is not None:
         if tuning.rows_per_cta not in rows_per_cta_choices(rows):
             raise ValueError(f"rows_per_cta: expected one of {rows_per_cta_choices(rows)}, got {tuning.rows_per_cta}")
         return tuning.rows_per_cta
     choices = tile_choices(rows, cols)
-    if fused:
-        choices = [t for t in choices if t <= FUSED_MAX_ROWS_PER_CTA] or [min(choices)]
+    if max_rows is not None:
+        choices = [t for t in choices if t <= max_rows] or [min(choices)]
     fitting = [t for t in choices if work_items * (rows // t) >= min_ctas_per_sm * device.sm_count]
     return max(fitting) if fitting else min(choices)
 

@@ -24,11 +24,12 @@ from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, PLAIN_REPLAY_CTAS,
-                                         TARGET_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning, adaptive_threshold,
-                                         checked_plan, device_of, fitting_tiles, flush_ctas, flush_rows_apart,
-                                         non_replay_plan, persistent_plan, persistent_verify_plan, programmatic_prep,
-                                         replay_tuning, resolved_tail_fraction, stages_for, state_l2_hints, state_tile)
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, FUSED_MAX_ROWS_PER_CTA,
+                                         PLAIN_REPLAY_CTAS, TARGET_CTAS_PER_SM, Device, Launch, LaunchPlan, Tuning,
+                                         adaptive_threshold, checked_plan, device_of, fitting_tiles, flush_ctas,
+                                         flush_rows_apart, non_replay_plan, persistent_plan, persistent_verify_plan,
+                                         programmatic_prep, replay_tuning, resolved_tail_fraction, stages_for,
+                                         state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import gdn as ref
 
 DECODE_KERNELS = {"state": "delta_state_update_kernel", "flush": "delta_flush_decode_kernel",
@@ -230,7 +231,8 @@ def _state_kernel_plan(mode: str, key: tuple, V: int, K: int, HV: int, batch: in
                        tuning: Tuning) -> LaunchPlan:
     """The baseline, flush or one-launch replay kernel's grid; the one-launch replay hints L2 on every grid (its ring
     records too; measured)."""
-    tile = _row_tile(V, K, batch * HV, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
+    tile = _row_tile(V, K, batch * HV, dev, tuning, FUSED_MAX_ROWS_PER_CTA if mode == "fused" else None,
+                     DECODE_MIN_CTAS_PER_SM)
     grid = (V // tile, HV, batch)
     return LaunchPlan(mode, key, tile, grid, programmatic=tuning.programmatic_state,
                       l2_hints=state_l2_hints(grid, dev, tuning, any_grid=mode == "fused"))
@@ -247,8 +249,8 @@ def _fused_plan(key: tuple, V: int, K: int, HV: int, L: int, act: torch.dtype, p
 
 
 def _row_tile(value_dim: int, key_dim: int, work_items: int, dev: Device, tuning: Tuning,
-              fused: bool = False, min_ctas_per_sm: int = TARGET_CTAS_PER_SM) -> int:
-    tile = state_tile(value_dim, key_dim, work_items, dev, tuning, fused, min_ctas_per_sm)
+              max_rows: int | None = None, min_ctas_per_sm: float = TARGET_CTAS_PER_SM) -> int:
+    tile = state_tile(value_dim, key_dim, work_items, dev, tuning, max_rows, min_ctas_per_sm)
     if tile > MAX_ROWS_PER_CTA:
         raise ValueError(f"rows_per_cta: expected at most {MAX_ROWS_PER_CTA} rows per CTA, got {tile}")
     return tile
@@ -480,7 +482,7 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
     work, key_heads = batch * HV, layer.k_ring.shape[1]
     small = work < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning)
     if small or HV // key_heads > GDN_PREP_MAX_GROUP:
-        tile = _row_tile(V, K, work, dev, tuning) if tuning.rows_per_cta is not None else _verify_grid_tile(V, K)
+        tile = _row_tile(V, K, work, dev, tuning, VERIFY_GRID_ROWS_PER_CTA, min_ctas_per_sm=0)
         return LaunchPlan("grid", key, tile, (V // tile, HV, batch))
     state_elem, act_elem, key_elem = layer.state.element_size(), layer.u_ring.element_size(), layer.k_ring.element_size()
     per_channel_gate = isinstance(layer, KDALayerCache)
@@ -491,12 +493,6 @@ def verify_plan(layer: GDNLayerCache, batch: int, window: int, tuning: Tuning = 
                                   resolved_tail_fraction(tuning, TAIL_FRACTION), dev, tuning,
                                   prep_grid=(key_heads, batch, 1),
                                   prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
-
-
-def _verify_grid_tile(value_dim: int, key_dim: int) -> int:
-    """The grid verify's row tile: the largest heuristic tile up to VERIFY_GRID_ROWS_PER_CTA, else the smallest."""
-    choices = tile_choices(value_dim, key_dim)
-    return max([t for t in choices if t <= VERIFY_GRID_ROWS_PER_CTA] or [min(choices)])
 
 
 def verify_plan_key(layer: GDNLayerCache, batch: int, window: int) -> tuple:

@@ -26,10 +26,11 @@ from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS,
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, PLAIN_REPLAY_CTAS, Device, Launch, LaunchPlan, Tuning,
-                                         checked_plan, device_of, fitting_tiles, flush_ctas, flush_rows_apart,
-                                         non_replay_plan, persistent_plan, programmatic_prep, replay_tuning,
-                                         resolved_tail_fraction, state_l2_hints, state_tile)
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, PLAIN_REPLAY_CTAS, Device,
+                                         Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
+                                         flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
+                                         programmatic_prep, replay_tuning, resolved_tail_fraction, state_l2_hints,
+                                         state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
@@ -164,7 +165,8 @@ def state_update_plan(state: torch.Tensor | Checkpoint, batch: int, act_dtype: t
 
 def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int, dev: Device,
                        tuning: Tuning) -> LaunchPlan:
-    tile = state_tile(P, N, batch * H, dev, tuning, mode == "fused", DECODE_MIN_CTAS_PER_SM)
+    tile = state_tile(P, N, batch * H, dev, tuning, FUSED_MAX_ROWS_PER_CTA if mode == "fused" else None,
+                      DECODE_MIN_CTAS_PER_SM)
     grid = (P // tile, H, batch)
     return LaunchPlan(mode, key, tile, grid, programmatic=tuning.programmatic_state,
                       l2_hints=state_l2_hints(grid, dev, tuning))

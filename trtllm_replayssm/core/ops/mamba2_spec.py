@@ -66,17 +66,6 @@ def _grid_tile(P: int, N: int, state_elem: int, batch: int, H: int, dev: Device,
     return max(ahead) if ahead else min(tile_choices(P, N))
 
 
-def _one_launch_tile(P: int, N: int, work: int, dev: Device, tuning: Tuning) -> int:
-    """The one-launch verify's row tile (the tuning's ``rows_per_cta`` if set): the largest heuristic tile up to
-    ONE_LAUNCH_VERIFY_MAX_ROWS whose grid has ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM CTAs per SM, else the smallest."""
-    if tuning.rows_per_cta is not None:
-        return state_tile(P, N, work, dev, tuning)
-    choices = tile_choices(P, N)
-    fitting = [t for t in choices if t <= ONE_LAUNCH_VERIFY_MAX_ROWS
-               and work * (P // t) >= ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM * dev.sm_count]
-    return max(fitting) if fitting else min(choices)
-
-
 # The persistent verify's default tuning: two CTAs per SM of two stages each (H200, Super, batch 256, T = 4: 64-row
 # tiles at 2 CTAs x 2 stages beat 32-row tiles at 3 x 2 and 3 x 3; docs/decisions.md, Mamba-2 verify).
 VERIFY_TUNING = Tuning(ctas_per_sm=2, stages=2)
@@ -101,7 +90,8 @@ def verify_plan(layer: Mamba2LayerCache, batch: int, window: int, tuning: Tuning
     prep = dict(prep_grid=(batch, G, 1), prep_threads=32 * NUM_WARPS, programmatic_prep=programmatic_prep(tuning))
     if batch * H < adaptive_threshold(VERIFY_PERSISTENT_MIN_WORK_PER_SM, dev, tuning):
         if batch * H <= tuning.one_launch_verify_max_work_per_sm * dev.sm_count:  # a programmatic state kernel
-            tile = _one_launch_tile(P, N, batch * H, dev, tuning)
+            tile = state_tile(P, N, batch * H, dev, tuning, ONE_LAUNCH_VERIFY_MAX_ROWS,
+                              ONE_LAUNCH_VERIFY_MIN_CTAS_PER_SM)
             grid = (P // tile, H, batch)
             return LaunchPlan("grid", key, tile, grid, programmatic=tuning.programmatic_state,
                               l2_hints=state_l2_hints(grid, dev, tuning))
