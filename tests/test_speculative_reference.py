@@ -253,3 +253,49 @@ def test_commit_of_every_layer_at_once_equals_a_commit_per_layer(device):
     committed, untouched = [4, 0, 2], [1, 3, 5]
     assert (cursor[:, committed] != before[:, committed]).all()
     assert torch.equal(cursor[:, untouched], before[:, untouched])
+
+
+def _kernel_commit_model(cursor: list[int], accepted: list[int], ids: list[int], group_rows: int, window: int,
+                         ring_len: int) -> list[int]:
+    """What the CUDA commit does: a row commits unless it is a pad row (an id outside the cursors), repeats the slot
+    of an earlier row of its group of ``group_rows`` rows, has a count outside 1..window or a cursor no verify of
+    ``window`` could have run from."""
+    out = list(cursor)
+    for b, (slot, a) in enumerate(zip(ids, accepted)):
+        g0 = b // group_rows * group_rows
+        if not 0 <= slot < len(cursor) or slot in ids[g0:b]:
+            continue
+        if not 1 <= a <= window or not spec_cursor.valid(cursor[slot], window, ring_len):
+            continue
+        origin, count = spec_cursor.unpack(cursor[slot])
+        out[slot] = spec_cursor.pack(origin, count + a)
+    return out
+
+
+@pytest.mark.parametrize("batch,layers", [(1, 1), (200, 1), (300, 1), (200, 3), (57, 5)])
+def test_commit_kernel_skips_rows_repeating_a_slot_of_their_layer(batch, layers):
+    """The CUDA commit (spec.commit, spec.commit_layers) against a model of its rule on batches of repeated slot ids,
+    pad rows, bad counts and invalid cursors, over several CTAs and layer groups that do not line up with them: a row
+    repeating the slot of an earlier row of its layer moves nothing, every other valid row commits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trtllm_replayssm.core.ops import spec
+
+    gen = torch.Generator().manual_seed(batch * 10 + layers)
+    T, R = 4, 19
+    slots = batch // 2 + 3
+    words = [spec_cursor.pack(int(o), int(c)) for o, c in zip(torch.randint(0, R, (layers * slots,), generator=gen),
+                                                              torch.randint(0, R - T + 2, (layers * slots,),
+                                                                            generator=gen))]
+    ids = torch.randint(-1, slots, (batch,), generator=gen, dtype=torch.int32)  # -1: a pad row
+    ids[torch.rand(batch, generator=gen) < 0.1] = PAD
+    accepted = torch.randint(0, T + 2, (batch,), generator=gen, dtype=torch.int32)  # 0 and T + 1: bad counts
+    got = torch.tensor(words, dtype=torch.int32, device="cuda").view(layers, slots)
+    if layers == 1:
+        spec.commit(SimpleNamespace(cursor=got[0], buffer_len=R), accepted.cuda(), ids.cuda(), PAD, window=T)
+    else:
+        spec.commit_layers(got, R, accepted.cuda(), ids.cuda(), PAD, window=T)
+    flat_ids = [i + layer * slots if i != PAD else PAD for layer in range(layers) for i in ids.tolist()]
+    expected = _kernel_commit_model(words, accepted.tolist() * layers, flat_ids, batch, T, R)
+    assert got.view(-1).tolist() == expected
+    assert expected != words  # some rows committed

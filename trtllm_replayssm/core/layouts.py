@@ -139,7 +139,8 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
 SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [slots] rssm::SpecCursor words
   const int* accepted;    // [b] accepted tokens per row (1..window)
   const int* slot_idx;    // [b]
-  int batch, pad_slot_id, slots, window, ring_len;""")
+  int batch, pad_slot_id, slots, window, ring_len;
+  int group_rows;         // rows per group (a layer's rows); only rows of one group can name the same slot""")
 
 # plugins/delta_rule_decode.cu: one by-value struct for every GDN and KDA kernel
 DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots, HV, V, K]

@@ -33,17 +33,17 @@ def check_window(window: object, ring_len: int) -> int:
 
 
 def _commit_cpu(cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int,
-                window: int, ring_len: int) -> None:
+                window: int, ring_len: int, group_rows: int) -> None:
     spec_cursor.commit_(cursor, accepted, state_batch_indices, pad_slot_id, window)
 
 
-def _commit_cuda(cursor, accepted, state_batch_indices, pad_slot_id, window, ring_len) -> None:
+def _commit_cuda(cursor, accepted, state_batch_indices, pad_slot_id, window, ring_len, group_rows) -> None:
     batch = state_batch_indices.shape[0]
     if batch == 0:
         return
     params = SPEC_COMMIT_PARAMS.pack(cursor=ptr(cursor), accepted=ptr(accepted), slot_idx=ptr(state_batch_indices),
                                      batch=batch, pad_slot_id=pad_slot_id, slots=cursor.shape[0], window=window,
-                                     ring_len=ring_len)
+                                     ring_len=ring_len, group_rows=group_rows)
     threads = STATE_BLOCK[0]
     launch(get_kernel(KERNEL_CONFIG, KERNEL, cursor.device), ((batch + threads - 1) // threads, 1, 1), STATE_BLOCK,
            params)
@@ -62,14 +62,15 @@ def commit(layer: object, accepted: torch.Tensor, state_batch_indices: torch.Ten
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[0],
                            pad_slot_id, cursor.device)
-    _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len)
+    _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len, max(1, accepted.shape[0]))
 
 
 def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
                   state_batch_indices: torch.Tensor, pad_slot_id: int = -1, window: int = 1) -> None:
     """:func:`commit` of every layer of a cache in one launch: ``cursor`` [layers, slots] (``ReplayStateCache.cursor``,
     rings of ``ring_len`` records), each row's slot in every layer; the cursor rows are one flat row of slots, the
-    row ids offset by layer (pad rows stay pad rows)."""
+    row ids offset by layer (pad rows stay pad rows), a group of rows per layer (the kernel's repeated-slot test stays
+    within a layer's rows)."""
     check_window(window, ring_len)
     layers, slots = cursor.shape
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
@@ -77,4 +78,4 @@ def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
                            cursor.device)
     offsets = torch.arange(0, layers * slots, slots, dtype=torch.int32, device=cursor.device)[:, None]
     flat = torch.where(idx == pad_slot_id, -1, idx + offsets).reshape(-1)
-    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len)
+    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len, max(1, accepted.shape[0]))
