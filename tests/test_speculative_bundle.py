@@ -38,10 +38,10 @@ def test_yaml_has_mtp_speculative_config_only_with_spec_tokens():
     assert {k: v for k, v in with_spec.items() if k != "speculative_config"} == plain
 
 
-def test_ring_len_follows_the_commit_rule():
-    # commit_ keeps cursor n while n + T <= capacity: capacity L + T - 1 keeps <= L - 1 committed entries
-    assert [speculative.ring_len(16, n) for n in (None, 1, 3, 7)] == [16, 17, 19, 23]
-    assert speculative.ring_len(1, 1) == 2
+def test_ring_len_follows_the_fold_rule():
+    # rings of L + T = L + N + 1 positions: a verify folds when count + 2T > R, so L - T + 1 .. L records at a time
+    assert [speculative.ring_len(16, n) for n in (None, 1, 3, 7)] == [16, 18, 20, 24]
+    assert speculative.ring_len(1, 1) == 3
 
 
 @pytest.mark.parametrize("bad", [0, 8, -1, True, 2.0, "3"])
@@ -59,12 +59,12 @@ def test_memory_plan_prices_rings_for_windows_by_hand():
     base, spec3 = memory_plan.plan(spec, "h200"), memory_plan.plan(spec, "h200", spec_tokens=3)
     assert base.layer.record == spec3.layer.record == record == 17792
     assert (base.ring_len, base.layer.ring, base.spec_tokens) == (16, 16 * 17792, None)
-    assert (spec3.ring_len, spec3.layer.ring, spec3.spec_tokens) == (19, 19 * 17792, 3)
-    assert spec3.ring_bytes_per_gpu == spec3.reserve_bytes_per_gpu == 21 * (19 * 17792 + 8) * 257 == 1824488232
+    assert (spec3.ring_len, spec3.layer.ring, spec3.spec_tokens) == (20, 20 * 17792, 3)
+    assert spec3.ring_bytes_per_gpu == spec3.reserve_bytes_per_gpu == 21 * (20 * 17792 + 8) * 257 == 1920511656
     assert base.ring_bytes_per_gpu == 21 * (16 * 17792 + 8) * 257 == 1536417960
-    assert spec3.per_seq_replay - base.per_seq_replay == 21 * 3 * 17792
+    assert spec3.per_seq_replay - base.per_seq_replay == 21 * 4 * 17792
     assert spec3.per_seq_upstream == base.per_seq_upstream
-    assert spec3.free_gpu_memory_fraction == round(0.9 - 1824488232 / (0.5 * mem), 3) == 0.876
+    assert spec3.free_gpu_memory_fraction == round(0.9 - 1920511656 / (0.5 * mem), 3) == 0.875
     assert base.free_gpu_memory_fraction == 0.88
     assert spec3.step == base.step  # the prediction is standard decode's
 
@@ -111,15 +111,15 @@ def test_spec_bundle_manifest_yaml_and_inspect(tmp_path):
     r = run("build", TINY, "--gpu", "h100", "-o", str(out), "--spec-tokens", "2")
     assert r.exit_code == 0 and "WARNING" not in r.output, r.output
     m = json.loads((out / "manifest.json").read_text())
-    assert m["spec_tokens"] == 2 and m["memory"]["ring_len"] == 18
+    assert m["spec_tokens"] == 2 and m["memory"]["ring_len"] == 19
     from trtllm_replayssm.serving.trtllm import load_settings
     assert load_settings(out / "manifest.json").spec_tokens == 2  # what the module sizes its rings by
     s = m["speculative"]
-    assert (s["spec_tokens"], s["window_tokens"], s["ring_len"], s["served_by"]) == (2, 3, 18, "ReplaySSM MTP verify")
+    assert (s["spec_tokens"], s["window_tokens"], s["ring_len"], s["served_by"]) == (2, 3, 19, "ReplaySSM MTP verify")
     assert s["upstream_mtp_hazard"] is None and "verifies each MTP window from checkpoint + ring" in s["note"]
     assert s["speculative_config"] == yaml.safe_load((out / "trtllm-serve.yaml").read_text())["speculative_config"]
     per = m["memory"]["per_layer_per_seq"]
-    assert per["ring"] == 18 * memory_plan.plan(get_preset(TINY), "h100").layer.record
+    assert per["ring"] == 19 * memory_plan.plan(get_preset(TINY), "h100").layer.record
     table = run("inspect", str(out)).output
     assert "MTP, 2 draft tokens" in table and "ReplaySSM MTP verify" in table and "WARNING" not in table
 

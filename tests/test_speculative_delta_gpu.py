@@ -140,10 +140,10 @@ CASES = [(1, 8, "fp32", torch.float32, 1e-5), (2, 8, "fp32", torch.float32, 1e-5
 @pytest.mark.parametrize("T,L,state_dtype,act,tol", CASES if DEV == "cuda" else [CASES[i] for i in (1, 5, 6, 8)])
 def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, kernel, key_dim=KEY_DIM,
                                          value_heads=4):
-    """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
+    """Rings of L + T records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row (all drafts / only the bonus token in every window), folds at different windows per row,
     the origin wrapping around the ring, slot reuse."""
-    ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))
+    ring_len = max(L + T, spec_cursor.min_ring_len(T))
     prob = problem(family, seed=T * 100 + L, key_dim=key_dim, value_heads=value_heads)
     gen = torch.Generator().manual_seed(T * 7 + L)
     cache, layer = new_layer(prob, ring_len, state_dtype, act, gen)

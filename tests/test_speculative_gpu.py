@@ -66,7 +66,7 @@ WINDOWS = 48 if DEV == "cuda" else 16
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("kernel", list(KERNELS) if DEV == "cuda" else ["reference"])
 def test_verify_and_commit_equal_sequential_decode_of_the_accepted_tokens(H, P, N, G, T, L, state_dtype, kernel):
-    """Rings of L + T - 1 records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
+    """Rings of L + T records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row, folds at different windows per row, a pad row with poisoned outputs, slot reuse, and
     slots of no row left untouched; on a GPU with each verify kernel (KERNELS), on a CPU the reference ops."""
     _check_verify_and_commit(H, P, N, G, T, L, state_dtype, KERNELS.get(kernel, mamba2_spec.VERIFY_TUNING))
@@ -102,7 +102,7 @@ def test_one_launch_verify_with_its_serving_tiles(H, P, N, G, tile, T):
 
 def _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning: Tuning) -> None:
     act = torch.bfloat16
-    ring_len = max(L + T - 1, spec_cursor.min_ring_len(T))
+    ring_len = max(L + T, spec_cursor.min_ring_len(T))
     gen, cache, layer, params = _setup(H, P, N, G, ring_len, state_dtype, act, seed=T * 31 + L)
     truth = Float64Sequential(layer.state.float())
     idx = torch.tensor(SLOT_IDS, dtype=torch.int32, device=DEV)

@@ -591,15 +591,15 @@ def test_stored_state_refusals():
 def test_speculative_cache_rings_and_refusals():
     pool = _unified()
     cache = ModelReplayCache("mamba2", [2, 5, 7], num_k_heads=2, buffer_len=6, act_dtype=torch.float32, spec_tokens=2)
-    assert (cache.window, cache.ring_len) == (3, 8)
-    assert cache.layer(2, pool.get_ssm_states(2)).x_ring.shape[2] == 8  # L + N records
+    assert (cache.window, cache.ring_len) == (3, 9)
+    assert cache.layer(2, pool.get_ssm_states(2)).x_ring.shape[2] == 9  # L + N + 1 records
     with pytest.raises(RuntimeError, match="commit without a verify"):
         cache.commit(torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
     cache.begin_step()
     x = torch.zeros(1, 4, 4, 16)  # a window of 4 > 3 tokens
     with pytest.raises(ValueError, match=r"^step_args: expected windows of 1 to 3 tokens"):
         cache.verify(2, pool.get_ssm_states(2), torch.zeros(1, dtype=torch.int32), x, out=torch.empty(0))
-    with pytest.raises(ValueError, match=r"^buffer_len: windows of 8 tokens need rings of 16 records, L \+ N = 11"):
+    with pytest.raises(ValueError, match=r"^buffer_len: windows of 8 tokens need rings of 16 records, L \+ N \+ 1 = 12"):
         ModelReplayCache("mamba2", [2], num_k_heads=2, buffer_len=4, act_dtype=torch.float32, spec_tokens=7)
     with pytest.raises(ValueError, match=r"^state: speculative verify reads plain checkpoints"):
         ModelReplayCache("mamba2", [2], num_k_heads=2, buffer_len=6, act_dtype=torch.float32,

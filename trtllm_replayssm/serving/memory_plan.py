@@ -2,8 +2,8 @@
 
 Per SSM layer and sequence (TP-local): the checkpoint storage of the layer's StateSpec, rings of L records, the
 per-slot int32 cursor and arrival counter, and upstream's conv state; bytes per decode step from core/byte_model.py.
-With speculative decoding (N draft tokens, windows of T = N + 1) each ring has L + N positions (serving/speculative.py
-derives the size from the commit rule).
+With speculative decoding (N draft tokens, windows of T = N + 1) each ring has L + N + 1 positions
+(serving/speculative.py derives the size from the verify's fold rule).
 
 Served by TensorRT-LLM, the SSM state pool is upstream's, allocated in ``mamba_ssm_cache_dtype`` (fp32/fp16/bf16):
 it holds our plain checkpoint, the master of a dual-mode layer (fp32/fp16/bf16 master), or the codes of an FP8/NVFP4
@@ -106,7 +106,7 @@ class LayerBytes:
 def layer_bytes(spec: ModelSpec, tp_size: int, buffer_len: int, state: byte_model.StateLike | None = None,
                 act_dtype: str = "bf16", spec_tokens: int | None = None) -> LayerBytes:
     """Per-slot bytes of one SSM layer of ``spec`` on one TP rank; ``state``: a StateSpec or a format name (default:
-    the model's plain state dtype); ``spec_tokens``: draft tokens per verify step (rings of L + N records)."""
+    the model's plain state dtype); ``spec_tokens``: draft tokens per verify step (rings of L + N + 1 records)."""
     dims = local_dims(spec, tp_size)
     L = check_buffer_len(buffer_len)
     st = state_spec(spec.ssm_state_dtype if state is None else state)
@@ -130,7 +130,7 @@ class MemoryPlan:
     """Memory plan of a model on one GPU: per-sequence bytes, capacity vs upstream, YAML memory fraction.
 
     ``spec_tokens``: draft tokens per verify step (None: no speculative decoding); ``ring_len``: ring positions per
-    slot (L + N). ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots;
+    slot (L + N + 1). ``ring_bytes_per_gpu``: rings and cursors of ``max_batch_size + 1`` slots;
     ``reserve_bytes_per_gpu``: all of our cache for them (plus our state). ``pool_dtype`` / ``pool_holds``:
     TensorRT-LLM's SSM state pool (see :func:`pool_holds`); ``trtllm_note``: how the pool holds codes, when it does.
     """

@@ -9,11 +9,12 @@ verify step carries ``tokens_per_gen_step = 1 + max_total_draft_tokens`` tokens 
 ``max_draft_len`` (dropped when both are given); older releases read only it and derive ``max_draft_len`` from it.
 The bundle writes both with the same value, so either reading gives N draft tokens.
 
-Ring size: ``commit_`` (core/reference/mamba2.py) keeps a row's cursor ``n = w + accepted`` only while the next
-window of ``T`` tokens still fits (``n + T <= capacity``) and otherwise folds the ``n`` committed entries into the
-checkpoint. A ring of ``L + T - 1 = L + N`` positions therefore keeps at most ``L - 1`` committed entries between
-commits, as standard decode's ring of ``L`` does, and every flush folds ``L .. L + N`` committed tokens, never fewer
-than ``L``; ``N = 0`` is the standard-decode ring.
+Ring size: a verify of ``T`` tokens folds a row's ``count`` committed records into the checkpoint first when this
+window and the next might not fit after them (``count + 2T > R``, core/spec_cursor.py ``folds_before``). A ring of
+``R = L + T = L + N + 1`` positions therefore folds ``L - T + 1 .. L`` committed records at a time (standard decode's
+ring of ``L`` folds ``L``), the ring FlashInfer's ``checkpointing_ssu`` allots a replay window of ``L`` tokens; one
+position fewer folds about a quarter more often at T = 4 (docs/decisions.md, speculative rings); ``N = 0`` is the
+standard-decode ring.
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def check_spec_tokens(spec_tokens: int | None) -> int | None:
 
 
 def ring_len(buffer_len: int, spec_tokens: int | None) -> int:
-    """Ring positions per slot for ring length ``buffer_len`` (L) and windows of ``spec_tokens + 1`` tokens: L + N
-    (module docstring); L without speculative decoding."""
-    return buffer_len + (check_spec_tokens(spec_tokens) or 0)
+    """Ring positions per slot for ring length ``buffer_len`` (L) and windows of ``spec_tokens + 1`` tokens:
+    L + N + 1 (module docstring); L without speculative decoding."""
+    n = check_spec_tokens(spec_tokens)
+    return buffer_len if n is None else buffer_len + n + 1
 
 
 def speculative_config(spec_tokens: int) -> dict[str, object]:

@@ -6,7 +6,7 @@ Protocol as the kernel benchmark (docs/benchmarks.md): the copy ceiling measured
 rotating independent pools (checkpoint + rings, or state + per-draft buffer) inside one CUDA graph of ``steps``
 verify steps x pools; the median of >= 15 graph replays per call. Each row's accepted count is drawn once per case,
 uniformly from 1..T, and stays fixed (a device tensor), so the graph replays the same pattern; cursors start
-staggered (origin and history length by row) over rings of L + T - 1 records, so folds fall on different steps;
+staggered (origin and history length by row) over rings of L + T records, so folds fall on different steps;
 GDN/KDA gate rings are rotated so each row's records from its origin hold falling cumulative log-gates.
 
 With ``peers`` the peers follow in the same process (``peers.build_spec_peer``): for Mamba-2 FlashInfer 0.7.0.post1's
@@ -110,8 +110,8 @@ class SpecRecord:
 
 
 def ring_len(buffer_len: int, window: int) -> int:
-    """Rings of a speculative layer: L + T - 1 records (``build --spec-tokens``), at least 2T."""
-    return max(buffer_len + window - 1, spec_cursor.min_ring_len(window))
+    """Rings of a speculative layer: L + T records (``build --spec-tokens``), at least 2T."""
+    return max(buffer_len + window, spec_cursor.min_ring_len(window))
 
 
 def start_words(batch: int, window: int, ring: int) -> list[int]:
@@ -238,7 +238,7 @@ def run_spec_bench(families: list[str], models: list[str] | None, batches: list[
     if any(w < 1 or w > MAX_WINDOW for w in windows):
         raise ValueError(f"spec_tokens: expected 1..{MAX_WINDOW} tokens per verify, got {windows}")
     if not 1 <= buffer_len <= MAX_BUFFER_LEN or any(ring_len(buffer_len, w) > MAX_BUFFER_LEN for w in windows):
-        raise ValueError(f"buffer_len: rings of L + T - 1 records must fit {MAX_BUFFER_LEN}, got L={buffer_len}, "
+        raise ValueError(f"buffer_len: rings of L + T records must fit {MAX_BUFFER_LEN}, got L={buffer_len}, "
                          f"T={windows}")
     shapes = select_shapes(families, models)
     device = torch.device("cuda", torch.cuda.current_device())

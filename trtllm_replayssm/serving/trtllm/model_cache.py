@@ -96,7 +96,7 @@ class ModelReplayCache:
                                  f"is {state.label}")
             if self.ring_len < spec_cursor.min_ring_len(self.window):
                 raise ValueError(f"buffer_len: windows of {self.window} tokens need rings of "
-                                 f"{spec_cursor.min_ring_len(self.window)} records, L + N = {self.ring_len}")
+                                 f"{spec_cursor.min_ring_len(self.window)} records, L + N + 1 = {self.ring_len}")
         self._verified = 0  # the window of this step's verifies (0: none since the last commit)
         self.cache: ReplayStateCache | None = None
         self.binds = 0  # ring allocations so far (one per upstream pool)
