@@ -2,12 +2,14 @@
 manifest and `inspect` saying who serves it, bad values, and the refusal where upstream's Mamba-2 MTP replay (what
 serves a configuration the module refuses) corrupts state (head_dim 80). Nothing here runs TensorRT-LLM."""
 import json
+import random
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from trtllm_replayssm.cli import main
+from trtllm_replayssm.core import spec_cursor
 from trtllm_replayssm.serving import bundle, memory_plan, speculative
 from trtllm_replayssm.serving.presets import get_preset
 
@@ -42,6 +44,21 @@ def test_ring_len_follows_the_fold_rule():
     # rings of L + T = L + N + 1 positions: a verify folds when count + 2T > R, so L - T + 1 .. L records at a time
     assert [speculative.ring_len(16, n) for n in (None, 1, 3, 7)] == [16, 18, 20, 24]
     assert speculative.ring_len(1, 1) == 3
+
+
+@pytest.mark.parametrize("L,n", [(16, 1), (16, 3), (16, 7), (8, 3), (4, 1)])
+def test_rings_of_l_plus_t_fold_l_minus_t_plus_1_to_l_records(L, n):
+    """With rings of L + T positions every window fits after the history, and each fold (the verify's, before a
+    window: spec_cursor.folds_before) takes L - T + 1 .. L committed records, over random accepted counts."""
+    T, R = n + 1, speculative.ring_len(L, n)
+    gen, count, folded = random.Random(L * 10 + n), 0, []
+    for _ in range(5000):
+        if spec_cursor.folds_before(count, T, R):
+            folded.append(count)
+            count = 0
+        assert count + T <= R
+        count += gen.randint(1, T)
+    assert min(folded) == L - T + 1 and max(folded) == L
 
 
 @pytest.mark.parametrize("bad", [0, 8, -1, True, 2.0, "3"])
