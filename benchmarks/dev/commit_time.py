@@ -1,0 +1,71 @@
+"""Commit kernel times (development only): spec.commit (one layer, batch rows) and spec.commit_layers (48 layers x
+batch rows in one launch), µs per call in CUDA graphs (each call after a cursor reset; the resets alone subtracted),
+medians of 15 replays. LABEL prefixes each line; $TRTLLM_REPLAYSSM_PLUGIN_DIR times another source tree's kernel.
+
+  PYTHONPATH=. python3 benchmarks/dev/commit_time.py LABEL
+"""
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
+
+from trtllm_replayssm.core import spec_cursor
+from trtllm_replayssm.core.ops import spec
+
+WINDOW, RING, CALLS_PER_GRAPH, REPLAYS = 4, 19, 20, 15
+CASES = [(1, 1), (8, 1), (64, 1), (256, 1), (512, 1), (8, 48), (64, 48), (256, 48), (512, 48)]  # (batch, layers)
+
+
+def graph_us(body: Callable[[], None]) -> float:
+    """Median µs per repetition of ``body`` in a CUDA graph of CALLS_PER_GRAPH repetitions."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            body()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            body()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
+    return sorted(times)[REPLAYS // 2]
+
+
+def commit_us(batch: int, layers: int) -> float:
+    """µs of one commit of ``batch`` rows (distinct slots, accepted counts 1..WINDOW) in ``layers`` layers."""
+    words = torch.full((layers, batch), spec_cursor.pack(0, 2), dtype=torch.int32, device="cuda")
+    cursor = words.clone()
+    ids = torch.randperm(batch, device="cuda").int()
+    accepted = torch.randint(1, WINDOW + 1, (batch,), device="cuda", dtype=torch.int32)
+
+    def reset() -> None:
+        cursor.copy_(words)
+
+    def commit() -> None:
+        reset()
+        if layers == 1:
+            spec.commit(SimpleNamespace(cursor=cursor[0], buffer_len=RING), accepted, ids, -1, window=WINDOW)
+        else:
+            spec.commit_layers(cursor, RING, accepted, ids, -1, window=WINDOW)
+
+    return graph_us(commit) - graph_us(reset)
+
+
+def main() -> None:
+    label = sys.argv[1] if len(sys.argv) > 1 else ""
+    for batch, layers in CASES:
+        print(f"{label} commit batch {batch:4d} layers {layers:2d}: {commit_us(batch, layers):6.2f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
