@@ -131,7 +131,7 @@ def test_window_step_has_per_token_fields_by_window_token(shape, per_token):
 def test_rotated_gate_rings_fall_from_each_rows_origin(shape):
     """After the rotation, a row's gate records read from its origin (wrapping) are fill_rings_'s cumulative
     sequence: falling along the whole ring, so every history and window decays with a non-positive exponent."""
-    batch, window, ring = 9, 2, spec.ring_len(4, 2)
+    batch, window, ring = 9, 2, spec_cursor.ring_len(4, 2)
     gen = torch.Generator().manual_seed(0)
     layer = family_of(shape.dims).new_cache(shape.dims, 1, batch + 1, buffer_len=ring, device=CPU).layer(0)
     idx = slot_indices(batch, gen, CPU)
@@ -153,7 +153,7 @@ def test_verify_calls_run_every_family_on_the_cpu_references(shape):
     """Both impls' calls (verify + commit, folds included) on the float32 references: the ops take the window's
     ``op_args()`` and the staggered cursor words."""
     batch, window, gen = 5, 3, torch.Generator().manual_seed(0)
-    ring = spec.ring_len(8, window)
+    ring = spec_cursor.ring_len(8, window)
     step = spec.window_step(shape.dims, batch, window, gen, CPU)
     accepted = torch.randint(1, window + 1, (batch,), generator=gen).to(torch.int32)
     replay, out, _ = spec._replay_calls(shape, batch, "fp32", step, accepted, window, ring, 2, gen, CPU)

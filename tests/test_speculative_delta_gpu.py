@@ -143,7 +143,7 @@ def test_verify_and_commit_match_float64(family, T, L, state_dtype, act, tol, ke
     """Rings of L + T records (as `build --spec-tokens` sizes them; at least 2T); many windows with random
     accepted counts per row (all drafts / only the bonus token in every window), folds at different windows per row,
     the origin wrapping around the ring, slot reuse."""
-    ring_len = max(L + T, spec_cursor.min_ring_len(T))
+    ring_len = spec_cursor.ring_len(L, T)
     prob = problem(family, seed=T * 100 + L, key_dim=key_dim, value_heads=value_heads)
     gen = torch.Generator().manual_seed(T * 7 + L)
     cache, layer = new_layer(prob, ring_len, state_dtype, act, gen)

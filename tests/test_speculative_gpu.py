@@ -102,7 +102,7 @@ def test_one_launch_verify_with_its_serving_tiles(H, P, N, G, tile, T):
 
 def _check_verify_and_commit(H, P, N, G, T, L, state_dtype, tuning: Tuning) -> None:
     act = torch.bfloat16
-    ring_len = max(L + T, spec_cursor.min_ring_len(T))
+    ring_len = spec_cursor.ring_len(L, T)
     gen, cache, layer, params = _setup(H, P, N, G, ring_len, state_dtype, act, seed=T * 31 + L)
     truth = Float64Sequential(layer.state.float())
     idx = torch.tensor(SLOT_IDS, dtype=torch.int32, device=DEV)

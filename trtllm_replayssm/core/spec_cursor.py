@@ -45,6 +45,12 @@ def min_ring_len(window: int) -> int:
     return 2 * window
 
 
+def ring_len(buffer_len: int, window: int) -> int:
+    """Ring records of a layer verified in windows of ``window`` tokens with ring length ``buffer_len`` (L): L + T,
+    so that a fold takes L - T + 1 .. L committed records (serving/speculative.py), at least min_ring_len."""
+    return max(buffer_len + window, min_ring_len(window))
+
+
 def commit_(cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int,
             window: int) -> None:
     """After a verify of ``window`` tokens (the float32 reference of every family's commit): each row's first

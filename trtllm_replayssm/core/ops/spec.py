@@ -62,7 +62,7 @@ def commit(layer: object, accepted: torch.Tensor, state_batch_indices: torch.Ten
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[0],
                            pad_slot_id, cursor.device)
-    _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len, max(1, accepted.shape[0]))
+    _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len, accepted.shape[0])
 
 
 def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
@@ -78,4 +78,4 @@ def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
                            cursor.device)
     offsets = torch.arange(0, layers * slots, slots, dtype=torch.int32, device=cursor.device)[:, None]
     flat = torch.where(idx == pad_slot_id, -1, idx + offsets).reshape(-1)
-    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len, max(1, accepted.shape[0]))
+    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len, accepted.shape[0])

@@ -109,11 +109,6 @@ class SpecRecord:
     rows_per_cta: int = 0
 
 
-def ring_len(buffer_len: int, window: int) -> int:
-    """Rings of a speculative layer: L + T records (``build --spec-tokens``), at least 2T."""
-    return max(buffer_len + window, spec_cursor.min_ring_len(window))
-
-
 def start_words(batch: int, window: int, ring: int) -> list[int]:
     """Staggered cursor words of the batch rows: origin and history length by row, every one a valid start."""
     longest = ring - 2 * window  # a longer history folds at once
@@ -237,7 +232,8 @@ def run_spec_bench(families: list[str], models: list[str] | None, batches: list[
         raise RuntimeError("the speculative benchmark needs a CUDA device; torch.cuda.is_available() is False")
     if any(w < 1 or w > MAX_WINDOW for w in windows):
         raise ValueError(f"spec_tokens: expected 1..{MAX_WINDOW} tokens per verify, got {windows}")
-    if not 1 <= buffer_len <= MAX_BUFFER_LEN or any(ring_len(buffer_len, w) > MAX_BUFFER_LEN for w in windows):
+    if not 1 <= buffer_len <= MAX_BUFFER_LEN or any(spec_cursor.ring_len(buffer_len, w) > MAX_BUFFER_LEN
+                                                    for w in windows):
         raise ValueError(f"buffer_len: rings of L + T records must fit {MAX_BUFFER_LEN}, got L={buffer_len}, "
                          f"T={windows}")
     shapes = select_shapes(families, models)
@@ -279,7 +275,7 @@ def _run_case(shape: BenchShape, batch: int, window: int, sd: str, buffer_len: i
               seed: int, copy_gbps: float, l2: int, skipped: list[dict], device: torch.device,
               log: Callable[[str], None]) -> list[SpecRecord]:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/spec/{shape.model}/{sd}/{window}/{batch}".encode()))
-    ring = ring_len(buffer_len, window)
+    ring = spec_cursor.ring_len(buffer_len, window)
     step = window_step(shape.dims, batch, window, gen, device)
     pattern = torch.randint(1, window + 1, (batch,), generator=gen)
     accepted = pattern.to(torch.int32).to(device)

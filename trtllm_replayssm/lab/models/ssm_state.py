@@ -42,9 +42,7 @@ class SSMStates:
         if spec_tokens < 1 or (impl == "replay" and spec_tokens > buffer_len):
             raise ValueError(f"spec_tokens: expected a window of 1 to buffer_len = {buffer_len} tokens (it must fit "
                              f"the ring), got {spec_tokens}")
-        # Speculative rings hold L + T records, at least 2T (core/spec_cursor.py), as `build --spec-tokens` sizes
-        ring_len = buffer_len if spec_tokens == 1 else max(buffer_len + spec_tokens,
-                                                           spec_cursor.min_ring_len(spec_tokens))
+        ring_len = buffer_len if spec_tokens == 1 else spec_cursor.ring_len(buffer_len, spec_tokens)
         self.family = family_of(dims)
         self.impl, self.replay_mode = impl, replay_mode
         self.num_layers, self.slots, self.buffer_len = num_layers, slots, buffer_len
