@@ -755,6 +755,22 @@ __device__ __forceinline__ float record_delta(const Mamba2Params& p, int slot, i
                       : lane < count + p.window ? current_delta(p, b, h, lane - count) : 0.f;
 }
 
+// Heads a verify prep warp loads Δ and A of at once.
+constexpr int kHeadsAhead = 4;
+
+// Lane l's Δ (record_delta) and the A of this warp's heads first + i kNumWarps (i < kHeadsAhead) of the group's
+// `heads` heads starting at head0 (0 past them).
+__device__ __forceinline__ void load_head_deltas(const Mamba2Params& p, int slot, int b, int head0, int first,
+                                                 int heads, rssm::SpecCursor cur, int lane, float (&d)[kHeadsAhead],
+                                                 float (&a)[kHeadsAhead]) {
+#pragma unroll
+  for (int i = 0; i < kHeadsAhead; ++i) {
+    const int hh = first + i * rssm::kNumWarps;
+    d[i] = hh < heads ? record_delta(p, slot, b, head0 + hh, cur, lane) : 0.f;
+    a[i] = hh < heads ? p.A[head0 + hh] : 0.f;
+  }
+}
+
 // Warp-collective: head h's verify weights (VerifyCoef, ring length R) into `coef` from lane l's Δ `d` of record l
 // (record_delta) and the products bc[tok * kMaxL + j] = B_j · C_tok of the records base .. count + T - 1; a folding
 // verify's history weights first.
@@ -808,17 +824,43 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
   const bool fold = cur.folds_before(T, R);
   const int base = fold ? count : 0;
   const rssm::SpecCursor after{fold ? cur.position(count, R) : cur.origin, fold ? 0 : count};
+  const int heads_per_group = p.nheads / p.ngroups;
+  // Every load of the prep is issued before the first result is used: the first kHeadsAhead heads' Δ and A of this
+  // warp, the records base .. n-1 (the history before base is folded) and the window's C rows, kRecordsPerWarp a warp.
+  float d[kHeadsAhead], a[kHeadsAhead];
+  load_head_deltas(p, slot, b, g * heads_per_group, warp, heads_per_group, cur, lane, d, a);
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
-  for (int j = warp; j < n; j += rssm::kNumWarps) {  // records base .. n-1 (the history before base is folded)
-    const int tok = j - count;
-    if (j < base) continue;
-    float v[kEpl];
-    rssm::load_vec<act_t, kEpl>((tok < 0 ? B_ring + (long long)cur.position(j, R) * N
-                                          : group_vec(p.B, p.s_B_b, p.s_B_g, b, g) + tok * p.s_B_t) + lane * kEpl, v);
+  constexpr int kRecordsPerWarp = rssm::kMaxL / rssm::kNumWarps, kTokensPerWarp = rssm::kMaxWindow / rssm::kNumWarps;
+  rssm::RawVecOf<act_t, kEpl> vb[kRecordsPerWarp], vc[kTokensPerWarp];
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) s_B[j][lane * kEpl + e] = v[e];
-    if (tok >= 0) {
-      rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + tok * p.s_C_t + lane * kEpl, v);
+  for (int i = 0; i < kRecordsPerWarp; ++i) {
+    const int j = warp + i * rssm::kNumWarps, tok = j - count;
+    if (j >= base && j < n)
+      rssm::load_raw<act_t, kEpl>((tok < 0 ? B_ring + (long long)cur.position(j, R) * N
+                                            : group_vec(p.B, p.s_B_b, p.s_B_g, b, g) + tok * p.s_B_t) + lane * kEpl,
+                                  vb[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kTokensPerWarp; ++i) {
+    const int tok = warp + i * rssm::kNumWarps;
+    if (tok < T) rssm::load_raw<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, g) + tok * p.s_C_t + lane * kEpl, vc[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kRecordsPerWarp; ++i) {
+    const int j = warp + i * rssm::kNumWarps;
+    if (j >= base && j < n) {
+      float v[kEpl];
+      rssm::unpack(vb[i], v);
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) s_B[j][lane * kEpl + e] = v[e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kTokensPerWarp; ++i) {
+    const int tok = warp + i * rssm::kNumWarps;
+    if (tok < T) {
+      float v[kEpl];
+      rssm::unpack(vc[i], v);
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) s_C[tok][lane * kEpl + e] = v[e];
     }
@@ -837,14 +879,17 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
     if (lane < T) s_bc[lane][j] = bc;
   }
   __syncthreads();
-  const int heads_per_group = p.nheads / p.ngroups;
-  for (int hh = warp; hh < heads_per_group; hh += rssm::kNumWarps) {  // a warp per head
-    const int h = g * heads_per_group + hh;
-    const float d = record_delta(p, slot, b, h, cur, lane);
-    head_verify_weights(d, p.A[h], count, base, fold, T, R, &s_bc[0][0],
-                        p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R));
-    if (lane >= count && lane < n) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head +
-                                             after.position(after.count + lane - count, R)] = d;
+  for (int hh0 = warp; hh0 < heads_per_group; hh0 += kHeadsAhead * rssm::kNumWarps) {  // a warp per head
+    if (hh0 != warp) load_head_deltas(p, slot, b, g * heads_per_group, hh0, heads_per_group, cur, lane, d, a);
+#pragma unroll
+    for (int i = 0; i < kHeadsAhead; ++i) {
+      const int h = g * heads_per_group + hh0 + i * rssm::kNumWarps;
+      if (hh0 + i * rssm::kNumWarps >= heads_per_group) break;
+      head_verify_weights(d[i], a[i], count, base, fold, T, R, &s_bc[0][0],
+                          p.coef + b * p.s_coef_row + (long long)h * VerifyCoef::floats(R));
+      if (lane >= count && lane < n) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head +
+                                               after.position(after.count + lane - count, R)] = d[i];
+    }
   }
   act_t* B_dst = static_cast<act_t*>(p.B_ring) + slot * p.s_Br_slot + g * p.s_Br_group;
   for (int i = threadIdx.x; i < T * N; i += rssm::kThreads) {
