@@ -104,7 +104,7 @@ def _spec_sample(name: str, gen: torch.Generator) -> tuple:
                                             device=DEV)
     accepted = torch.tensor([1, 2, 2], dtype=torch.int32, device=DEV)
     if name == "spec_commit":
-        return layer.cursor, accepted, idx, -1, T, layer.buffer_len, batch
+        return layer.cursor.unsqueeze(0), accepted, idx, -1, T, layer.buffer_len
     tile = (mamba2_spec.rows_per_cta(layer.state, batch) if family == "mamba2"
             else delta.window_tile(layer.state, batch))
     inter = torch.randn(batch, T, *layer.state.shape[1:], generator=gen).to(DEV)

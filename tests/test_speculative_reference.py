@@ -255,28 +255,30 @@ def test_commit_of_every_layer_at_once_equals_a_commit_per_layer(device):
     assert torch.equal(cursor[:, untouched], before[:, untouched])
 
 
-def _kernel_commit_model(cursor: list[int], accepted: list[int], ids: list[int], group_rows: int, window: int,
-                         ring_len: int) -> list[int]:
-    """What the CUDA commit does: a row commits unless it is a pad row (an id outside the cursors), repeats the slot
-    of an earlier row of its group of ``group_rows`` rows, has a count outside 1..window or a cursor no verify of
-    ``window`` could have run from."""
-    out = list(cursor)
-    for b, (slot, a) in enumerate(zip(ids, accepted)):
-        g0 = b // group_rows * group_rows
-        if not 0 <= slot < len(cursor) or slot in ids[g0:b]:
-            continue
-        if not 1 <= a <= window or not spec_cursor.valid(cursor[slot], window, ring_len):
-            continue
-        origin, count = spec_cursor.unpack(cursor[slot])
-        out[slot] = spec_cursor.pack(origin, count + a)
+def _kernel_commit_model(cursor: list[list[int]], accepted: list[int], ids: list[int], window: int,
+                         ring_len: int) -> list[list[int]]:
+    """What the CUDA commit does in each layer's cursors: a row commits unless it is a pad row (an id outside the
+    cursors), repeats the slot of an earlier row, has a count outside 1..window or a cursor no verify of ``window``
+    could have run from."""
+    out = [list(layer) for layer in cursor]
+    for layer in out:
+        for b, (slot, a) in enumerate(zip(ids, accepted)):
+            if not 0 <= slot < len(layer) or slot in ids[:b]:
+                continue
+            if not 1 <= a <= window or not spec_cursor.valid(layer[slot], window, ring_len):
+                continue
+            origin, count = spec_cursor.unpack(layer[slot])
+            layer[slot] = spec_cursor.pack(origin, count + a)
     return out
 
 
-@pytest.mark.parametrize("batch,layers", [(1, 1), (200, 1), (300, 1), (200, 3), (57, 5)])
-def test_commit_kernel_skips_rows_repeating_a_slot_of_their_layer(batch, layers):
+@pytest.mark.parametrize("batch,layers", [(1, 1), (200, 1), (300, 1), (200, 3), (57, 5), (128, 3), (8, 48),
+                                          (3, 50), (130, 2)])
+def test_commit_kernel_skips_rows_repeating_a_slot(batch, layers):
     """The CUDA commit (spec.commit, spec.commit_layers) against a model of its rule on batches of repeated slot ids,
-    pad rows, bad counts and invalid cursors, over several CTAs and layer groups that do not line up with them: a row
-    repeating the slot of an earlier row of its layer moves nothing, every other valid row commits."""
+    pad rows, ids outside the pool (-2, slots, slots + 1), bad counts and invalid cursors, over CTAs that hold part of
+    a layer's rows, exactly a layer's rows or rows of several layers: a row repeating the slot of an earlier row moves
+    nothing in any layer, an id outside the pool is a pad row in every layer, every other valid row commits."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from trtllm_replayssm.core.ops import spec
@@ -284,18 +286,20 @@ def test_commit_kernel_skips_rows_repeating_a_slot_of_their_layer(batch, layers)
     gen = torch.Generator().manual_seed(batch * 10 + layers)
     T, R = 4, 19
     slots = batch // 2 + 3
-    words = [spec_cursor.pack(int(o), int(c)) for o, c in zip(torch.randint(0, R, (layers * slots,), generator=gen),
-                                                              torch.randint(0, R - T + 2, (layers * slots,),
-                                                                            generator=gen))]
+    words = [[spec_cursor.pack(int(o), int(c)) for o, c in zip(
+        torch.randint(0, R, (slots,), generator=gen), torch.randint(0, R - T + 2, (slots,), generator=gen))]
+        for _ in range(layers)]
     ids = torch.randint(-1, slots, (batch,), generator=gen, dtype=torch.int32)  # -1: a pad row
     ids[torch.rand(batch, generator=gen) < 0.1] = PAD
+    outside = torch.rand(batch, generator=gen) < 0.05
+    ids[outside] = torch.tensor([-2, slots, slots + 1], dtype=torch.int32)[
+        torch.randint(0, 3, (int(outside.sum()),), generator=gen)]
     accepted = torch.randint(0, T + 2, (batch,), generator=gen, dtype=torch.int32)  # 0 and T + 1: bad counts
-    got = torch.tensor(words, dtype=torch.int32, device="cuda").view(layers, slots)
+    got = torch.tensor(words, dtype=torch.int32, device="cuda")
     if layers == 1:
         spec.commit(SimpleNamespace(cursor=got[0], buffer_len=R), accepted.cuda(), ids.cuda(), PAD, window=T)
     else:
         spec.commit_layers(got, R, accepted.cuda(), ids.cuda(), PAD, window=T)
-    flat_ids = [i + layer * slots if i != PAD else PAD for layer in range(layers) for i in ids.tolist()]
-    expected = _kernel_commit_model(words, accepted.tolist() * layers, flat_ids, batch, T, R)
-    assert got.view(-1).tolist() == expected
+    expected = _kernel_commit_model(words, accepted.tolist(), ids.tolist(), T, R)
+    assert got.tolist() == expected
     assert expected != words  # some rows committed

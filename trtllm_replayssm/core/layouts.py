@@ -136,11 +136,11 @@ MAMBA2_PARAMS = ParamLayout("Mamba2Params", """  void* state;            // [slo
   int l2_hints;             // state kernels: 1 = hint L2 for the guessed slot before the wait (LaunchPlan.l2_hints)""")
 
 # plugins/spec_commit.cu: the speculative commit of every family
-SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [slots] rssm::SpecCursor words
-  const int* accepted;    // [b] accepted tokens per row (1..window)
-  const int* slot_idx;    // [b]
+SPEC_COMMIT_PARAMS = ParamLayout("SpecCommitParams", """  int* cursor;            // [layers, slots] rssm::SpecCursor words, contiguous
+  const int* accepted;    // [batch] accepted tokens per row (1..window), the same in every layer
+  const int* slot_idx;    // [batch] each row's slot in every layer
   int batch, pad_slot_id, slots, window, ring_len;
-  int group_rows;         // rows per group (a layer's rows); only rows of one group can name the same slot""")
+  int layers;             // cursor rows: thread t commits row t % batch of layer t / batch""")
 
 # plugins/delta_rule_decode.cu: one by-value struct for every GDN and KDA kernel
 DELTA_PARAMS = ParamLayout("DeltaParams", """  void* state;            // [slots, HV, V, K]

@@ -33,20 +33,22 @@ def check_window(window: object, ring_len: int) -> int:
 
 
 def _commit_cpu(cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: torch.Tensor, pad_slot_id: int,
-                window: int, ring_len: int, group_rows: int) -> None:
-    spec_cursor.commit_(cursor, accepted, state_batch_indices, pad_slot_id, window)
+                window: int, ring_len: int) -> None:
+    for layer_cursor in cursor:
+        spec_cursor.commit_(layer_cursor, accepted, state_batch_indices, pad_slot_id, window)
 
 
-def _commit_cuda(cursor, accepted, state_batch_indices, pad_slot_id, window, ring_len, group_rows) -> None:
+def _commit_cuda(cursor, accepted, state_batch_indices, pad_slot_id, window, ring_len) -> None:
+    layers, slots = cursor.shape
     batch = state_batch_indices.shape[0]
-    if batch == 0:
+    if batch == 0 or layers == 0:
         return
     params = SPEC_COMMIT_PARAMS.pack(cursor=ptr(cursor), accepted=ptr(accepted), slot_idx=ptr(state_batch_indices),
-                                     batch=batch, pad_slot_id=pad_slot_id, slots=cursor.shape[0], window=window,
-                                     ring_len=ring_len, group_rows=group_rows)
+                                     batch=batch, pad_slot_id=pad_slot_id, slots=slots, window=window,
+                                     ring_len=ring_len, layers=layers)
     threads = STATE_BLOCK[0]
-    launch(get_kernel(KERNEL_CONFIG, KERNEL, cursor.device), ((batch + threads - 1) // threads, 1, 1), STATE_BLOCK,
-           params)
+    launch(get_kernel(KERNEL_CONFIG, KERNEL, cursor.device), ((layers * batch + threads - 1) // threads, 1, 1),
+           STATE_BLOCK, params)
 
 
 _commit_op = define_op("spec_commit", ("cursor",), _commit_cpu, _commit_cuda)
@@ -57,25 +59,19 @@ def commit(layer: object, accepted: torch.Tensor, state_batch_indices: torch.Ten
     """After a verify of ``window`` tokens on ``layer`` (any family's layer cache): row b keeps its first
     ``accepted[b]`` window tokens ([b] int32 on the layer's device, 1..window, the bonus token counted). On CUDA a
     row with a count outside 1..window keeps its cursor (the CPU reference raises)."""
-    cursor = layer.cursor
-    check_window(window, layer.buffer_len)
-    chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[0],
-                           pad_slot_id, cursor.device)
-    _commit_op(cursor, accepted, idx, pad_slot_id, window, layer.buffer_len, accepted.shape[0])
+    commit_layers(layer.cursor.unsqueeze(0), layer.buffer_len, accepted, state_batch_indices, pad_slot_id, window)
 
 
 def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
-                  state_batch_indices: torch.Tensor, pad_slot_id: int = -1, window: int = 1) -> None:
-    """:func:`commit` of every layer of a cache in one launch: ``cursor`` [layers, slots] (``ReplayStateCache.cursor``,
-    rings of ``ring_len`` records), each row's slot in every layer; the cursor rows are one flat row of slots, the
-    row ids offset by layer (pad rows stay pad rows), a group of rows per layer (the kernel's repeated-slot test stays
-    within a layer's rows)."""
+                  state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1, window: int = 1) -> None:
+    """:func:`commit` of every layer of a cache in one launch: ``cursor`` [layers, slots] int32, contiguous
+    (``ReplayStateCache.cursor``, rings of ``ring_len`` records); row b names slot ``state_batch_indices[b]`` in
+    every layer."""
     check_window(window, ring_len)
-    layers, slots = cursor.shape
+    chk.check_tensor("cursor", cursor, (None, None), (torch.int32,), cursor.device)
+    if not cursor.is_contiguous():
+        raise ValueError(f"cursor: expected a contiguous [layers, slots] tensor, got strides {tuple(cursor.stride())}")
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], slots, pad_slot_id,
-                           cursor.device)
-    offsets = torch.arange(0, layers * slots, slots, dtype=torch.int32, device=cursor.device)[:, None]
-    flat = torch.where(idx == pad_slot_id, -1, idx + offsets).reshape(-1)
-    _commit_op(cursor.view(-1), accepted.repeat(layers), flat, -1, window, ring_len, accepted.shape[0])
+    idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[1],
+                           pad_slot_id, cursor.device)
+    _commit_op(cursor, accepted, idx, pad_slot_id, window, ring_len)
