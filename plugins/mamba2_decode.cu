@@ -795,6 +795,14 @@ __device__ __forceinline__ void head_verify_weights(float d, float a, int count,
   }
 }
 
+// Lane `lane`'s kEpl columns of a row, loaded raw, into that row of a shared float matrix.
+__device__ __forceinline__ void store_lane_columns(const rssm::RawVecOf<act_t, kEpl>& raw, float (&row)[N], int lane) {
+  float v[kEpl];
+  rssm::unpack(raw, v);
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) row[lane * kEpl + e] = v[e];
+}
+
 }  // namespace
 
 // Verify step 1, grid (batch, ngroups), 128 threads: per (row, group) the products B_j · C_t of every record the
@@ -848,22 +856,12 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) mamba2_verify_prep_
 #pragma unroll
   for (int i = 0; i < kRecordsPerWarp; ++i) {
     const int j = warp + i * rssm::kNumWarps;
-    if (j >= base && j < n) {
-      float v[kEpl];
-      rssm::unpack(vb[i], v);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) s_B[j][lane * kEpl + e] = v[e];
-    }
+    if (j >= base && j < n) store_lane_columns(vb[i], s_B[j], lane);
   }
 #pragma unroll
   for (int i = 0; i < kTokensPerWarp; ++i) {
     const int tok = warp + i * rssm::kNumWarps;
-    if (tok < T) {
-      float v[kEpl];
-      rssm::unpack(vc[i], v);
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) s_C[tok][lane * kEpl + e] = v[e];
-    }
+    if (tok < T) store_lane_columns(vc[i], s_C[tok], lane);
   }
   __syncthreads();
   for (int j = base + warp; j < n; j += rssm::kNumWarps) {  // B_j · C_t, a warp per record
