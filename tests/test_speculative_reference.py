@@ -295,6 +295,9 @@ def test_commit_kernel_skips_rows_repeating_a_slot(batch, layers):
     ids[outside] = torch.tensor([-2, slots, slots + 1], dtype=torch.int32)[
         torch.randint(0, 3, (int(outside.sum()),), generator=gen)]
     accepted = torch.randint(0, T + 2, (batch,), generator=gen, dtype=torch.int32)  # 0 and T + 1: bad counts
+    ids[0], accepted[0] = 0, 1  # row 0 commits in every layer
+    for layer in words:
+        layer[0] = spec_cursor.pack(0, 1)
     got = torch.tensor(words, dtype=torch.int32, device="cuda")
     if layers == 1:
         spec.commit(SimpleNamespace(cursor=got[0], buffer_len=R), accepted.cuda(), ids.cuda(), PAD, window=T)
