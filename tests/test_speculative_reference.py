@@ -255,6 +255,21 @@ def test_commit_of_every_layer_at_once_equals_a_commit_per_layer(device):
     assert torch.equal(cursor[:, untouched], before[:, untouched])
 
 
+def test_commit_layers_names_a_bad_cursor():
+    """commit_layers takes [layers, slots] int32 cursors, contiguous; anything else is refused, naming ``cursor``."""
+    from trtllm_replayssm.core.ops import spec
+
+    accepted, idx = torch.ones(2, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^cursor: the last 2 dim\(s\) must be contiguous"):
+        spec.commit_layers(torch.zeros(4, 3, dtype=torch.int32).t(), 8, accepted, idx, window=2)
+    with pytest.raises(ValueError, match=r"^cursor: expected shape \[\*, \*\]"):
+        spec.commit_layers(torch.zeros(3, dtype=torch.int32), 8, accepted, idx, window=2)
+    with pytest.raises(TypeError, match=r"^cursor: expected dtype"):
+        spec.commit_layers(torch.zeros(2, 3, dtype=torch.int64), 8, accepted, idx, window=2)
+    with pytest.raises(TypeError, match=r"^cursor: expected a torch.Tensor"):
+        spec.commit_layers([[0, 0]], 8, accepted, idx, window=2)
+
+
 def _kernel_commit_model(cursor: list[list[int]], accepted: list[int], ids: list[int], window: int,
                          ring_len: int) -> list[list[int]]:
     """What the CUDA commit does in each layer's cursors: a row commits unless it is a pad row (an id outside the

@@ -68,9 +68,7 @@ def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
     (``ReplayStateCache.cursor``, rings of ``ring_len`` records); row b names slot ``state_batch_indices[b]`` in
     every layer."""
     check_window(window, ring_len)
-    chk.check_tensor("cursor", cursor, (None, None), (torch.int32,), cursor.device)
-    if not cursor.is_contiguous():
-        raise ValueError(f"cursor: expected a contiguous [layers, slots] tensor, got strides {tuple(cursor.stride())}")
+    chk.check_tensor("cursor", cursor, (None, None), (torch.int32,), inner_contiguous=2)
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
     idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[1],
                            pad_slot_id, cursor.device)
