@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [crossovers] [spec]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [quant-speed] [crossovers] [spec]
 #     [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
@@ -153,6 +153,17 @@ if has quant-bench; then  # issue 23's small batches: every stored spec beside f
     --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-${gpu}-quant-small.json" \
     > "$OUT/bench_quant.log" 2>&1
   rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-${gpu}-quant-small.json"
+fi
+if has quant-speed; then  # issue 23's batch 256: every stored spec beside fp32, whole cycles and non-flush steps
+  qs_models=nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b
+  qs_specs=fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16
+  bounded 200 python3 build_scripts/precompile_test_kernels.py --models "$qs_models" --specs "$qs_specs" \
+    > "$OUT/precompile_quant_speed.log" 2>&1
+  rc=$?; record "precompile stored-spec modules" $rc "$(tail -n 1 "$OUT/precompile_quant_speed.log")"
+  bounded "${QUANT_SPEED_TIMEOUT:-400}" python3 benchmarks/dev/quant_speed.py -o "$OUT/quant-speed-batch256-${gpu}.json" \
+    --batches 256 --impls replay --phases cycle,nonflush --specs "$qs_specs" --models "$qs_models" \
+    > "$OUT/quant_speed.log" 2>&1
+  rc=$?; record "quant_speed, stored specs, batch 256" $rc "$OUT/quant-speed-batch256-${gpu}.json"
 fi
 if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
   # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`)
