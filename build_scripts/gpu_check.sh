@@ -147,21 +147,22 @@ if has bench; then  # fp32 state at every batch first, then bf16 state at servin
     rc=$?; record "bench kernels fp8 (Super)" $rc "$OUT/kernels-${gpu}-fp8.json"
   fi
 fi
+# the stored specs beside fp32 and the models of the quantized-state benchmarks (quant-bench, quant-speed)
+QUANT_SPECS=fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16
+QUANT_MODELS=nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b
 if has quant-bench; then  # issue 23's small batches: every stored spec beside fp32 at batch 1 and 8, each family
   bounded "${QUANT_BENCH_TIMEOUT:-540}" python3 -m trtllm_replayssm bench kernels --no-peers \
-    --state-format fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16 --batch "${QUANT_BENCH_BATCH:-1,8}" \
-    --models nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b -o "$OUT/kernels-${gpu}-quant-small.json" \
+    --state-format "$QUANT_SPECS" --batch "${QUANT_BENCH_BATCH:-1,8}" \
+    --models "$QUANT_MODELS" -o "$OUT/kernels-${gpu}-quant-small.json" \
     > "$OUT/bench_quant.log" 2>&1
   rc=$?; record "bench kernels, stored specs, batch 1 and 8" $rc "$OUT/kernels-${gpu}-quant-small.json"
 fi
 if has quant-speed; then  # issue 23's batch 256: every stored spec beside fp32, whole cycles and non-flush steps
-  qs_models=nemotron-3-super-120b,nemotron-3-nano-4b,qwen3.5-4b,kimi-linear-48b
-  qs_specs=fp32,fp8,nvfp4,fp8/dual/fp32,nvfp4/dual/fp16
-  bounded 200 python3 build_scripts/precompile_test_kernels.py --models "$qs_models" --specs "$qs_specs" \
+  bounded 200 python3 build_scripts/precompile_test_kernels.py --models "$QUANT_MODELS" --specs "$QUANT_SPECS" \
     > "$OUT/precompile_quant_speed.log" 2>&1
   rc=$?; record "precompile stored-spec modules" $rc "$(tail -n 1 "$OUT/precompile_quant_speed.log")"
   bounded "${QUANT_SPEED_TIMEOUT:-400}" python3 benchmarks/dev/quant_speed.py -o "$OUT/quant-speed-batch256-${gpu}.json" \
-    --batches 256 --impls replay --phases cycle,nonflush --specs "$qs_specs" --models "$qs_models" \
+    --batches 256 --impls replay --phases cycle,nonflush --specs "$QUANT_SPECS" --models "$QUANT_MODELS" \
     > "$OUT/quant_speed.log" 2>&1
   rc=$?; record "quant_speed, stored specs, batch 256" $rc "$OUT/quant-speed-batch256-${gpu}.json"
 fi
