@@ -270,6 +270,27 @@ def test_commit_layers_names_a_bad_cursor():
         spec.commit_layers([[0, 0]], 8, accepted, idx, window=2)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_commit_skips_ids_outside_the_pool_and_repeated_slots(device):
+    """The commit takes decode-row ids as serving hands them over (CUDA-graph padding rows repeat a dummy slot, ids
+    may be negative or past the pool): on every device a row commits nothing when its slot repeats an earlier row's
+    or lies outside [0, slots); the first row of a repeated slot commits."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trtllm_replayssm.core.ops import spec
+
+    T, R, layers, slots = 3, 9, 2, 5
+    words = [[spec_cursor.pack(o, c) for o, c in zip([0, 3, 8, 1, 5], [1, 0, 2, 4, 3])] for _ in range(layers)]
+    ids = [3, 3, -2, 0, slots, 3, PAD, 0, slots + 7]
+    accepted = [2, 1, 3, 3, 1, 2, 1, 1, 2]
+    cursor = torch.tensor(words, dtype=torch.int32, device=device)
+    spec.commit_layers(cursor, R, torch.tensor(accepted, dtype=torch.int32, device=device),
+                       torch.tensor(ids, dtype=torch.int32, device=device), PAD, window=T)
+    expected = _kernel_commit_model(words, accepted, ids, T, R)
+    assert cursor.tolist() == expected
+    assert [spec_cursor.unpack(w)[1] for w in expected[0]] == [1 + 3, 0, 2, 4 + 2, 3]  # slots 0 and 3: first rows
+
+
 def _kernel_commit_model(cursor: list[list[int]], accepted: list[int], ids: list[int], window: int,
                          ring_len: int) -> list[list[int]]:
     """What the CUDA commit does in each layer's cursors: a row commits unless it is a pad row (an id outside the

@@ -55,11 +55,15 @@ def commit_(cursor: torch.Tensor, accepted: torch.Tensor, state_batch_indices: t
             window: int) -> None:
     """After a verify of ``window`` tokens (the float32 reference of every family's commit): each row's first
     ``accepted[b]`` window tokens (1 .. window, the bonus token counted) join its committed history; the rest are
-    never read again. Pad rows touch no slot."""
+    never read again. A row commits nothing where its id is ``pad_slot_id`` or outside ``[0, slots)``, or repeats
+    the slot of an earlier row (the rule of the CUDA commit, so that serving passes upstream's decode-row ids, whose
+    CUDA-graph padding rows repeat a dummy slot, as they are)."""
+    seen: set[int] = set()
     for b in range(state_batch_indices.shape[0]):
         slot = int(state_batch_indices[b])
-        if slot == pad_slot_id:
+        if slot == pad_slot_id or not 0 <= slot < cursor.shape[0] or slot in seen:
             continue
+        seen.add(slot)
         a = int(accepted[b])
         if not 1 <= a <= window:
             raise ValueError(f"accepted: expected 1..{window} per row (the bonus token included), got {a} in row {b}")

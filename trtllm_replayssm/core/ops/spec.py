@@ -58,7 +58,8 @@ def commit(layer: object, accepted: torch.Tensor, state_batch_indices: torch.Ten
            pad_slot_id: int = -1, window: int = 1) -> None:
     """After a verify of ``window`` tokens on ``layer`` (any family's layer cache): row b keeps its first
     ``accepted[b]`` window tokens ([b] int32 on the layer's device, 1..window, the bonus token counted). On CUDA a
-    row with a count outside 1..window keeps its cursor (the CPU reference raises)."""
+    row with a count outside 1..window keeps its cursor (the CPU reference raises); rows whose ids are outside the
+    slots or repeat an earlier row's commit nothing (:func:`commit_layers`)."""
     commit_layers(layer.cursor.unsqueeze(0), layer.buffer_len, accepted, state_batch_indices, pad_slot_id, window)
 
 
@@ -66,10 +67,15 @@ def commit_layers(cursor: torch.Tensor, ring_len: int, accepted: torch.Tensor,
                   state_batch_indices: torch.Tensor | None = None, pad_slot_id: int = -1, window: int = 1) -> None:
     """:func:`commit` of every layer of a cache in one launch: ``cursor`` [layers, slots] int32, contiguous
     (``ReplayStateCache.cursor``, rings of ``ring_len`` records); row b names slot ``state_batch_indices[b]`` in
-    every layer."""
+    every layer. Unlike the decode ops' ids, these may break the row contract: a row whose id is outside
+    ``[0, slots)`` or repeats an earlier row's slot commits nothing, on every device (``spec_cursor.commit_``)."""
     check_window(window, ring_len)
     chk.check_tensor("cursor", cursor, (None, None), (torch.int32,), inner_contiguous=2)
     chk.check_tensor("accepted", accepted, (None,), (torch.int32,), cursor.device)
-    idx = chk.slot_indices("state_batch_indices", state_batch_indices, accepted.shape[0], cursor.shape[1],
-                           pad_slot_id, cursor.device)
+    if state_batch_indices is None:
+        idx = chk.slot_indices("state_batch_indices", None, accepted.shape[0], cursor.shape[1], pad_slot_id,
+                               cursor.device)
+    else:
+        idx = chk.check_tensor("state_batch_indices", state_batch_indices, accepted.shape, (torch.int32,),
+                               cursor.device)
     _commit_op(cursor, accepted, idx, pad_slot_id, window, ring_len)

@@ -258,12 +258,13 @@ class ModelReplayCache:
         """After the verifies of a step: decode row ``b`` keeps its first ``accepted[b]`` window tokens (1..T, the
         bonus token counted) in every layer, a cursor move in one launch (``core/ops/spec.py`` commit_layers: on
         CUDA a count outside 1..T keeps the row's cursor, the CPU reference raises). ``decode_state_indices``: the
-        rows' slots as
-        :meth:`decode_slots` takes them (a repeated slot, a padding row, is skipped). Device-side, no host sync."""
+        rows' slots as :meth:`decode_slots` takes them, passed to the commit as they are: it skips a row whose slot
+        repeats an earlier row's (a padding row) or lies outside the pool itself. Device-side, no host sync."""
         if not self._verified:
             raise RuntimeError("trtllm-replayssm: commit without a verify since the last commit")
-        slots = decode_slot_ids(decode_state_indices, self.cache.slots)
-        counts = accepted.to(device=self.cache.cursor.device, dtype=torch.int32)
+        device = self.cache.cursor.device
+        slots = decode_state_indices.to(device=device, dtype=torch.int32)
+        counts = accepted.to(device=device, dtype=torch.int32)
         spec.commit_layers(self.cache.cursor, self.cache.buffer_len, counts, slots, PAD_SLOT_ID, window=self._verified)
         self._verified = 0
 
