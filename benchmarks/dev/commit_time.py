@@ -6,7 +6,7 @@ $TRTLLM_REPLAYSSM_PLUGIN_DIR times another source tree's kernel.
 
   PYTHONPATH=. python3 benchmarks/dev/commit_time.py LABEL [--slot-ids]
 """
-import sys
+import argparse
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -67,11 +67,14 @@ def commit_us(batch: int, layers: int, slot_ids: bool = False) -> float:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--slot-ids"]
-    label = args[0] if args else ""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("label", nargs="?", default="", help="prefix of every line")
+    ap.add_argument("--slot-ids", action="store_true", help="also the 48-layer commit after decode_slot_ids")
+    args = ap.parse_args()
+    label = args.label
     for batch, layers in CASES:
         print(f"{label} commit batch {batch:4d} layers {layers:2d}: {commit_us(batch, layers):6.2f} us", flush=True)
-        if "--slot-ids" in sys.argv and layers > 1:
+        if args.slot_ids and layers > 1:
             print(f"{label} decode_slot_ids + commit batch {batch:4d} layers {layers:2d}: "
                   f"{commit_us(batch, layers, slot_ids=True):6.2f} us", flush=True)
 
