@@ -143,7 +143,7 @@ class ServingLoop:
                     continue
                 layer = cache.layer(layer_id, self.pool.get_ssm_states(layer_id))
                 self.fam.replay_decode(layer, *args, state_batch_indices=cache.decode_slots(decode_idx),
-                                       out=outs[i], **kwargs)
+                                       out=outs[i], plan=cache.decode_plan(layer, decode_idx.shape[0]), **kwargs)
         finally:
             cache.end_step()
 

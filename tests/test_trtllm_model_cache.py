@@ -109,6 +109,30 @@ def test_decode_slots_once_per_step_and_only_inside_one():
     assert cache.decode_slots(torch.tensor([0, 1, 2], dtype=torch.int32)).tolist() == [0, 1, 2]
 
 
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_served_decode_launches_the_state_kernels_plainly(family):
+    """decode_plan: the shipped ``auto`` plan (mode, tile, grid) with the state kernels launched plainly and no L2
+    hints, where the shipped plan launches them as programmatic dependents (small batches on an H200)."""
+    from trtllm_replayssm.core.families import get_family
+    from trtllm_replayssm.core.plans import Device, Launch
+
+    h200 = Device(132, 9)
+    _, shape, k_heads, _ = _served_geometry(family)
+    pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
+    cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
+    layer = cache.layer(2, pool.get_ssm_states(2))
+    programmatic_before = []
+    for rows in (1, 8, 64, 256):
+        served = cache.decode_plan(layer, rows, device=h200)
+        shipped = get_family(family).replay_plan(layer, rows, "auto", device=h200)
+        programmatic_before.append(shipped.programmatic)
+        assert (served.mode, served.rows_per_cta, served.grid) == (shipped.mode, shipped.rows_per_cta, shipped.grid)
+        assert not served.programmatic and not served.l2_hints
+        launch = Launch.from_words(served.words)
+        assert not launch.programmatic and not launch.l2_hints
+    assert programmatic_before[0]  # the shipped plan at batch 1 is a programmatic one: the served plan differs there
+
+
 def test_decode_rows_are_views_of_one_buffer():
     pool = _unified()
     cache = ModelReplayCache("mamba2", [2, 5], num_k_heads=2, buffer_len=4, act_dtype=torch.bfloat16)

@@ -130,7 +130,8 @@ class ReplayMamba2Mixer(Mamba2Mixer):
                                     D=per_head(D, 1, "D"), z=kw.get("z"),
                                     dt_bias=per_head(kw.get("dt_bias"), 1, "dt_bias"),
                                     dt_softplus=kw.get("dt_softplus", True), state_batch_indices=slots,
-                                    pad_slot_id=PAD_SLOT_ID, out=kw.get("out"), mode="auto")
+                                    pad_slot_id=PAD_SLOT_ID, out=kw.get("out"),
+                                    plan=self._rs_cache.decode_plan(layer, x.shape[0]))
 
 
 class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
@@ -179,7 +180,8 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         layer = self._rs_cache.layer(self.layer_idx, ssm_states)
         slots = self._rs_cache.decode_slots(kwargs["cache_indices"])
         gdn.replay_decode(layer, q, k, v, kwargs["a"], kwargs["b"], self.A_log, self.dt_bias, scale=None,
-                          state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=out, mode="auto")
+                          state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=out,
+                          plan=self._rs_cache.decode_plan(layer, rows))
         return out.view(1, rows, self.num_v_heads_per_tp, self.head_v_dim)
 
     def forward_extend(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, spec_metadata: Any = None,
@@ -273,7 +275,7 @@ if KimiKDALinearAttention is not None:
             kda.replay_decode(layer, q, k, v, g, beta, a_log, dt_bias, lower_bound=self.gate_lower_bound,
                               scale=self.head_k_dim ** -0.5,
                               state_batch_indices=self._rs_cache.decode_slots(slot_indices),
-                              pad_slot_id=PAD_SLOT_ID, out=o, mode="auto")
+                              pad_slot_id=PAD_SLOT_ID, out=o, plan=self._rs_cache.decode_plan(layer, q.shape[0]))
             # [B, 1, hidden], as upstream's decode fallback passes it
             return self._store_core(self._output_gate(x2d.unsqueeze(1), o), output)
 

@@ -42,6 +42,7 @@ from trtllm_replayssm.core.families import get_family
 from trtllm_replayssm.core.formats import StateSpec
 from trtllm_replayssm.core.limits import check_buffer_len
 from trtllm_replayssm.core.ops import spec
+from trtllm_replayssm.core.plans import Device, LaunchPlan, Tuning
 from trtllm_replayssm.serving.speculative import check_spec_tokens, ring_len
 from trtllm_replayssm.serving.trtllm.core import PAD_SLOT_ID, commit_conv_windows, decode_slot_ids
 
@@ -63,14 +64,20 @@ class PoolKey:
         return cls(state.data_ptr(), tuple(state.shape), tuple(state.stride()), state.dtype, state.device)
 
 
+# TensorRT-LLM launches the kernel before each SSM decode op (its causal_conv1d_update) plainly, so it never lets a
+# dependent start early; behind such a kernel the state kernels run faster launched plainly too (docs/decisions.md,
+# "Served decode launches the state kernels plainly").
+SERVING_TUNING = Tuning(programmatic_state=False)
+
+
 class ModelReplayCache:
     """Replay state of one model's SSM layers of one family (``layer_ids``: TensorRT-LLM's global layer indices).
 
     ``num_k_heads``: TP-local group count (Mamba-2 ``n_groups``, GDN key heads; KDA ignores it). ``state``: the
     bundle's checkpoint spec (None: plain, in the pool's dtype). ``spec_tokens``: MTP draft tokens (None: standard
     decode; module docstring). Per model forward: :meth:`begin_step`, then per layer :meth:`layer` and
-    :meth:`decode_slots` (and :meth:`prefill_written` after a prefill), and :meth:`end_step`; with ``spec_tokens``
-    :meth:`verify` per layer and :meth:`commit` after the forward.
+    :meth:`decode_slots` and :meth:`decode_plan` (and :meth:`prefill_written` after a prefill), and :meth:`end_step`;
+    with ``spec_tokens`` :meth:`verify` per layer and :meth:`commit` after the forward.
     """
 
     def __init__(self, family: str, layer_ids: Sequence[int], num_k_heads: int, buffer_len: int,
@@ -220,6 +227,11 @@ class ModelReplayCache:
         if self._step_slots is None:
             self._step_slots = decode_slot_ids(decode_state_indices, self.cache.slots)
         return self._step_slots
+
+    def decode_plan(self, layer: Any, rows: int, device: Device | None = None) -> LaunchPlan:
+        """The launch plan of a standard decode step of ``rows`` decode rows on ``layer`` (mode ``auto``) with
+        :data:`SERVING_TUNING` (``device``: the GPU to plan for, default the layer's)."""
+        return self.family.replay_plan(layer, rows, "auto", SERVING_TUNING, device)
 
     # ------------------------------------------------------------------ speculative decoding
     def decode_rows(self, num_decodes: int) -> torch.Tensor:
