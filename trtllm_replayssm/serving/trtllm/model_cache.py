@@ -220,12 +220,18 @@ class ModelReplayCache:
             checkpoint.store_(ids, checkpoint.fold_values(ids), write_master=False)
 
     def decode_slots(self, decode_state_indices: torch.Tensor) -> torch.Tensor:
-        """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks)."""
+        """``state_batch_indices`` of this step's decode rows for the ops (computed by the first layer that asks). On
+        CUDA upstream's ids as int32: the decode and verify kernels skip a row whose id is outside the pool or repeats
+        an earlier row's slot (CUDA-graph padding rows on the dummy's slot) with zero outputs, as they skip pad rows
+        (docs/design.md, rows a step skips). On the CPU, whose references refuse such ids, :func:`decode_slot_ids`
+        maps them to the pad id first: the same outputs."""
         self._check_in_step("decode_slots")
         if self.cache is None:
             raise RuntimeError("trtllm-replayssm: decode_slots before any layer bound the rings")
         if self._step_slots is None:
-            self._step_slots = decode_slot_ids(decode_state_indices, self.cache.slots)
+            self._step_slots = (decode_state_indices.to(torch.int32).contiguous()
+                                if decode_state_indices.is_cuda else
+                                decode_slot_ids(decode_state_indices, self.cache.slots))
         return self._step_slots
 
     def decode_plan(self, layer: Any, rows: int, device: Device | None = None) -> LaunchPlan:
