@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [quant-speed] [crossovers] [spec]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [quant-speed] [crossovers] [launch] [spec]
 #     [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
@@ -173,6 +173,11 @@ if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw 
     --specs "$cross_specs" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \
     --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" > "$OUT/crossovers.log" 2>&1
   rc=$?; record "crossover sweep $cross_specs" $rc "$(tail -n 1 "$OUT/crossovers.log")"
+fi
+if has launch; then  # batch 1 and 8: our launch variants beside the peers, alone and behind a plain kernel (the served case)
+  bounded "${LAUNCH_TIMEOUT:-330}" python3 benchmarks/dev/launch_variants.py "$OUT/launch-variants-${gpu}.json" \
+    --rounds "${LAUNCH_ROUNDS:-3}" > "$OUT/launch_variants.log" 2>&1
+  rc=$?; record "launch variants, batch 1 and 8" $rc "$OUT/launch-variants-${gpu}.json"
 fi
 if has spec; then  # speculative verify (T = 4): Mamba-2 replay vs per-draft vs the FlashInfer peers, then GDN and KDA
   bounded "${SPEC_TIMEOUT:-330}" python3 -m trtllm_replayssm bench kernels --spec "${SPEC_TOKENS:-4}" --family mamba2 \
