@@ -18,6 +18,7 @@ import torch
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import StateSpec, parse_state_label
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
 
 from trtllm_replayssm.core import byte_model as core_bytes
@@ -29,13 +30,15 @@ from .shapes import BenchShape, select_shapes
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 DEFAULT_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in modes fused, flush and auto
+PLAIN_LAUNCH = Tuning(programmatic_state=False)  # bench kernels --plain-launch
 
 
 @dataclass
 class KernelBenchConfig:
     """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``after_plain_kernel``: every
     timed call follows a plainly launched elementwise kernel (:func:`plain_neighbour`), as a model's conv1d or norm
-    precedes its SSM op, and that kernel's own time, timed alone, is subtracted."""
+    precedes its SSM op, and that kernel's own time, timed alone, is subtracted. ``tuning``: our ops' planner knobs
+    (``PLAIN_LAUNCH``: the state kernels launched plainly, as the TensorRT-LLM module launches them)."""
 
     families: list[str]
     models: list[str] | None = None
@@ -47,6 +50,7 @@ class KernelBenchConfig:
     replays: int = timing.MIN_REPLAYS
     seed: int = 0
     after_plain_kernel: bool = False
+    tuning: Tuning = ours.DEFAULT_TUNING
 
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
@@ -162,6 +166,7 @@ def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = No
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "peer_versions": peers.peer_versions(),
+        "programmatic_state": config.tuning.programmatic_state,  # False: --plain-launch
         "records": [],
         "skipped": [],
     }
@@ -194,13 +199,13 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
     builders: list[tuple[str, str | None, Callable[[], PeerCase]]] = []
     for mode in _modes(shape, batch, spec, L, device):
         builders.append(("replay", mode, lambda m=mode: ours.replay_case(shape, batch, spec, step, n_pools, L, m,
-                                                                           gen, device)))
+                                                                           gen, device, config.tuning)))
     if spec.stochastic_rounding:  # the baseline update has no write counter (docs/design.md, quantized state)
         skipped.append(dict(family=shape.family, model=shape.model, impl="baseline", batch=batch, state_dtype=sd,
                             mode=None, reason="stochastic rounding: the baseline update has no write counter"))
     else:
         builders.append(("baseline", None, lambda: ours.baseline_case(shape, batch, spec, step, n_pools, gen,
-                                                                      device)))
+                                                                      device, config.tuning)))
     if config.peers:
         for impl in (i for i in peers.PEERS_BY_FAMILY[shape.family]
                      if config.peer_impls is None or i in config.peer_impls):
