@@ -234,23 +234,24 @@ def test_runner_times_each_call_after_a_plain_kernel_and_subtracts_it():
 
 
 def test_runner_plans_our_cases_with_the_configs_tuning(monkeypatch):
-    """``tuning`` (``bench kernels --plain-launch``: PLAIN_LAUNCH) reaches every replay and baseline case the runner
-    builds, and the CLI flag sets it."""
+    """``tuning`` (``bench kernels --served-launch``: the TensorRT-LLM module's SERVING_TUNING) reaches every replay
+    and baseline case the runner builds, and the CLI flag sets it."""
     from click.testing import CliRunner
 
     from trtllm_replayssm.cli import bench_cmd
     from trtllm_replayssm.lab.bench import kernels, ours
+    from trtllm_replayssm.serving.trtllm.model_cache import SERVING_TUNING
 
     seen = []
     for name in ("replay_case", "baseline_case"):
         real = getattr(ours, name)
         monkeypatch.setattr(ours, name, lambda *a, _real=real, **kw: seen.append(a[-1]) or _real(*a, **kw))
     config = kernels.KernelBenchConfig(families=["mamba2"], batches=[2], state_dtypes=["fp32"], buffer_len=4,
-                                       peers=False, tuning=kernels.PLAIN_LAUNCH)
+                                       peers=False, tuning=SERVING_TUNING)
     recs = kernels._run_case(config, TINY["mamba2"], "fp32", 2, 2000.0, 1000, [], CPU, lambda _m: None,
                              lambda calls, replays: 1.0)
-    assert len(seen) == len(recs) == 5 and all(t is kernels.PLAIN_LAUNCH for t in seen)
-    assert not kernels.PLAIN_LAUNCH.programmatic_state
+    assert len(seen) == len(recs) == 5 and all(t is SERVING_TUNING for t in seen)
+    assert not SERVING_TUNING.programmatic_state
 
     configs = []
 
@@ -260,11 +261,11 @@ def test_runner_plans_our_cases_with_the_configs_tuning(monkeypatch):
 
     monkeypatch.setattr(kernels, "run_kernel_bench", capture)
     monkeypatch.setattr(bench_cmd, "_gpu_run_output", lambda command, output, stem: output)
-    for flags, expected in (([], ours.DEFAULT_TUNING), (["--plain-launch"], kernels.PLAIN_LAUNCH)):
+    for flags, expected in (([], ours.DEFAULT_TUNING), (["--served-launch"], SERVING_TUNING)):
         CliRunner().invoke(bench_cmd.bench_cmd, ["kernels", "--family", "mamba2", "--no-peers", *flags])
         assert configs.pop().tuning is expected
-    result = CliRunner().invoke(bench_cmd.bench_cmd, ["kernels", "--spec", "4", "--plain-launch"])
-    assert result.exit_code != 0 and "--plain-launch: not with --spec" in result.output
+    result = CliRunner().invoke(bench_cmd.bench_cmd, ["kernels", "--spec", "4", "--served-launch"])
+    assert result.exit_code != 0 and "--served-launch: not with --spec" in result.output
 
 
 def test_flashinfer_prebuilt_module_list():

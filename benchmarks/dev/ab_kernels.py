@@ -3,9 +3,9 @@ replay case (cold-L2 pools, staggered cursors, the shipped plan) timed with the 
 sources of DIR_A and DIR_B (ABAB...), medians per source and their ratio; JSON of every timing to OUT.
 
   PYTHONPATH=. python3 benchmarks/dev/ab_kernels.py DIR_A DIR_B OUT.json [--batches 8,256] [--state-dtypes fp32,bf16]
-      [--models m1,m2] [--rounds 3] [--mode replay|flush|auto|baseline] [--plain-launch] [--after-plain-kernel]
+      [--models m1,m2] [--rounds 3] [--mode replay|flush|auto|baseline] [--served-launch] [--after-plain-kernel]
 
-``--plain-launch`` plans with ``Tuning(programmatic_state=False)`` (as the TensorRT-LLM module does);
+``--served-launch`` plans as the TensorRT-LLM module does (``SERVING_TUNING``: state kernels launched plainly);
 ``--after-plain-kernel`` puts a plainly launched elementwise kernel before every call and subtracts its own time
 (``kernels.plain_neighbour``), the kernel before a served decode op.
 """
@@ -18,6 +18,7 @@ import torch
 
 from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR_ENV
 from trtllm_replayssm.core.plans import Tuning
+from trtllm_replayssm.serving.trtllm.model_cache import SERVING_TUNING
 from trtllm_replayssm.lab.bench import kernels, ours, timing
 from trtllm_replayssm.lab.bench.shapes import BENCH_MODELS, shape_from_preset
 
@@ -30,10 +31,10 @@ ap.add_argument("--state-dtypes", default="fp32,bf16")
 ap.add_argument("--models", default=",".join(BENCH_MODELS))
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--mode", default="replay")
-ap.add_argument("--plain-launch", action="store_true")
+ap.add_argument("--served-launch", action="store_true")
 ap.add_argument("--after-plain-kernel", action="store_true")
 args = ap.parse_args()
-tuning = Tuning(programmatic_state=not args.plain_launch)
+tuning = SERVING_TUNING if args.served_launch else Tuning()
 L, dev = 16, torch.device("cuda", 0)
 l2 = timing.l2_bytes(dev)
 records = []
@@ -56,7 +57,7 @@ for model in args.models.split(","):
                                                           neighbour)[0] - neighbour_us)
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             records.append({"model": model, "state_dtype": sd, "batch": batch, "mode": args.mode, "plan": case.plan,
-                            "plain_launch": args.plain_launch, "after_plain_kernel": args.after_plain_kernel,
+                            "served_launch": args.served_launch, "after_plain_kernel": args.after_plain_kernel,
                             "a_us": times["A"], "b_us": times["B"], "a_median_us": a, "b_median_us": b,
                             "b_over_a": b / a})
             print(f"{model:22s} {sd} b={batch:<4d} A {a:8.2f} us  B {b:8.2f} us  B/A {b / a:.4f}  "

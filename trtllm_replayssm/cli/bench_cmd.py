@@ -85,10 +85,10 @@ def bench_cmd() -> None:
 @click.option("--after-plain-kernel", is_flag=True,
               help="Each timed call follows a plainly launched elementwise kernel (as a model's conv1d or norm "
                    "precedes its SSM op); that kernel's own time, timed alone, is subtracted.")
-@click.option("--plain-launch", is_flag=True,
-              help="Launch our state kernels (baseline, flush, one-launch replay) plainly, as the TensorRT-LLM module "
-                   "does, instead of as programmatic dependents of the kernel before them; with "
-                   "--after-plain-kernel this is the served case.")
+@click.option("--served-launch", is_flag=True,
+              help="Plan our ops as the TensorRT-LLM module does (its state kernels launched plainly, not as "
+                   "programmatic dependents of the kernel before them); with --after-plain-kernel this is the served "
+                   "case.")
 @click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
               help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
                    "the replay verify against the per-draft-state verify per verify step (commit included), and "
@@ -96,17 +96,19 @@ def bench_cmd() -> None:
                    "fla-core's per-draft verify (GDN, KDA); every family, one plain state dtype.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: list[str] | None,
             buffer_len: int, peers: bool, output: Path | None, quick: bool, after_plain_kernel: bool,
-            plain_launch: bool, spec_tokens: list[int] | None) -> None:
+            served_launch: bool, spec_tokens: list[int] | None) -> None:
     """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
-    from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, PLAIN_LAUNCH, KernelBenchConfig, run_kernel_bench
+    from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
+    from trtllm_replayssm.lab.bench.ours import DEFAULT_TUNING
+    from trtllm_replayssm.serving.trtllm.model_cache import SERVING_TUNING
     from trtllm_replayssm.lab.bench.report import write_reports
     from trtllm_replayssm.lab.plotting import PLOT_EXTRA
 
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
     if spec_tokens is not None:
-        if after_plain_kernel or plain_launch:
-            flag = "--after-plain-kernel" if after_plain_kernel else "--plain-launch"
+        if after_plain_kernel or served_launch:
+            flag = "--after-plain-kernel" if after_plain_kernel else "--served-launch"
             bad_value(ValueError(f"{flag}: not with --spec (the verify benchmark times steps as they are)"))
         _spec_kernels(families, models, batches, state_dtypes or ["fp32"], buffer_len, spec_tokens, peers, output)
         return
@@ -115,7 +117,7 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
         config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
                                    batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers,
                                    after_plain_kernel=after_plain_kernel,
-                                   **({"tuning": PLAIN_LAUNCH} if plain_launch else {}))
+                                   tuning=SERVING_TUNING if served_launch else DEFAULT_TUNING)
     except ValueError as exc:
         bad_value(exc)
     output = _gpu_run_output("kernels", output, "kernels")

@@ -30,7 +30,6 @@ from .shapes import BenchShape, select_shapes
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 DEFAULT_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in modes fused, flush and auto
-PLAIN_LAUNCH = Tuning(programmatic_state=False)  # bench kernels --plain-launch
 
 
 @dataclass
@@ -38,7 +37,7 @@ class KernelBenchConfig:
     """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``after_plain_kernel``: every
     timed call follows a plainly launched elementwise kernel (:func:`plain_neighbour`), as a model's conv1d or norm
     precedes its SSM op, and that kernel's own time, timed alone, is subtracted. ``tuning``: our ops' planner knobs
-    (``PLAIN_LAUNCH``: the state kernels launched plainly, as the TensorRT-LLM module launches them)."""
+    (``bench kernels --served-launch``: the TensorRT-LLM module's, ``SERVING_TUNING``)."""
 
     families: list[str]
     models: list[str] | None = None
@@ -166,7 +165,6 @@ def run_kernel_bench(config: KernelBenchConfig, device: torch.device | None = No
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "peer_versions": peers.peer_versions(),
-        "programmatic_state": config.tuning.programmatic_state,  # False: --plain-launch
         "records": [],
         "skipped": [],
     }
