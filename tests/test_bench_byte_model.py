@@ -92,7 +92,7 @@ def test_impl_formulas():
     rec = core.record_bytes(d, BF16)
     assert bm.step_bytes("replay", NH64, "fp32", 16, "flush") == 2 * S32 + io
     assert bm.step_bytes("replay", NH64, "fp32", 16, "replay") == core.replay_bytes(d, "fp32", BF16, 16)
-    for impl in ("baseline", "flashinfer_ssu", "mamba_ssm_ssu", "fla_kda"):
+    for impl in ("baseline", "flashinfer_ssu", "mamba_ssm_ssu", "fla_kda", "fla_gdn_pooled"):
         assert bm.step_bytes(impl, NH64, "bf16", 16) == 2 * S16 + io
     assert bm.step_bytes("fla_gdn", NH64, "bf16", 16) == S16 + S32 + io  # reads bf16, writes a new fp32 state
     # FlashInfer window 16: replayed count cycles 1..16 (mean 8.5), one append per step, one flush per 16 steps

@@ -295,3 +295,29 @@ def test_cases_take_state_labels(label):
     assert bool(torch.isfinite(case.outputs[0].float()).all())
     with pytest.raises(ValueError, match="state_dtype"):
         ours.replay_case(shape, batch, "nvfp4/shared/fp16", step, 1, 4, "flush", gen, CPU)
+
+
+@pytest.mark.gpu
+def test_fla_gdn_pooled_steps_like_fla_gdn():
+    """The pooled GDN peer (fla-core's pooled KDA kernel, the head's gate repeated along K) takes the same step as
+    fla-core's public GDN API from the same states: outputs and the states written in its pool."""
+    pytest.importorskip("fla")
+    from trtllm_replayssm.lab.bench import peers
+    from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+
+    dev, gen = torch.device("cuda"), torch.Generator().manual_seed(0)
+    shape, batch = shape_from_preset("qwen3.5-4b"), 5
+    step = family_of(shape.dims).random_step(shape.dims, batch, gen, dev)
+    pooled = peers.build_peer("fla_gdn_pooled", shape, batch, "fp32", step, 1, 16, gen, dev)
+    state, slots = pooled.calls[0].__defaults__  # the pool (batch + 1 slots) and the rows' slots
+    before = state[slots.long()].clone()
+    pooled.calls[0]()
+    fn = peers._import("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    o, final = fn(step.q[:, None], step.k[:, None], step.v[:, None], g=step.a[:, None], beta=step.b[:, None],
+                  initial_state=before, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                  use_gate_in_kernel=True, A_log=step.A_log, dt_bias=step.dt_bias, use_beta_sigmoid_in_kernel=True,
+                  state_v_first=True)
+    out = pooled.outputs[0]
+    assert (out.float() - o.float()).abs().max() <= 2e-2 * o.float().abs().max()
+    assert torch.allclose(state[slots.long()], final.float(), rtol=1e-4, atol=1e-5)
+    assert not torch.equal(state[slots.long()], before)

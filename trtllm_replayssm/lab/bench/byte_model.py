@@ -1,7 +1,8 @@
 """Bytes per decode step of every benchmarked implementation (one layer, one sequence, bf16 activations), from the
 byte model of core/byte_model.py: ours and the peers' kernels are measured against the same numbers.
 
-Peers: FlashInfer's SSU, mamba-ssm's SSU and fla-core's KDA read and write the state like our baseline; fla-core's
+Peers: FlashInfer's SSU, mamba-ssm's SSU and fla-core's pooled KDA kernel (also run as GDN, ``fla_gdn_pooled``, whose
+gate repeated along K adds under 1% to its bytes, not counted) read and write the state like our baseline; fla-core's
 GDN reads the state in its dtype and writes a fresh fp32 state; FlashInfer's ``checkpointing_ssu`` replays a ring
 of R = window + 1 records (:func:`checkpointing_ssu_bytes`).
 """
@@ -12,9 +13,10 @@ from trtllm_replayssm.core import byte_model as core
 from .shapes import BenchShape
 
 ACT_DTYPE = "bf16"
-BASELINE_IMPLS = ("baseline", "flashinfer_ssu", "mamba_ssm_ssu", "fla_kda")
+BASELINE_IMPLS = ("baseline", "flashinfer_ssu", "mamba_ssm_ssu", "fla_kda", "fla_gdn_pooled")
 OUT_OF_PLACE_IMPLS = ("fla_gdn",)  # reads the state, writes a fresh fp32 state
-IMPLS = ("replay", "baseline", "flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda")
+IMPLS = ("replay", "baseline", "flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda",
+         "fla_gdn_pooled")
 
 
 def checkpointing_ssu_bytes(shape: BenchShape, state_dtype: str, window: int) -> float:

@@ -460,10 +460,27 @@ def fla_kda(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
     the gate, beta sigmoid and q/k l2-norm fused in-kernel like our op."""
     if shape.family != "kda":
         raise PeerUnavailable(f"fla_kda is a KDA kernel, not {shape.family}")
+    return _fla_pooled("fla_kda", shape, batch, state_dtype, step, n_pools, gen, device)
+
+
+def fla_gdn_pooled(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_pools: int,
+                   gen: torch.Generator, device: torch.device) -> PeerCase:
+    """GDN on fla-core's in-place pooled recurrent kernel (``fused_recurrent_kda_fwd`` with ``ssm_state_indices``,
+    the head's gate repeated along K: :func:`_fla_gate`): what a served GDN decode on fla-core pays for a slot pool,
+    whose public GDN API (``fla_gdn``) takes no state indices and writes a fresh state."""
+    if shape.family != "gdn":
+        raise PeerUnavailable(f"fla_gdn_pooled is a GDN kernel, not {shape.family}")
+    return _fla_pooled("fla_gdn_pooled", shape, batch, state_dtype, step, n_pools, gen, device)
+
+
+def _fla_pooled(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_pools: int,
+                gen: torch.Generator, device: torch.device) -> PeerCase:
+    """One decode step per row on ``fused_recurrent_kda_fwd``, in place on a pool of batch + 1 slots."""
     fn = _import("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
     q, k, v = step.q[:, None].contiguous(), step.k[:, None].contiguous(), step.v[:, None].contiguous()
-    a, b = step.a[:, None].contiguous(), step.b[:, None].contiguous()
-    dt_bias = step.dt_bias.reshape(-1).contiguous()  # [HV*K]
+    b = step.b[:, None].contiguous()
+    a, dt_bias = _fla_gate(shape, step)  # [b, HV, K], [HV*K]
+    a = a[:, None]
     out = torch.empty_like(v)
     states = [random_state(batch + 1, shape.dims, state_dtype, gen, device) for _ in range(n_pools)]
     idx = _pools(n_pools, batch, gen, device)
@@ -474,7 +491,8 @@ def fla_kda(shape: BenchShape, batch: int, state_dtype: str, step: DeltaStep, n_
             use_beta_sigmoid_in_kernel=True, out=out))
         for p in range(n_pools)
     ]
-    return PeerCase("fla_kda", calls, variant="fused_recurrent_kda_fwd in place, pooled", outputs=[out])
+    gate = "" if shape.family == "kda" else ", the GDN gate repeated along K"
+    return PeerCase(impl, calls, variant=f"fused_recurrent_kda_fwd in place, pooled{gate}", outputs=[out])
 
 
 def _fla_gate(shape: BenchShape, step: DeltaStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,7 +540,7 @@ def fla_mtp(impl: str, shape: BenchShape, batch: int, state_dtype: str, step: De
 
 
 MAMBA2_PEERS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu")
-GDN_PEERS = ("fla_gdn",)
+GDN_PEERS = ("fla_gdn", "fla_gdn_pooled")
 KDA_PEERS = ("fla_kda",)
 PEERS_BY_FAMILY: dict[str, tuple[str, ...]] = {"mamba2": MAMBA2_PEERS, "gdn": GDN_PEERS, "kda": KDA_PEERS}
 # speculative verify (bench kernels --spec)
@@ -547,6 +565,8 @@ def build_peer(impl: str, shape: BenchShape, batch: int, state_dtype: str, step:
         return fla_gdn(shape, batch, state_dtype, step, n_pools, gen, device)
     if impl == "fla_kda":
         return fla_kda(shape, batch, state_dtype, step, n_pools, gen, device)
+    if impl == "fla_gdn_pooled":
+        return fla_gdn_pooled(shape, batch, state_dtype, step, n_pools, gen, device)
     raise ValueError(f"impl: expected one of {sum(PEERS_BY_FAMILY.values(), ())}, got {impl!r}")
 
 

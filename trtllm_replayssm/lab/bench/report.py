@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trtllm_replayssm.lab.plotting import PlotUnavailable, pyplot, save_figure
 
-PEER_IMPLS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda")
+PEER_IMPLS = ("flashinfer_ssu", "flashinfer_checkpointing_ssu", "mamba_ssm_ssu", "fla_gdn", "fla_kda", "fla_gdn_pooled")
 REQUIRED_KEYS = ("device", "date", "copy_ceiling_gbps", "records")
 RECORD_KEYS = ("family", "model", "impl", "batch", "state_dtype", "L", "median_us", "model_gbps", "pct_of_copy")
 
