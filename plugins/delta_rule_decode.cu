@@ -59,6 +59,7 @@ constexpr bool kPerChannel = KDA != 0;
 constexpr int kEpl = kK / rssm::kWarpSize;       // key channels per lane
 constexpr int kGates = kPerChannel ? kEpl : 1;   // log-gates per lane
 constexpr int kTile = VTILE;                      // state rows per CTA
+constexpr int kBulkTileMaxBytes = 32768;           // the one-launch replay's state tile in static shared memory
 constexpr int kRows = kTile / rssm::kNumWarps;      // state rows per warp
 constexpr int kGdnPrepChunk = kEpl <= 4 ? 8 : 2;  // GDN ring keys whose loads the prep issues at once (registers)
 constexpr int kGdnReduce = kEpl <= 4 ? 4 : 2;     // of those, reduced at once (rssm::warp_sum_scatter)
@@ -619,6 +620,20 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
                                            int apart_w = 0) {
   constexpr bool kApart = kKind == StepKind::kApart;
   constexpr bool kReplay = kKind != StepKind::kBaseline && !kApart, kFused = kKind == StepKind::kFused;
+  // The one-launch replay of a plain checkpoint brings its whole state tile (kTile contiguous rows) into shared memory
+  // by one bulk copy, where it fits and its rows are at least 64 values per thread (the tiles it runs at batch 4 and
+  // up); its rows move to registers where the step first uses them (land_tile).
+  constexpr bool kBulkTile =
+      kFused && !kStored && kRows * kEpl >= 64 && kTile * kK * int(sizeof(state_t)) <= kBulkTileMaxBytes;
+  __shared__ __align__(128) state_t s_tile[kBulkTile ? kTile * kK : 1];
+  __shared__ unsigned long long s_tile_full;
+  if constexpr (kBulkTile) {
+    if (threadIdx.x == 0) {
+      rssm::mbar_init(&s_tile_full, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();  // the barrier is initialised before any thread waits on it
+  }
   if constexpr (!kApart) {  // a programmatic state kernel (the flush-rows kernel has waited in for_each_flush_item)
     prefetch_step<kKind>(p, at);
     rssm::wait_previous_grid();
@@ -657,6 +672,13 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
 
   // Issue the big state loads first (read-once, streaming); everything below overlaps with them.
   float acc[kRows][kEpl];
+  if constexpr (kBulkTile) {  // (the ops require 16-byte aligned state rows: core/ops/delta.py)
+    if (threadIdx.x == 0) {
+      constexpr unsigned kBytes = kTile * kK * sizeof(state_t);
+      rssm::mbar_arrive_expect_tx(&s_tile_full, kBytes);
+      rssm::bulk_load(s_tile, tile, kBytes, &s_tile_full);
+    }
+  } else
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if constexpr (kFused && kDual) {
@@ -714,12 +736,21 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
   const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
 
+  auto land_tile = [&] {  // kBulkTile: once the copy has landed, this warp's rows into registers
+    if constexpr (kBulkTile) {
+      rssm::mbar_wait(&s_tile_full, 0);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) rssm::load_vec<state_t, kEpl>(&s_tile[(wrow0 + r) * kK + col0], acc[r]);
+    }
+  };
+
   const float* ring_coefs = nullptr;
   // A one-launch non-flush step does not fold: the ring enters its output through per-entry coefficients.
   float dec[kEpl];
   if constexpr (kFused) {
     __shared__ float coefs[2 * rssm::kMaxL];
     if (flushing) {
+      land_tile();
       fold_pending_ring();
     } else {
       rssm::cp_async_wait_all();
@@ -746,6 +777,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       }
     }
     ring_coefs = coefs;
+    if (!flushing) land_tile();  // (also before a skipped row's return: the copy lands in this CTA's memory)
   } else if constexpr ((kReplay || kApart) && !kFoldFirst) {
     fold_pending_ring();
   }

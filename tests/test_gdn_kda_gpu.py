@@ -196,6 +196,21 @@ def test_replay_fp32_matches_float64(family, H, HV, K, V, L, mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype,act_dtype,bound", [("fp32", torch.float32, 1e-5), ("bf16", torch.bfloat16, 3e-2)])
+def test_fused_64_row_tiles_match_float64(family, state_dtype, act_dtype, bound):
+    """The one-launch replay on 64-row tiles, whose state tile comes into shared memory by one bulk copy: pad rows,
+    staggered cursors, flushes against the float64 recurrence."""
+    prob = make_problem(family, 2, 4 if family == "gdn" else 2, 128, 128, seed=17, tuning=Tuning(rows_per_cta=64))
+    probe = prob.new_cache(9, 8, state_dtype, act_dtype).layer(0)
+    plan = prob.ops.replay_plan(probe, 7, "fused", prob.tuning)
+    assert plan.mode == "fused" and plan.rows_per_cta == 64
+    worst_out, worst_state, flushes = run_against_truth(prob, 8, "fused", state_dtype, act_dtype)
+    assert flushes >= 3
+    assert worst_out <= bound and worst_state <= bound, (worst_out, worst_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
 def test_claimed_tail_tiles_match_float64(family, fraction):
     """Tiles past the round-robin share claimed at run time (the last partial wave; half; all after the first wave),

@@ -13,10 +13,10 @@ from trtllm_replayssm.core.ops import delta, mamba2
 
 
 def _entry(ptx: str, name: str) -> str:
-    """The PTX body of entry ``name``."""
+    """The PTX body of entry ``name``: up to the next entry (inline assembly may close its own braces at column 0)."""
     start = ptx.index(f".entry {name}(")
-    end = re.compile(r"^}", re.M).search(ptx, start).start()
-    return ptx[start:end]
+    following = re.compile(r"^\.(?:visible|weak|extern) \.entry ", re.M).search(ptx, start + 1)
+    return ptx[start:following.start() if following else len(ptx)]
 
 
 @pytest.mark.parametrize(("per_channel_gate", "rows_per_cta"), [(False, 64), (True, 32)])
