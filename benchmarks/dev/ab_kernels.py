@@ -50,11 +50,12 @@ for model in args.models.split(","):
             neighbour = kernels.plain_neighbour(batch, dev) if args.after_plain_kernel else None
             times = {"A": [], "B": []}
             for _ in range(args.rounds):
-                neighbour_us = timing.time_calls([neighbour] * (L * pools)) if neighbour is not None else 0.0
+                neighbour_us = (kernels.neighbour_time(neighbour, L, pools, timing.MIN_REPLAYS, timing.time_calls)
+                                if neighbour is not None else 0.0)
                 for name, src in (("A", args.dir_a), ("B", args.dir_b)):
                     os.environ[PLUGIN_DIR_ENV] = src
-                    times[name].append(kernels._time_case(case, L, timing.MIN_REPLAYS, timing.time_calls,
-                                                          neighbour)[0] - neighbour_us)
+                    times[name].append(kernels.time_case(case, L, timing.MIN_REPLAYS, timing.time_calls,
+                                                         neighbour)[0] - neighbour_us)
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             records.append({"model": model, "state_dtype": sd, "batch": batch, "mode": args.mode, "plan": case.plan,
                             "served_launch": args.served_launch, "after_plain_kernel": args.after_plain_kernel,

@@ -52,11 +52,11 @@ for model in args.models.split(","):
         times = {impl: ([], []) for impl in cases}
         neighbour_times = []
         for _ in range(args.rounds):
-            neighbour_us = timing.time_calls([neighbour] * (L * pools), replays)
+            neighbour_us = kernels.neighbour_time(neighbour, L, pools, replays, timing.time_calls)
             neighbour_times.append(neighbour_us)
             for impl, case in cases.items():
-                times[impl][0].append(kernels._time_case(case, L, replays, timing.time_calls)[0])
-                times[impl][1].append(kernels._time_case(case, L, replays, timing.time_calls, neighbour)[0] - neighbour_us)
+                times[impl][0].append(kernels.time_case(case, L, replays, timing.time_calls)[0])
+                times[impl][1].append(kernels.time_case(case, L, replays, timing.time_calls, neighbour)[0] - neighbour_us)
         row = {}
         for impl, (alone, behind) in times.items():
             row[impl] = (statistics.median(alone), statistics.median(behind))

@@ -131,8 +131,14 @@ def _after(calls: list[Callable[[], None]], neighbour: Callable[[], None] | None
     return calls if neighbour is None else [fn for call in calls for fn in (neighbour, call)]
 
 
-def _time_case(case: PeerCase, steps: int, replays: int, timer: Timer,
-               neighbour: Callable[[], None] | None = None) -> tuple[float, str]:
+def neighbour_time(neighbour: Callable[[], None], steps: int, n_pools: int, replays: int, timer: Timer) -> float:
+    """The plain kernel's own median µs per launch, timed alone in a graph as long as a case's (``steps`` calls of
+    each of ``n_pools`` pools): what :func:`time_case` with that neighbour adds to a call."""
+    return timer([neighbour] * (steps * n_pools), replays)
+
+
+def time_case(case: PeerCase, steps: int, replays: int, timer: Timer,
+              neighbour: Callable[[], None] | None = None) -> tuple[float, str]:
     """Median µs per call, each call after `neighbour` if given (µs per pair of launches); with alternatives (e.g.
     algorithms) the fastest one and its name."""
     per = 1 if neighbour is None else 2
@@ -210,13 +216,13 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
                                                                           device)))
     neighbour = plain_neighbour(batch, device) if config.after_plain_kernel else None
-    neighbour_us = timer([neighbour] * (L * n_pools), config.replays) if neighbour is not None else None
+    neighbour_us = neighbour_time(neighbour, L, n_pools, config.replays, timer) if neighbour is not None else None
     out: list[Record] = []
     for impl, mode, build in builders:
         where = dict(family=shape.family, model=shape.model, impl=impl, batch=batch, state_dtype=sd, mode=mode)
         try:
             case = build()
-            us, variant = _time_case(case, L, config.replays, timer, neighbour)
+            us, variant = time_case(case, L, config.replays, timer, neighbour)
             us -= neighbour_us or 0.0
         except PeerUnavailable as exc:
             skipped.append({**where, "reason": str(exc)})
