@@ -168,33 +168,51 @@ __device__ __forceinline__ float load_scalar(const void* base, long long off, in
   return is_f32 ? static_cast<const float*>(base)[off] : rssm::to_float(static_cast<const act_t*>(base)[off]);
 }
 
-// The current token's log-gate g (per channel of this lane for KDA, scalar for GDN), clamped to kLogGateFloor.
-__device__ __forceinline__ void current_log_gate(const DeltaParams& p, int b, int hv, int col0, float (&g)[kGates]) {
-  const float a_head = __expf(p.A_log[hv]);
+// The current token's raw gate inputs: x (per channel of this lane for KDA, scalar for GDN) and its bias.
+__device__ __forceinline__ void load_gate_inputs(const DeltaParams& p, int b, int hv, int col0, float (&x)[kGates],
+                                                 float (&bias)[kGates]) {
   const long long off = b * p.s_gate_b + hv * p.s_gate_h;
   if constexpr (kPerChannel) {
-    float x[kGates], bias[kGates];
     if (p.gate_is_f32) rssm::load_vec<float, kGates>(static_cast<const float*>(p.gate) + off + col0, x);
     else rssm::load_vec<act_t, kGates>(static_cast<const act_t*>(p.gate) + off + col0, x);
     rssm::load_vec<float, kGates>(p.dt_bias + (long long)hv * kK + col0, bias);
-#pragma unroll
-    for (int e = 0; e < kGates; ++e) {
-      const float t = x[e] + bias[e];
-      const float lg = p.has_lower_bound ? p.lower_bound * rssm::sigmoidf(a_head * t) : -a_head * rssm::softplus_thr20(t);
-      g[e] = fmaxf(lg, kLogGateFloor);
-    }
   } else {
-    const float t = load_scalar(p.gate, off, p.gate_is_f32) + p.dt_bias[hv];
-    g[0] = fmaxf(-a_head * rssm::softplus_thr20(t), kLogGateFloor);
+    x[0] = load_scalar(p.gate, off, p.gate_is_f32);
+    bias[0] = p.dt_bias[hv];
   }
 }
 
-// Current token: l2-normalised q (times scale) and k of key head h (this lane's channels) and their multipliers
-// q~ = q_mul q, k = k_mul k_raw; returns k·q~ (warp-wide).
-__device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
-                                               float (&kn)[kEpl], float& q_mul, float& k_mul) {
-  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, qn);
-  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, kn);
+// The log-gate g of raw gate inputs (load_gate_inputs) with the head's A_log, clamped to kLogGateFloor.
+__device__ __forceinline__ void log_gate(const DeltaParams& p, float a_log, const float (&x)[kGates],
+                                         const float (&bias)[kGates], float (&g)[kGates]) {
+  const float a_head = __expf(a_log);
+#pragma unroll
+  for (int e = 0; e < kGates; ++e) {
+    const float t = x[e] + bias[e];
+    const float lg = kPerChannel && p.has_lower_bound ? p.lower_bound * rssm::sigmoidf(a_head * t)
+                                                      : -a_head * rssm::softplus_thr20(t);
+    g[e] = fmaxf(lg, kLogGateFloor);
+  }
+}
+
+// The current token's log-gate g (per channel of this lane for KDA, scalar for GDN), clamped to kLogGateFloor.
+__device__ __forceinline__ void current_log_gate(const DeltaParams& p, int b, int hv, int col0, float (&g)[kGates]) {
+  float x[kGates], bias[kGates];
+  load_gate_inputs(p, b, hv, col0, x, bias);
+  log_gate(p, p.A_log[hv], x, bias, g);
+}
+
+// The current token's q and k of key head h (this lane's channels), as they are.
+__device__ __forceinline__ void load_qk(const DeltaParams& p, int b, int h, int col0, float (&q)[kEpl],
+                                        float (&k)[kEpl]) {
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.q) + b * p.s_q_b + h * p.s_q_h + col0, q);
+  rssm::load_vec<act_t, kEpl>(static_cast<const act_t*>(p.k) + b * p.s_k_b + h * p.s_k_h + col0, k);
+}
+
+// l2-normalises loaded q (times scale) and k in place and returns their multipliers q~ = q_mul q, k = k_mul k_raw
+// and k·q~ (warp-wide).
+__device__ __forceinline__ float normalize_qk(const DeltaParams& p, float (&qn)[kEpl], float (&kn)[kEpl], float& q_mul,
+                                              float& k_mul) {
   float qq = 0.f, kk = 0.f;
 #pragma unroll
   for (int e = 0; e < kEpl; ++e) {
@@ -211,6 +229,14 @@ __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int 
     kq = fmaf(kn[e], qn[e], kq);
   }
   return rssm::warp_sum(kq);
+}
+
+// Current token: l2-normalised q (times scale) and k of key head h (this lane's channels) and their multipliers;
+// returns k·q~ (warp-wide).
+__device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
+                                               float (&kn)[kEpl], float& q_mul, float& k_mul) {
+  load_qk(p, b, h, col0, qn, kn);
+  return normalize_qk(p, qn, kn, q_mul, k_mul);
 }
 
 __device__ __forceinline__ float normalized_qk(const DeltaParams& p, int b, int h, int col0, float (&qn)[kEpl],
@@ -639,11 +665,44 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
     rssm::wait_previous_grid();
   }
   const int b = at.b;
-  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   const int hv = at.hv, group = p.num_v_heads / p.num_k_heads, h = hv / group;
   const int row0 = at.row0;
   const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
   const int col0 = lane * kEpl, wrow0 = warp * kRows;  // wrow0: first tile row of this warp
+  // The token's inputs: normalised q and k, the log gate, beta, and v of the warp's rows (lane r: row r); loaded
+  // in turn with their arithmetic (inputs_in_turn), or all loaded first (fetch_inputs) and finished later
+  // (finish_inputs).
+  float qn[kEpl], kn[kEpl], lg[kGates], gx[kGates], gbias[kGates];
+  float kq, beta, v_lane, a_log;
+  auto load_v = [&] {
+    const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
+    v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;
+  };
+  auto inputs_in_turn = [&] {
+    kq = normalized_qk(p, b, h, col0, qn, kn);
+    current_log_gate(p, b, hv, col0, lg);
+    beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    load_v();
+  };
+  auto fetch_inputs = [&] {
+    load_qk(p, b, h, col0, qn, kn);
+    load_gate_inputs(p, b, hv, col0, gx, gbias);
+    a_log = p.A_log[hv];
+    beta = load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32);
+    load_v();
+  };
+  auto finish_inputs = [&] {
+    float q_mul, k_mul;
+    kq = normalize_qk(p, qn, kn, q_mul, k_mul);
+    log_gate(p, a_log, gx, gbias, lg);
+    beta = rssm::sigmoidf(beta);
+  };
+  // The flush kernel loads its inputs before the slot id is known. Loaded in turn after the state loads, ptxas
+  // issued those after the q/k norms, so the step waited for three memory round trips in turn (slot id, inputs,
+  // state); loaded first, the state loads issue right after the slot id's branch, beside the norms.
+  constexpr bool kInputsFirst = kKind == StepKind::kFlush;
+  if constexpr (kInputsFirst) fetch_inputs();
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   auto zero_output = [&] {  // a skipped row's outputs are zeros; its state, ring and cursor are not touched
     if (lane < kRows)
       static_cast<act_t*>(p.out)[b * p.s_out_b + hv * p.s_out_h + row0 + wrow0 + lane] = rssm::from_float<act_t>(0.f);
@@ -728,13 +787,8 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   constexpr bool kFoldFirst = kApart && !kPerChannel;
   if constexpr (kFoldFirst) fold_pending_ring();
 
-  float qn[kEpl], kn[kEpl];
-  const float kq = normalized_qk(p, b, h, col0, qn, kn);
-  float lg[kGates];
-  current_log_gate(p, b, hv, col0, lg);
-  const float beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
-  const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
-  const float v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;  // lane r holds v of the warp's row r
+  if constexpr (kInputsFirst) finish_inputs();
+  else inputs_in_turn();
 
   auto land_tile = [&] {  // kBulkTile: once the copy has landed, this warp's rows into registers
     if constexpr (kBulkTile) {
