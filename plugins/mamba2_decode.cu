@@ -144,18 +144,24 @@ __device__ __forceinline__ void zero_pad_output(const Mamba2Params& p, int b, in
         rssm::from_float<act_t>(0.f);
 }
 
-__device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
+// The tile's coordinates (batch row, head, group, first row, warp, lane): no loads.
+__device__ __forceinline__ void tile_coords(const Mamba2Params& p, Tile& t) {
   t.b = blockIdx.z;
-  t.slot = rssm::row_slot(p.slot_idx, t.b, p.pad_slot_id, p.slots);
-  if (t.slot == p.pad_slot_id) {
-    zero_pad_output(p, t.b, blockIdx.y, blockIdx.x * PT);
-    return false;
-  }
   t.head = blockIdx.y;
   t.group = t.head / (p.nheads / p.ngroups);
   t.row0 = blockIdx.x * PT;
   t.warp = threadIdx.x / rssm::kWarpSize;
   t.lane = threadIdx.x % rssm::kWarpSize;
+}
+
+// The tile (tile_coords, then the row's slot and the state's addresses); false, with zero outputs, for a pad row.
+__device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
+  tile_coords(p, t);
+  t.slot = rssm::row_slot(p.slot_idx, t.b, p.pad_slot_id, p.slots);
+  if (t.slot == p.pad_slot_id) {
+    zero_pad_output(p, t.b, t.head, t.row0);
+    return false;
+  }
   t.state = static_cast<state_t*>(p.state) + t.slot * p.s_state_slot + t.head * p.s_state_head +
             (long long)(t.row0 + t.warp * kRowsPerWarp) * N + t.lane * kEpl;
   t.master = master_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
@@ -176,12 +182,22 @@ __device__ __forceinline__ float decay_exponent(float a, float delta_sum) {
   return a == 0.f || delta_sum == 0.f ? 0.f : a * delta_sum;
 }
 
-// Δ of row b's token `tok` (a verify's window; 0 otherwise) for head h.
-__device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int h, int tok = 0) {
+// dt + dt_bias of row b's token `tok` (a verify's window; 0 otherwise) for head h, before the softplus.
+__device__ __forceinline__ float biased_dt(const Mamba2Params& p, int b, int h, int tok = 0) {
   const long long off = b * p.s_dt_b + tok * p.s_dt_t + h * p.s_dt_h;
   float dt = p.dt_is_f32 ? static_cast<const float*>(p.dt)[off] : rssm::to_float(static_cast<const act_t*>(p.dt)[off]);
   if (p.dt_bias) dt += p.dt_bias[h];
+  return dt;
+}
+
+// Δ of a biased dt (biased_dt).
+__device__ __forceinline__ float delta_of(const Mamba2Params& p, float dt) {
   return p.dt_softplus ? rssm::softplus_thr20(dt) : dt;
+}
+
+// Δ of row b's token `tok` (a verify's window; 0 otherwise) for head h.
+__device__ __forceinline__ float current_delta(const Mamba2Params& p, int b, int h, int tok = 0) {
+  return delta_of(p, biased_dt(p, b, h, tok));
 }
 
 template <class Raw>  // RawTile (a template: the branch not taken is discarded)
@@ -227,16 +243,35 @@ __device__ __forceinline__ const act_t* x_ring_at(const Mamba2Params& p, int slo
   return static_cast<const act_t*>(p.x_ring) + slot * p.s_xr_slot + head * p.s_xr_head;
 }
 
-// Thread i < PT stages row i's x, D x and its gate.
-__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Tile& t, OutStage& st) {
+// Row i's x, D and z as loaded (thread i < PT; the others stage nothing): stage_extras turns them into x, D x and
+// the gate.
+struct Extras {
+  float x = 0.f, d = 0.f, z = 0.f;
+};
+
+__device__ __forceinline__ Extras load_extras(const Mamba2Params& p, const Tile& t) {
+  Extras e;
+  const int i = threadIdx.x;
+  if (i < PT) {
+    const int row = t.row0 + i;
+    e.x = rssm::to_float(x_of(p, t)[row]);
+    if (p.D) e.d = p.D[t.head];
+    if (p.z) e.z = rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + t.head * p.s_z_h + row]);
+  }
+  return e;
+}
+
+__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Extras& e, OutStage& st) {
   const int i = threadIdx.x;
   if (i >= PT) return;
-  const int row = t.row0 + i;
-  const float x = rssm::to_float(x_of(p, t)[row]);
-  st.x[i] = x;
-  st.extra[i] = p.D ? p.D[t.head] * x : 0.f;
-  st.gate[i] = p.z ? rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[t.b * p.s_z_b + t.head * p.s_z_h + row]))
-                   : 1.f;
+  st.x[i] = e.x;
+  st.extra[i] = p.D ? e.d * e.x : 0.f;
+  st.gate[i] = p.z ? rssm::siluf(e.z) : 1.f;
+}
+
+// Thread i < PT stages row i's x, D x and its gate.
+__device__ __forceinline__ void stage_extras(const Mamba2Params& p, const Tile& t, OutStage& st) {
+  stage_extras(p, load_extras(p, t), st);
 }
 
 // Warp-reduce row r's S·C into the stage.
@@ -366,18 +401,38 @@ __device__ __forceinline__ void load_step_rows(const Tile& t, Rows_& rows) {
   else load_raw(t, rows);
 }
 
-// One recurrence step on the tile (the baseline update): S = exp(A Δ) S + Δ x Bᵀ, stored; S·C staged. With
-// kSkipRepeats, returns false, with zero outputs and nothing stored, for a row that is `skipped` or repeats an
-// earlier row's slot (`first_id`: repeats_earlier_row). Every thread of the CTA calls it (it synchronises).
+// The token's inputs of a one-step tile: loaded (fetch_step_inputs; tile_coords suffice) as this lane's B and C
+// columns, the head's biased dt and A and the extras, then finished (finish_step_inputs: Δ and the decay).
+struct StepInputs {
+  float bv[kEpl], cv[kEpl];
+  float dt, a, delta, decay;
+  Extras extras;
+};
+
+__device__ __forceinline__ void fetch_step_inputs(const Mamba2Params& p, const Tile& t, StepInputs& in) {
+  rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, in.bv);
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, in.cv);
+  in.dt = biased_dt(p, t.b, t.head);
+  in.a = p.A[t.head];
+  in.extras = load_extras(p, t);
+}
+
+__device__ __forceinline__ void finish_step_inputs(const Mamba2Params& p, StepInputs& in) {
+  in.delta = delta_of(p, in.dt);
+  in.decay = __expf(decay_exponent(in.a, in.delta));
+}
+
+// One recurrence step on the tile (the baseline update) with the token's inputs `in`: S = exp(A Δ) S + Δ x Bᵀ,
+// stored; S·C staged. With kSkipRepeats, returns false, with zero outputs and nothing stored, for a row that is
+// `skipped` or repeats an earlier row's slot (`first_id`: repeats_earlier_row). Every thread of the CTA calls it (it
+// synchronises).
 template <bool kSkipRepeats, class Rows_>  // Rows_: StepRows
 __device__ __forceinline__ bool single_step_rows(const Mamba2Params& p, const Tile& t, const Rows_& rows,
-                                                 OutStage& st, int first_id, bool skipped) {
-  float bv[kEpl], cv[kEpl];
-  rssm::load_vec<act_t, kEpl>(group_vec(p.B, p.s_B_b, p.s_B_g, t.b, t.group) + t.lane * kEpl, bv);
-  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, t.b, t.group) + t.lane * kEpl, cv);
-  const float delta = current_delta(p, t.b, t.head);
-  const float decay = __expf(decay_exponent(p.A[t.head], delta));
-  stage_extras(p, t, st);
+                                                 const StepInputs& in, OutStage& st, int first_id, bool skipped) {
+  const auto& bv = in.bv;
+  const auto& cv = in.cv;
+  const float delta = in.delta, decay = in.decay;
+  stage_extras(p, in.extras, st);
   __syncthreads();  // st.x ready
   if (kSkipRepeats && (skipped || repeats_earlier_row(p, t, first_id))) {
     zero_pad_output(p, t.b, t.head, t.row0);
@@ -548,8 +603,11 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   if (!setup_tile(p, t)) return;
   StepRows rows;
   load_step_rows(t, rows);
+  StepInputs in;
+  fetch_step_inputs(p, t, in);
+  finish_step_inputs(p, in);
   __shared__ OutStage st;
-  single_step_rows<false>(p, t, rows, st, 0, false);
+  single_step_rows<false>(p, t, rows, in, st, 0, false);
   finish_output(p, t, st);
 }
 
@@ -558,10 +616,16 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     mamba2_flush_decode_kernel(const Mamba2Params p) {
   begin_state_kernel<true, false>(p);
+  // The token's inputs load before the slot id, their arithmetic (whose branches wait for them) after the state loads
+  // in the source: loaded in the one-step path, they waited for the cursor read (slot id, cursor, inputs in turn).
   Tile t;
+  tile_coords(p, t);
+  StepInputs in;
+  fetch_step_inputs(p, t, in);
   if (!setup_tile(p, t)) return;
   StepRows rows;
   load_step_rows(t, rows);
+  finish_step_inputs(p, in);
   // rssm::row_slot: a row with a cursor outside the ring is computed like one with an empty ring (every read in its
   // slot) and skipped before the first write, so that no branch separates the state loads from the input loads.
   const int cursor = p.cursor[t.slot];
@@ -570,13 +634,13 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   const int first_id = rssm::preload_row_id(p.slot_idx, t.b, t.lane);
   __shared__ OutStage st;
   if (w == 0 && !SR) {  // a stochastically rounded write counts the slot's flushes in the fold's arrival below
-    if (!single_step_rows<true>(p, t, rows, st, first_id, bad_cursor)) return;
+    if (!single_step_rows<true>(p, t, rows, in, st, first_id, bad_cursor)) return;
   } else {
     __shared__ float s_w[rssm::kMaxL];
     __shared__ float s_decay;
     if (t.warp == 0) {
       const float* dt_ring = p.dt_ring + t.slot * p.s_dtr_slot + t.head * p.s_dtr_head;
-      stage_fold_weights(t.lane < w ? dt_ring[t.lane] : (t.lane == w ? current_delta(p, t.b, t.head) : 0.f),
+      stage_fold_weights(t.lane < w ? dt_ring[t.lane] : (t.lane == w ? in.delta : 0.f),
                          p.A[t.head], w, t.lane, s_w, s_decay);
     }
     __syncthreads();
