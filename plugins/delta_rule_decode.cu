@@ -653,13 +653,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
       kFused && !kStored && kRows * kEpl >= 64 && kTile * kK * int(sizeof(state_t)) <= kBulkTileMaxBytes;
   __shared__ __align__(128) state_t s_tile[kBulkTile ? kTile * kK : 1];
   __shared__ unsigned long long s_tile_full;
-  if constexpr (kBulkTile) {
-    if (threadIdx.x == 0) {
-      rssm::mbar_init(&s_tile_full, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();  // the barrier is initialised before any thread waits on it
-  }
+  if constexpr (kBulkTile) rssm::mbar_init_cta(&s_tile_full, 1);
   if constexpr (!kApart) {  // a programmatic state kernel (the flush-rows kernel has waited in for_each_flush_item)
     prefetch_step<kKind>(p, at);
     rssm::wait_previous_grid();
@@ -674,6 +668,7 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   // (finish_inputs).
   float qn[kEpl], kn[kEpl], lg[kGates], gx[kGates], gbias[kGates];
   float kq, beta, v_lane, a_log;
+  auto raw_beta = [&] { return load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32); };
   auto load_v = [&] {
     const act_t* v_in = static_cast<const act_t*>(p.v) + b * p.s_v_b + hv * p.s_v_h + row0 + wrow0;
     v_lane = lane < kRows ? rssm::to_float(v_in[lane]) : 0.f;
@@ -681,14 +676,14 @@ __device__ __forceinline__ void delta_step(const DeltaParams& p, unsigned char* 
   auto inputs_in_turn = [&] {
     kq = normalized_qk(p, b, h, col0, qn, kn);
     current_log_gate(p, b, hv, col0, lg);
-    beta = rssm::sigmoidf(load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32));
+    beta = rssm::sigmoidf(raw_beta());
     load_v();
   };
   auto fetch_inputs = [&] {
     load_qk(p, b, h, col0, qn, kn);
     load_gate_inputs(p, b, hv, col0, gx, gbias);
     a_log = p.A_log[hv];
-    beta = load_scalar(p.beta, b * p.s_beta_b + hv * p.s_beta_h, p.beta_is_f32);
+    beta = raw_beta();
     load_v();
   };
   auto finish_inputs = [&] {

@@ -393,6 +393,21 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
+// Makes this thread's barrier initialisations visible to the async proxy (bulk copies) before the CTA synchronises.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Thread 0 initialises `bar` for `count` arrivals, visible to bulk copies; every thread of the CTA calls it (it
+// synchronises).
+__device__ __forceinline__ void mbar_init_cta(unsigned long long* bar, unsigned count) {
+  if (threadIdx.x == 0) {
+    mbar_init(bar, count);
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -540,7 +555,7 @@ __device__ __forceinline__ void pipe_init(TilePipe& pipe, int stages, int consum
     }
     mbar_init(&pipe.fold_full, kWarpSize);
     mbar_init(&pipe.fold_empty, consumer_warps);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 }
