@@ -616,8 +616,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
     mamba2_flush_decode_kernel(const Mamba2Params p) {
   begin_state_kernel<true, false>(p);
-  // The token's inputs load before the slot id, their arithmetic (whose branches wait for them) after the state loads
-  // in the source: loaded in the one-step path, they waited for the cursor read (slot id, cursor, inputs in turn).
+  // The token's inputs load before the slot id and their arithmetic (whose branches wait for them) follows the state
+  // loads, so that the inputs are in flight with the slot id, not behind the cursor read (docs/decisions.md).
   Tile t;
   tile_coords(p, t);
   StepInputs in;

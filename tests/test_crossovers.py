@@ -49,8 +49,7 @@ def test_an_entry_may_add_a_fused_band():
 
 # The committed raw sweep each measured entry of the shipped table comes from (benchmarks/results/dev/).
 SWEEPS = {"crossovers-hints-on-small-grids-h200.json": [("mamba2", "fp32")],
-          "fused-bulk-tile-h100/crossovers-gdn-fp32.json": [("gdn", "fp32")],
-          "fused-bulk-tile-h100/crossovers-kda-fp32.json": [("kda", "fp32")],
+          "crossovers-gdn-kda-fp32-h100.json": [("gdn", "fp32"), ("kda", "fp32")],
           "crossovers-mamba2-stored-shipped-h100.json": [("mamba2", "nvfp4"), ("mamba2", "nvfp4/dual/fp16"),
                                                          ("mamba2", "fp8"), ("mamba2", "fp8/dual/fp32")],
           "crossovers-delta-stored-h100.json": [(f, s) for f in ("gdn", "kda")
