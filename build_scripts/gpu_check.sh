@@ -167,11 +167,13 @@ if has quant-speed; then  # issue 23's batch 256: every stored spec beside fp32,
   rc=$?; record "quant_speed, stored specs, batch 256" $rc "$OUT/quant-speed-batch256-${gpu}.json"
 fi
 if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
-  # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`)
+  # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`);
+  # CROSSOVER_ARGS=--served-launch: the entries of plainly launched state kernels (the TensorRT-LLM module's)
   cross_specs=${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}
   bounded "${CROSSOVER_TIMEOUT:-540}" python3 benchmarks/dev/crossover_sweep.py -o "$OUT/crossovers.json" \
     --specs "$cross_specs" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \
-    --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" > "$OUT/crossovers.log" 2>&1
+    --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" ${CROSSOVER_ARGS:-} \
+    > "$OUT/crossovers.log" 2>&1
   rc=$?; record "crossover sweep $cross_specs" $rc "$(tail -n 1 "$OUT/crossovers.log")"
 fi
 if has launch; then  # batch 1 and 8: our launch variants beside the peers, alone and behind a plain kernel (the served case)

@@ -11,7 +11,7 @@ import pytest
 from trtllm_replayssm.core import crossovers
 from trtllm_replayssm.core.crossovers import Crossover
 from trtllm_replayssm.core.families import get_family
-from trtllm_replayssm.core.plans import Device
+from trtllm_replayssm.core.plans import Device, Tuning
 from trtllm_replayssm.serving.presets import get_preset
 
 TABLE = (Crossover("mamba2", "*", "*", 3), Crossover("mamba2", "*", "sm_90", 8), Crossover("mamba2", "bf16", "sm_90", 20),
@@ -31,6 +31,21 @@ def test_the_most_specific_entry_wins():
     assert crossovers.entry("gdn", "fp32", "sm_100", TABLE).min_work_per_sm == 5
     assert crossovers.entry("gdn", "bf16", "sm_90", TABLE).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
     assert crossovers.entry("kda", "fp32", "sm_90", TABLE).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
+
+
+def test_a_launch_entry_applies_to_that_launch_only():
+    table = TABLE + (Crossover("mamba2", "fp32", "sm_90", 12, fused_min_work_per_sm=0.0, launch="plain"),
+                     Crossover("mamba2", "*", "sm_90", 16, launch="plain"))
+    assert crossovers.entry("mamba2", "fp32", "sm_90", table, launch="plain").min_work_per_sm == 12
+    assert crossovers.entry("mamba2", "fp32", "sm_90", table, launch="programmatic").min_work_per_sm == 8
+    assert crossovers.entry("mamba2", "fp32", "sm_90", table).min_work_per_sm == 8  # programmatic by default
+    # an exact state label outranks an exact launch, an exact arch both
+    assert crossovers.entry("mamba2", "bf16", "sm_90", table, launch="plain").min_work_per_sm == 20
+    assert crossovers.entry("mamba2", "fp16", "sm_90", table, launch="plain").min_work_per_sm == 16
+    assert crossovers.entry("mamba2", "fp32", "sm_100", table, launch="plain").min_work_per_sm == 3
+    assert [crossovers.launch_of(p) for p in (True, False)] == ["programmatic", "plain"]
+    with pytest.raises(ValueError, match="launch"):
+        crossovers.entry("mamba2", "fp32", "sm_90", table, launch="pdl")
 
 
 def test_an_entry_may_add_a_fused_band():
@@ -79,7 +94,9 @@ def test_every_measured_entry_follows_from_its_committed_sweep():
                                           (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
                                                 fused_min_work_per_sm=-0.5), "fused_min_work"),
                                           (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
-                                                fused_min_work_per_sm="1"), "fused_min_work")])
+                                                fused_min_work_per_sm="1"), "fused_min_work"),
+                                          (dict(family="gdn", state="*", arch="*", min_work_per_sm=1,
+                                                launch="served"), "launch")])
 def test_bad_entries_are_refused(entry, match):
     with pytest.raises(ValueError, match=match):
         crossovers.parse({"entries": [entry]})
@@ -87,21 +104,30 @@ def test_bad_entries_are_refused(entry, match):
         crossovers.parse({"rows": []})
 
 
-def test_the_planner_switches_where_the_table_says(monkeypatch):
-    dims = get_preset("nemotron-3-nano-4b").ssm_dims  # 96 heads
-    fam = get_family("mamba2")
+@pytest.mark.parametrize("family, model", [("mamba2", "nemotron-3-nano-4b"), ("gdn", "qwen3.5-4b")])
+@pytest.mark.parametrize("programmatic", [True, False])
+def test_the_planner_switches_where_the_table_says(monkeypatch, family, model, programmatic):
+    """The planners read the entry of their state kernels' launch (the TensorRT-LLM module's tuning: plain)."""
+    dims = get_preset(model).ssm_dims
+    fam = get_family(family)
     layer = fam.new_cache(dims, 1, 2, buffer_len=16, device="cpu").layer(0)
-    h200 = Device(132, 9)
+    heads, h200, tuning = dims.heads, Device(132, 9), Tuning(programmatic_state=programmatic)
     monkeypatch.delenv("TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD", raising=False)
-    entry = crossovers.entry("mamba2", layer.spec.label, h200.arch)
-    first_replay = math.ceil(entry.min_work_per_sm * 132 / 96)  # batch x 96 heads >= min_work_per_sm x 132 SMs
-    assert fam.replay_plan(layer, first_replay - 1, "auto", device=h200).mode in ("flush", "fused")
-    assert fam.replay_plan(layer, first_replay, "auto", device=h200).mode == "replay"
+    entry = crossovers.entry(family, layer.spec.label, h200.arch, launch=crossovers.launch_of(programmatic))
+    plan = lambda batch: fam.replay_plan(layer, batch, "auto", tuning, device=h200)  # noqa: E731
+    first_replay = math.ceil(entry.min_work_per_sm * 132 / heads)  # batch x heads >= min_work_per_sm x 132 SMs
+    assert plan(first_replay - 1).mode in ("flush", "fused")
+    assert plan(first_replay).mode == "replay"
     if entry.fused_min_work_per_sm is not None:
-        first_fused = math.ceil(entry.fused_min_work_per_sm * 132 / 96)
-        assert fam.replay_plan(layer, first_fused - 1, "auto", device=h200).mode == "flush"
-        assert fam.replay_plan(layer, first_fused, "auto", device=h200).mode == "fused"
-    assert crossovers.entry("mamba2", "fp32", Device(148, 10, 0).arch).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
+        first_fused = max(1, math.ceil(entry.fused_min_work_per_sm * 132 / heads))
+        if first_fused > 1:
+            assert plan(first_fused - 1).mode == "flush"
+        assert plan(first_fused).mode == "fused"
+    assert crossovers.entry(family, "fp32", Device(148, 10, 0).arch).min_work_per_sm == crossovers.DEFAULT_MIN_WORK_PER_SM
+    asked, table_entry = [], crossovers.entry  # the launch the planner asks the table for
+    monkeypatch.setattr(crossovers, "entry", lambda *a, **k: asked.append(k.get("launch")) or table_entry(*a, **k))
+    plan(1)
+    assert asked == [crossovers.launch_of(programmatic)]
 
 
 def test_the_sweep_finds_the_first_batch_replay_keeps_winning():
@@ -167,3 +193,25 @@ def test_the_sweep_times_the_chosen_models_and_hands_over_every_record():
     assert entries["mamba2", "nvfp4"].fused_min_work_per_sm is not None
     with pytest.raises(ValueError, match="not in the selected families"):
         measure(["gdn"], ["nemotron-3-super-120b"], ["fp32"], [1], "sm_90", fake_time, lambda rs: None)
+
+
+def test_a_served_sweep_writes_entries_for_plain_launches_only():
+    """--served-launch records carry launch 'plain' and make entries for plainly launched state kernels; records
+    without a launch (sweeps of programmatic launches) make entries for any launch."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "dev"))
+    from crossover_sweep import entries_from, measure
+
+    def fake_time(shape, label, batch, mode):  # fused beats flush from batch 1, replay takes over at 16
+        return {"flush": 3.0 * batch + 1, "fused": 2.5 * batch, "replay": 1.5 * batch + 20}[mode]
+
+    records = measure(["gdn"], ["qwen3.5-4b"], ["fp32"], [1, 2, 4, 16, 64], "sm_90", fake_time, lambda rs: None,
+                      launch="plain")
+    assert {r["launch"] for r in records} == {"plain"}
+    (served,) = entries_from(records, "GPU", 132)
+    assert served.launch == "plain" and "served launch" in served.source
+    assert served.fused_min_work_per_sm == math.floor(100 * 32 / 132) / 100  # from batch 1
+    (general,) = entries_from([{k: v for k, v in r.items() if k != "launch"} for r in records], "GPU", 132)
+    assert general.launch == "*" and "served" not in general.source
+    table = (general, served)
+    assert crossovers.entry("gdn", "fp32", "sm_90", table, launch="plain") is served
+    assert crossovers.entry("gdn", "fp32", "sm_90", table, launch="programmatic") is general

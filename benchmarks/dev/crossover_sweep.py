@@ -11,6 +11,11 @@ the nearer side on a log scale), above the losing batch. The table entry of a (f
 over the family's models (none for fused unless every model has one). ``--from-records`` recomputes the table from
 the raw records of an earlier run instead of measuring.
 
+The state kernels launch as programmatic dependents (the default tuning), and the entries apply to any launch
+(``launch`` ``*``). ``--served-launch`` times the served case instead, as ``bench kernels --served-launch
+--after-plain-kernel`` does (the TensorRT-LLM module's tuning, every call behind a plainly launched kernel whose own
+time is subtracted), and its entries apply to plainly launched state kernels only (``launch`` ``plain``).
+
     python3 benchmarks/dev/crossover_sweep.py --specs fp32,bf16 -o benchmarks/results/dev/crossovers-h200.json \
         --write-table
 """
@@ -28,23 +33,30 @@ import torch
 from trtllm_replayssm.core import byte_model, crossovers
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import parse_state_label
-from trtllm_replayssm.core.plans import device_of
-from trtllm_replayssm.lab.bench import timing
+from trtllm_replayssm.core.plans import Tuning, device_of
+from trtllm_replayssm.lab.bench import kernels, timing
 from trtllm_replayssm.lab.bench.ours import replay_case
 from trtllm_replayssm.lab.bench.shapes import BenchShape, select_shapes
+from trtllm_replayssm.serving.trtllm.model_cache import SERVING_TUNING
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 TIMED_MODES = ("flush", "fused", "replay")
 
 
-def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device) -> float:
-    """µs per step of ``mode`` over whole staggered cycles (one call per cache, L calls per cycle)."""
+def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device,
+              served: bool = False) -> float:
+    """µs per step of ``mode`` over whole staggered cycles (one call per cache, L calls per cycle); ``served``: with
+    the TensorRT-LLM module's tuning, every call behind a plainly launched kernel whose own time is subtracted."""
     spec = parse_state_label(label)
     gen = torch.Generator().manual_seed(batch)
     step = family_of(shape.dims).random_step(shape.dims, batch, gen, dev, torch.bfloat16)
     n = timing.pools_for_cold_l2(byte_model.state_bytes(shape.dims, spec) * (batch + 1), timing.l2_bytes(dev))
-    case = replay_case(shape, batch, spec, step, n, L, mode, gen, dev)
-    return timing.time_calls([c for _ in range(L) for c in case.calls])
+    case = replay_case(shape, batch, spec, step, n, L, mode, gen, dev, SERVING_TUNING if served else Tuning())
+    if not served:
+        return kernels.time_case(case, L, timing.MIN_REPLAYS, timing.time_calls)[0]
+    neighbour = kernels.plain_neighbour(batch, dev)
+    return (kernels.time_case(case, L, timing.MIN_REPLAYS, timing.time_calls, neighbour)[0]
+            - kernels.neighbour_time(neighbour, L, n, timing.MIN_REPLAYS, timing.time_calls))
 
 
 def crossover(times: dict[int, tuple[float, float]]) -> int | None:
@@ -71,9 +83,9 @@ def switch_per_sm(batch: int | None, batches: list[int], heads: int, sms: int) -
 
 
 def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, dict[int, dict[str, float]]],
-                heads: dict[str, int], sms: int) -> crossovers.Crossover | None:
-    """The crossover entry of (family, spec) from each model's times per batch and mode (None: replay never keeps
-    winning for some model). The replay threshold is an integer above every batch where replay loses."""
+                heads: dict[str, int], sms: int, launch: str = "*") -> crossovers.Crossover | None:
+    """The crossover entry of (family, spec, launch) from each model's times per batch and mode (None: replay never
+    keeps winning for some model). The replay threshold is an integer above every batch where replay loses."""
     replay, fused = [], []
     for model, per_batch in times.items():
         batches = sorted(per_batch)
@@ -88,17 +100,19 @@ def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, d
     fused_per_sm = max(fused) if all(f is not None for f in fused) else None
     band = ("no fused band (fused does not beat flush below it)" if fused_per_sm is None
             else f"fused beats flush below it from {fused_per_sm}")
+    served = ", served launch" if launch == "plain" else ""
     return crossovers.Crossover(
         family, label, arch, max(replay),
-        f"{gpu}, {label}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, {band} over "
-        f"{', '.join(times)} (benchmarks/dev/crossover_sweep.py)", fused_per_sm)
+        f"{gpu}, {label}{served}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, {band} over "
+        f"{', '.join(times)} (benchmarks/dev/crossover_sweep.py)", fused_per_sm, launch)
 
 
 def measure(families: list[str], models: list[str] | None, specs: list[str], batches: list[int], arch: str,
-            time: Callable[[BenchShape, str, int, str], float], on_record: Callable[[list[dict]], None]) -> list[dict]:
+            time: Callable[[BenchShape, str, int, str], float], on_record: Callable[[list[dict]], None],
+            launch: str = "*") -> list[dict]:
     """Raw records: µs per step of every timed mode (``time(shape, spec, batch, mode)``), per family, spec, model
-    (``models``: only these, each of one of ``families``; None: every benchmark model of them) and batch;
-    ``on_record`` gets the records so far after each one."""
+    (``models``: only these, each of one of ``families``; None: every benchmark model of them) and batch, each with
+    the ``launch`` its entries apply to; ``on_record`` gets the records so far after each one."""
     records = []
     shapes = select_shapes(families, models)
     for family in families:
@@ -107,7 +121,8 @@ def measure(families: list[str], models: list[str] | None, specs: list[str], bat
                 for b in batches:
                     t = {mode: time(shape, label, b, mode) for mode in TIMED_MODES}
                     records.append({"family": family, "model": shape.model, "heads": shape.dims.heads, "state": label,
-                                    "batch": b, "arch": arch, **{f"{mode}_us": us for mode, us in t.items()}})
+                                    "batch": b, "arch": arch, "launch": launch,
+                                    **{f"{mode}_us": us for mode, us in t.items()}})
                     on_record(records)
                     print(f"{family:6s} {shape.model:24s} {label:16s} b{b:<4d} "
                           + "  ".join(f"{mode} {us:8.1f} us" for mode, us in t.items()), flush=True)
@@ -115,15 +130,16 @@ def measure(families: list[str], models: list[str] | None, specs: list[str], bat
 
 
 def entries_from(records: list[dict], gpu: str, sms: int) -> list[crossovers.Crossover]:
-    """One table entry per (family, spec, arch) of the records (table_entry)."""
-    groups: dict[tuple[str, str, str], dict[str, dict[int, dict[str, float]]]] = {}
+    """One table entry per (family, spec, arch, launch) of the records (table_entry; records without a launch are
+    of programmatic launches, their entries for any launch)."""
+    groups: dict[tuple[str, str, str, str], dict[str, dict[int, dict[str, float]]]] = {}
     heads: dict[str, int] = {}
     for r in records:
-        per_model = groups.setdefault((r["family"], r["state"], r["arch"]), {})
+        per_model = groups.setdefault((r["family"], r["state"], r["arch"], r.get("launch", "*")), {})
         per_model.setdefault(r["model"], {})[r["batch"]] = {mode: r[f"{mode}_us"] for mode in TIMED_MODES}
         heads[r["model"]] = r["heads"]
-    found = [table_entry(family, label, arch, gpu, times, heads, sms)
-             for (family, label, arch), times in groups.items()]
+    found = [table_entry(family, label, arch, gpu, times, heads, sms, launch)
+             for (family, label, arch, launch), times in groups.items()]
     return [e for e in found if e is not None]
 
 
@@ -136,6 +152,8 @@ def main() -> int:
     ap.add_argument("--specs", default="fp32,bf16")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("-L", type=int, default=16)
+    ap.add_argument("--served-launch", action="store_true",
+                    help="time the served case (plain launches behind a plain kernel); its entries: launch 'plain'")
     ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name}")
     a = ap.parse_args()
     if a.from_records:
@@ -155,14 +173,16 @@ def main() -> int:
             Path(a.output).write_text(json.dumps(raw, indent=1))
 
         measure(a.families.split(","), [m for m in a.models.split(",") if m] or None, a.specs.split(","), batches,
-                device_of(dev).arch, lambda shape, label, b, mode: time_mode(shape, label, b, mode, a.L, dev), write)
+                device_of(dev).arch,
+                lambda shape, label, b, mode: time_mode(shape, label, b, mode, a.L, dev, a.served_launch), write,
+                "plain" if a.served_launch else "*")
     found = entries_from(raw["records"], raw["gpu"], raw["sms"])
     for e in found:
-        print(f"{e.family} {e.state} {e.arch}: replay from {e.min_work_per_sm} work items per SM, fused from "
-              f"{e.fused_min_work_per_sm}")
+        print(f"{e.family} {e.state} {e.arch} launch {e.launch}: replay from {e.min_work_per_sm} work items per SM, "
+              f"fused from {e.fused_min_work_per_sm}")
     if a.write_table:
-        entries = {(c.family, c.state, c.arch): c for c in crossovers.shipped()}
-        entries.update({(c.family, c.state, c.arch): c for c in found})
+        entries = {(c.family, c.state, c.arch, c.launch): c for c in crossovers.shipped()}
+        entries.update({(c.family, c.state, c.arch, c.launch): c for c in found})
         table = json.loads(crossovers.TABLE.read_text())
         table["entries"] = [vars(c) for c in entries.values()]
         crossovers.TABLE.write_text(json.dumps(table, indent=2) + "\n")

@@ -146,7 +146,8 @@ def replay_plan(layer: GDNLayerCache, batch: int, per_channel_gate: bool, mode: 
     stored = layer.storage is not None
     other = non_replay_plan("delta-rule replay decode", mode, key, batch * HV,
                             stored or layer.state.dtype in REPLAY_STATE_DTYPES,
-                            crossovers.entry("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch),
+                            crossovers.entry("kda" if per_channel_gate else "gdn", layer.spec.label, dev.arch,
+                                             launch=crossovers.launch_of(tuning.programmatic_state)),
                             dev, tuning,
                             lambda: _state_kernel_plan("flush", key, V, K, HV, batch, dev, tuning),
                             lambda: _fused_plan(key, V, K, HV, L, act, per_channel_gate, batch, dev, tuning))

@@ -108,7 +108,9 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
     key = replay_plan_key(layer, batch)
     replay_state = layer.storage is not None or layer.state.dtype in REPLAY_STATE_DTYPES
     other = non_replay_plan("mamba2_replay_decode", mode, key, batch * H, replay_state,
-                            crossovers.entry("mamba2", layer.spec.label, dev.arch), dev, tuning,
+                            crossovers.entry("mamba2", layer.spec.label, dev.arch,
+                                             launch=crossovers.launch_of(tuning.programmatic_state)),
+                            dev, tuning,
                             lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning),
                             lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning))
     if other is not None:
