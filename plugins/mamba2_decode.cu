@@ -154,9 +154,9 @@ __device__ __forceinline__ void tile_coords(const Mamba2Params& p, Tile& t) {
   t.lane = threadIdx.x % rssm::kWarpSize;
 }
 
-// The tile (tile_coords, then the row's slot and the state's addresses); false, with zero outputs, for a pad row.
-__device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
-  tile_coords(p, t);
+// The row's slot and the state's addresses of a tile with its coordinates (tile_coords); false, with zero outputs,
+// for a pad row.
+__device__ __forceinline__ bool locate_slot(const Mamba2Params& p, Tile& t) {
   t.slot = rssm::row_slot(p.slot_idx, t.b, p.pad_slot_id, p.slots);
   if (t.slot == p.pad_slot_id) {
     zero_pad_output(p, t.b, t.head, t.row0);
@@ -168,6 +168,12 @@ __device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
   if constexpr (kStored) t.rows = checkpoint_rows(p, t.slot, t.head, t.row0 + t.warp * kRowsPerWarp);
   t.flushes = SR && p.flushes ? p.flushes[t.slot] : 0u;
   return true;
+}
+
+// The tile (tile_coords, then locate_slot); false, with zero outputs, for a pad row.
+__device__ __forceinline__ bool setup_tile(const Mamba2Params& p, Tile& t) {
+  tile_coords(p, t);
+  return locate_slot(p, t);
 }
 
 // Whether the tile's row repeats an earlier row's slot (rssm::row_slot; warp-uniform, the same in every warp).
@@ -622,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, kStateMinBlocks)
   tile_coords(p, t);
   StepInputs in;
   fetch_step_inputs(p, t, in);
-  if (!setup_tile(p, t)) return;
+  if (!locate_slot(p, t)) return;
   StepRows rows;
   load_step_rows(t, rows);
   finish_step_inputs(p, in);
