@@ -1,5 +1,6 @@
 // Fused decode-step layers of the reference hybrid decoders (trtllm_replayssm/models): RMSNorm with the residual add,
-// gated RMSNorm, the causal depthwise conv1d state update (+ SiLU), the MLP activations and rotate-half RoPE. Each
+// gated RMSNorm, the causal depthwise conv1d's speculative window (verify, commit; its decode step:
+// conv1d_update.cu), the MLP activations and rotate-half RoPE. Each
 // replaces a chain of elementwise PyTorch kernels by one launch; the math (fp32, rounded to act_t where the PyTorch
 // reference rounds) follows trtllm_replayssm/reference/layers.py, which is also the CPU path of these ops
 // (ops/layers.py). Kernels with a `vec` flag move 16-byte vectors (set by the host when sizes and strides allow) and
@@ -162,73 +163,6 @@ extern "C" __global__ void __launch_bounds__(kBlock) gated_rmsnorm_kernel(const 
   }
 }
 
-#include "ConvParams.h"  // generated from lab/layers/ops.py (the struct's one description)
-
-constexpr int kMaxConvWidth = 8;
-constexpr int kVecConvWidth = 4;  // the vector path's width (every supported model's conv)
-
-__device__ __forceinline__ float conv_output(float y, const ConvParams& p, int c) {
-  if (p.bias) y += rssm::to_float(p.bias[c]);
-  y = rounded(y);
-  return p.silu ? rssm::siluf(y) : y;
-}
-
-// One thread per (row, channel) or, vec, per (row, kVec channels): y = sum_k w_k * window_k + bias (rounded to act_t
-// like the reference), optionally SiLU; the state shifts by one input.
-extern "C" __global__ void __launch_bounds__(kBlock) conv1d_update_kernel(const ConvParams p) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  const long long b = blockIdx.y;
-  if (p.vec) {
-    constexpr int kHist = kVecConvWidth - 1;
-    const int c0 = t * kVec;
-    if (c0 >= p.channels) return;
-    act_t* state = p.conv_state + (b * p.channels + c0) * kHist;
-    float s[kHist * kVec], w[kVecConvWidth * kVec], xn[kVec], y[kVec];
-#pragma unroll
-    for (int k = 0; k < kHist; ++k) rssm::load_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
-#pragma unroll
-    for (int k = 0; k < kVecConvWidth; ++k)
-      rssm::load_vec<act_t, kVec>(p.weight + (long long)c0 * kVecConvWidth + k * kVec,
-                                  reinterpret_cast<float(&)[kVec]>(w[k * kVec]));
-    rssm::load_vec<act_t, kVec>(p.x + b * p.s_x + c0, xn);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {  // channel c0 + e: state s[e*kHist .. +kHist), weights w[e*width .. +width)
-      float acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < kHist; ++k) acc = fmaf(w[e * kVecConvWidth + k], s[e * kHist + k], acc);
-      acc = fmaf(w[e * kVecConvWidth + kHist], xn[e], acc);
-      y[e] = conv_output(acc, p, c0 + e);
-    }
-    rssm::store_vec<act_t, kVec>(p.out + b * p.s_out + c0, y);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-#pragma unroll
-      for (int k = 0; k < kHist; ++k) s[e * kHist + k] = k + 1 < kHist ? s[e * kHist + k + 1] : xn[e];
-    }
-#pragma unroll
-    for (int k = 0; k < kHist; ++k) rssm::store_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
-    return;
-  }
-  const int c = t;
-  if (c >= p.channels) return;
-  const int hist = p.width - 1;
-  act_t* state = p.conv_state + (b * p.channels + c) * hist;
-  const act_t* w = p.weight + (long long)c * p.width;
-  const act_t x_new = p.x[b * p.s_x + c];
-  act_t window[kMaxConvWidth];
-#pragma unroll
-  for (int k = 0; k < kMaxConvWidth; ++k)
-    if (k < hist) window[k] = state[k];
-  float y = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxConvWidth; ++k)
-    if (k < p.width) y = fmaf(rssm::to_float(w[k]), rssm::to_float(k < hist ? window[k] : x_new), y);
-  p.out[b * p.s_out + c] = rssm::from_float<act_t>(conv_output(y, p, c));
-#pragma unroll
-  for (int k = 0; k < kMaxConvWidth; ++k)
-    if (k < hist) state[k] = k + 1 < hist ? window[k + 1] : x_new;
-}
-
 #include "ConvWindowParams.h"  // generated from lab/layers/ops.py (the struct's one description)
 
 // Commit of a conv window: the state becomes in[a .. a + W - 1) of the window's inputs `in` ([tap][E] per thread;
@@ -258,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const 
   const long long a = p.accepted ? p.accepted[b] : 0;
   if (p.accepted && (a < 1 || a > T)) return;
   if (p.vec) {
-    constexpr int kHist = kVecConvWidth - 1;
+    constexpr int kHist = rssm::kVecConvWidth - 1;
     const int c0 = t_idx * kVec;
     if (c0 >= p.channels) return;
     act_t* state = p.conv_state + (b * p.channels + c0) * kHist;
@@ -288,10 +222,10 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const 
         rssm::store_vec<act_t, kVec>(state + k * kVec, reinterpret_cast<float(&)[kVec]>(s[k * kVec]));
       return;
     }
-    float w[kVecConvWidth * kVec], bias[kVec] = {};
+    float w[rssm::kVecConvWidth * kVec], bias[kVec] = {};
 #pragma unroll
-    for (int k = 0; k < kVecConvWidth; ++k)
-      rssm::load_vec<act_t, kVec>(p.weight + (long long)c0 * kVecConvWidth + k * kVec,
+    for (int k = 0; k < rssm::kVecConvWidth; ++k)
+      rssm::load_vec<act_t, kVec>(p.weight + (long long)c0 * rssm::kVecConvWidth + k * kVec,
                                   reinterpret_cast<float(&)[kVec]>(w[k * kVec]));
     if (p.bias) rssm::load_vec<act_t, kVec>(p.bias + c0, bias);
 #pragma unroll
@@ -302,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const 
       for (int e = 0; e < kVec; ++e) {  // channel c0 + e: weights w[e width ...]
         float acc = 0.f;
 #pragma unroll
-        for (int k = 0; k < kVecConvWidth; ++k) acc = fmaf(w[e * kVecConvWidth + k], in[t + k][e], acc);
+        for (int k = 0; k < rssm::kVecConvWidth; ++k) acc = fmaf(w[e * rssm::kVecConvWidth + k], in[t + k][e], acc);
         acc = rounded(acc + bias[e]);
         y[e] = p.silu ? rssm::siluf(acc) : acc;
       }
@@ -314,31 +248,31 @@ extern "C" __global__ void __launch_bounds__(kBlock) conv1d_window_kernel(const 
   if (c >= p.channels) return;
   const int hist = p.width - 1;
   act_t* state = p.conv_state + (b * p.channels + c) * hist;
-  float in[kMaxConvWidth - 1 + rssm::kMaxWindow][1];
+  float in[rssm::kMaxConvWidth - 1 + rssm::kMaxWindow][1];
 #pragma unroll
-  for (int k = 0; k < kMaxConvWidth - 1; ++k)
+  for (int k = 0; k < rssm::kMaxConvWidth - 1; ++k)
     if (k < hist) in[k][0] = rssm::to_float(state[k]);
 #pragma unroll
   for (int t = 0; t < rssm::kMaxWindow; ++t)
     if (t < T) in[hist + t][0] = rssm::to_float(p.x[b * p.s_x_b + t * p.s_x_t + c]);
   if (p.accepted) {
-    float taps[kMaxConvWidth - 1][1];
-    committed_taps<kMaxConvWidth - 1, 1>(in, int(a), taps);
+    float taps[rssm::kMaxConvWidth - 1][1];
+    committed_taps<rssm::kMaxConvWidth - 1, 1>(in, int(a), taps);
 #pragma unroll
-    for (int k = 0; k < kMaxConvWidth - 1; ++k)
+    for (int k = 0; k < rssm::kMaxConvWidth - 1; ++k)
       if (k < hist) state[k] = rssm::from_float<act_t>(taps[k][0]);
     return;
   }
-  float w[kMaxConvWidth];
+  float w[rssm::kMaxConvWidth];
 #pragma unroll
-  for (int k = 0; k < kMaxConvWidth; ++k) w[k] = k < p.width ? rssm::to_float(p.weight[(long long)c * p.width + k]) : 0.f;
+  for (int k = 0; k < rssm::kMaxConvWidth; ++k) w[k] = k < p.width ? rssm::to_float(p.weight[(long long)c * p.width + k]) : 0.f;
   const float bias = p.bias ? rssm::to_float(p.bias[c]) : 0.f;
 #pragma unroll
   for (int t = 0; t < rssm::kMaxWindow; ++t) {
     if (t >= T) break;
     float y = 0.f;
 #pragma unroll
-    for (int k = 0; k < kMaxConvWidth; ++k)
+    for (int k = 0; k < rssm::kMaxConvWidth; ++k)
       if (k < p.width) y = fmaf(w[k], in[t + k][0], y);
     y = rounded(y + bias);
     p.out[(b * T + t) * p.channels + c] = rssm::from_float<act_t>(p.silu ? rssm::siluf(y) : y);

@@ -12,6 +12,8 @@ constexpr int kNumWarps = 4;  // every decode kernel runs 4 warps per CTA (host 
 constexpr int kThreads = kWarpSize * kNumWarps;
 constexpr int kMaxL = 32;     // ring length limit: one ring entry per lane in the warp scans
 constexpr int kMaxWindow = 8; // tokens per speculative verify window (T = 1 + drafts)
+constexpr int kMaxConvWidth = 8;  // causal conv1d taps (host side: core/ops/conv.py MAX_CONV_WIDTH)
+constexpr int kVecConvWidth = 4;  // the conv kernels' vector path's width (every supported model's conv)
 
 template <bool kCond, class A, class B> struct Conditional { using type = A; };
 template <class A, class B> struct Conditional<false, A, B> { using type = B; };

@@ -1,10 +1,29 @@
 """Checks shared by the kernel-contract tests of every family: relative error, poisoned-output rows, steps launched
-back to back."""
+back to back; the activation-dtype tolerances and inputs of the layer-op tests."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ACT_DTYPES = [torch.bfloat16, torch.float32]
+
+
+def act_tol(dtype: torch.dtype) -> dict[str, float]:
+    """Layer-op outputs against float64: bf16 outputs are rounded to bf16 (and the references round intermediates
+    too): 2 ulps; fp32 1e-5."""
+    return dict(rtol=2 ** -6, atol=2 ** -6) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+
+
+def randn_on(gen: torch.Generator, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal values drawn on the CPU from ``gen``, in ``dtype`` on DEV."""
+    return torch.randn(shape, generator=gen).to(dtype).to(DEV)
+
+
+def silu64(v: torch.Tensor) -> torch.Tensor:
+    v = v.double()
+    return v * torch.sigmoid(v)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

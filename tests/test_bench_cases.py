@@ -212,9 +212,11 @@ def test_runner_times_stored_checkpoints(label):
     assert ("baseline" in reasons) == spec.stochastic_rounding
 
 
-def test_runner_times_each_call_after_a_plain_kernel_and_subtracts_it():
-    """``after_plain_kernel``: every call of the graph follows the neighbour kernel, whose own time (a graph of it
-    alone) is recorded and subtracted."""
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("neighbour", ["plain", "conv"])
+def test_runner_times_each_call_after_its_neighbour_and_subtracts_it(family, neighbour):
+    """``neighbour``: every call of the graph follows that kernel (a plain elementwise one, or our conv1d step over
+    the layer's conv channels), whose own time (a graph of it alone) is recorded and subtracted."""
     from trtllm_replayssm.lab.bench import kernels
 
     graphs = []
@@ -225,12 +227,14 @@ def test_runner_times_each_call_after_a_plain_kernel_and_subtracts_it():
         graphs.append(len(calls))
         return 3.0 if len(graphs) == 1 else 10.0  # the neighbour alone first, then pairs of launches
 
-    config = kernels.KernelBenchConfig(families=["mamba2"], batches=[2], state_dtypes=["fp32"], buffer_len=4,
-                                       peers=False, after_plain_kernel=True)
-    recs = kernels._run_case(config, TINY["mamba2"], "fp32", 2, 2000.0, 1000, [], CPU, lambda _m: None, one_pass)
+    config = kernels.KernelBenchConfig(families=[family], batches=[2], state_dtypes=["fp32"], buffer_len=4,
+                                       peers=False, neighbour=neighbour)
+    recs = kernels._run_case(config, TINY[family], "fp32", 2, 2000.0, 1000, [], CPU, lambda _m: None, one_pass)
     n = 4 * recs[0].n_pools
     assert graphs == [n] + [2 * n] * len(recs)
-    assert all(r.neighbour_us == 3.0 and r.median_us == 2 * 10.0 - 3.0 for r in recs)
+    assert all(r.neighbour == neighbour and r.neighbour_us == 3.0 and r.median_us == 2 * 10.0 - 3.0 for r in recs)
+    with pytest.raises(ValueError, match="neighbour"):
+        kernels.KernelBenchConfig(families=[family], neighbour="norm")
 
 
 def test_runner_plans_our_cases_with_the_configs_tuning(monkeypatch):

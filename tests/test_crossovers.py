@@ -65,15 +65,16 @@ def test_an_entry_may_add_a_fused_band():
 
 
 # The committed raw sweep each measured entry of the shipped table comes from (benchmarks/results/dev/): (family,
-# state, launch) keys, launch "*" for programmatic sweeps and "plain" for served ones (crossover_sweep.py
-# --served-launch).
+# state, launch) keys: launch "*" for sweeps chained behind the previous call, "plain" for served Mamba-2 ones
+# (crossover_sweep.py --served-launch), "programmatic" for those behind the conv1d step (--after-conv).
 SWEEPS = {"crossovers-hints-on-small-grids-h200.json": [("mamba2", "fp32", "*")],
           "crossovers-gdn-kda-fp32-h100.json": [("gdn", "fp32", "*"), ("kda", "fp32", "*")],
           "crossovers-mamba2-stored-shipped-h100.json": [("mamba2", s, "*") for s in ("nvfp4", "nvfp4/dual/fp16",
                                                                                     "fp8", "fp8/dual/fp32")],
           "crossovers-delta-stored-h100.json": [(f, s, "*") for f in ("gdn", "kda")
                                                 for s in ("nvfp4", "nvfp4/dual/fp16", "fp8", "fp8/dual/fp32")],
-          "crossovers-served-h100.json": [(f, s, "plain") for f in ("mamba2", "gdn", "kda") for s in ("fp32", "bf16")]}
+          "crossovers-served-h100.json": [(f, s, "plain") for f in ("mamba2", "gdn", "kda") for s in ("fp32", "bf16")],
+          "crossovers-after-conv-h100.json": [(f, s, "programmatic") for f in ("gdn", "kda") for s in ("fp32", "bf16")]}
 
 
 def test_every_measured_entry_follows_from_its_committed_sweep():

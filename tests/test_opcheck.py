@@ -138,7 +138,8 @@ def _layer_sample(name: str, gen: torch.Generator) -> tuple:
     if name == "gated_rms_norm":
         return rnd(rows, dim), rnd(rows, dim), rnd(dim), 64, 1e-5, False, rnd(rows, dim)
     if name == "conv1d_update":
-        return rnd(rows, dim), rnd(rows, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, dim)
+        slots = torch.tensor([4, -1, 0], dtype=torch.int32, device=DEV)
+        return rnd(rows, dim), rnd(6, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, dim), slots, -1, True
     if name == "conv1d_verify":
         return rnd(rows, 4, dim), rnd(rows, dim, 3), rnd(dim, 4), rnd(dim), True, rnd(rows, 4, dim)
     if name == "conv1d_commit":

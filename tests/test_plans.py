@@ -22,9 +22,9 @@ from trtllm_replayssm.serving.presets import get_preset
 
 H200 = Device(132, 9)
 RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
-# recorded auto cases that the measured fp32 crossover entries send to another mode (36 (model, activation dtype,
-# batch) cases x 2 ring lengths)
-MOVED_BY_THE_FP32_CROSSOVERS = 72
+# recorded auto cases that the measured crossover entries of programmatic launches send to another mode (30 (model,
+# activation dtype, batch) cases x 2 ring lengths)
+MOVED_BY_THE_CROSSOVERS = 60
 # recorded baseline and flush cases whose row tile the decode state kernels' rule (DECODE_MIN_CTAS_PER_SM) changed
 RETILED_BY_THE_DECODE_TILE_RULE = 768
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,7 +89,7 @@ def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
         if plan.mode != "replay":  # recorded when the state kernels still launched plainly
             expected = [dict(expected[0], programmatic=True)]
         assert _launches(dims, plan, sd, ad) == expected, case
-    assert moved == MOVED_BY_THE_FP32_CROSSOVERS
+    assert moved == MOVED_BY_THE_CROSSOVERS
     assert retiled == RETILED_BY_THE_DECODE_TILE_RULE
 
 

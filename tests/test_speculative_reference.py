@@ -204,6 +204,7 @@ def test_delta_rule_verify_checks():
 def test_conv_window_equals_sequential_conv_of_the_accepted_tokens(T, width):
     """The causal conv1d of a speculative window (``lab/layers/reference.py``): each token's output equals
     sequential conv steps, and the committed conv state is the sequential one after exactly the accepted tokens."""
+    from trtllm_replayssm.core.reference import conv as conv_ref
     from trtllm_replayssm.lab.layers import reference as layers_ref
 
     gen = torch.Generator().manual_seed(T * 10 + width)
@@ -220,7 +221,7 @@ def test_conv_window_equals_sequential_conv_of_the_accepted_tokens(T, width):
         for b in range(batch):
             st = seq_state[b:b + 1].clone()
             for t in range(T):  # every window position matches a sequential step (accepted or not)
-                assert torch.allclose(layers_ref.conv1d_update_(x[b:b + 1, t], st, weight, bias, True)[0], y[b, t],
+                assert torch.allclose(conv_ref.conv1d_update_(x[b:b + 1, t], st, weight, bias, True)[0][0], y[b, t],
                                       atol=1e-6)
                 if t + 1 == int(accepted[b]):
                     seq_state[b] = st[0]

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
-                                                  commit_conv_windows, decode_slot_ids, gdn_materialize_slots,
-                                                  gdn_prefill_kwargs, gdn_split_qkv, mamba2_ssu_call,
+                                                  commit_conv_windows, decode_conv, decode_slot_ids,
+                                                  gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
+                                                  mamba2_ssu_call,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
                                                   kda_packed_conv_weight, kda_split_qkv, mamba2_ssu_attrs, per_head,
                                                   split_batch)
@@ -292,3 +293,49 @@ def test_commit_conv_windows_takes_each_rows_accepted_window():
     with pytest.raises(ValueError, match=r"^windows: expected \[>= 3, T, 5, 3\]"):
         commit_conv_windows([(conv, windows[:, :, :4])], accepted, idx)
 
+
+
+def _conv_pool(slots: int, channels: int, taps: int, ssm_bytes: int, gen: torch.Generator) -> torch.Tensor:
+    """A conv view of a unified pool (``tests/upstream_pools.UnifiedPool``'s layout: each block its SSM bytes, then
+    its conv bytes), ``[slots, channels, taps]`` bf16 with a block stride beyond channels x taps."""
+    conv_bytes = channels * taps * 2
+    blocks = torch.randint(0, 256, (slots, ssm_bytes + conv_bytes), generator=gen, dtype=torch.uint8)
+    return blocks[:, ssm_bytes:].view(torch.bfloat16).unflatten(1, (channels, taps))
+
+
+def test_decode_conv_runs_ours_with_upstreams_numerics_on_a_unified_pool():
+    """decode_conv on the conv view of a unified pool, with graph padding rows (upstream's ids repeat the dummy slot;
+    decode_slot_ids makes the repeats pad rows): the live rows' outputs are SiLU of the fp32 conv rounded once
+    (upstream's causal_conv1d_update), their slots shifted, every other byte of the pool untouched; upstream's conv
+    is not called."""
+    gen = torch.Generator().manual_seed(3)
+    slots, channels, width = 9, 48, 4
+    pool = _conv_pool(slots, channels, width - 1, ssm_bytes=160, gen=gen)
+    pool.copy_(torch.randn(pool.shape, generator=gen).to(torch.bfloat16))
+    before = pool.clone()
+    weight = torch.randn(channels, width, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(channels, generator=gen).to(torch.bfloat16)
+    x = torch.randn(4, channels, generator=gen).to(torch.bfloat16)
+    ids = decode_slot_ids(torch.tensor([6, 2, 8, 8], dtype=torch.int32), slots)  # the last row pads on the dummy 8
+    out, own = decode_conv(x, pool, weight, bias, "silu", ids, lambda: pytest.fail("upstream's conv was called"))
+    assert own
+    for row, slot in enumerate([6, 2, 8]):
+        window = torch.cat([before[slot].float(), x[row].float()[:, None]], -1)
+        y = (window * weight.float()).sum(-1) + bias.float()
+        assert torch.equal(out[row], (y / (1 + torch.exp(-y))).to(torch.bfloat16))  # upstream's SiLU, one rounding
+        assert torch.equal(pool[slot], window[:, 1:].to(torch.bfloat16))
+    untouched = [s for s in range(slots) if s not in (6, 2, 8)]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("case", ["activation", "weight dtype", "weight width"])
+def test_decode_conv_leaves_what_ours_cannot_take_to_upstream(case):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 16, generator=gen).to(torch.bfloat16)
+    pool = torch.zeros(3, 16, 3, dtype=torch.bfloat16)
+    weight = {"weight dtype": torch.randn(16, 4), "weight width": torch.randn(16, 12).to(torch.bfloat16)}.get(
+        case, torch.randn(16, 4).to(torch.bfloat16))
+    sentinel = torch.full((2, 16), 7.0)
+    out, own = decode_conv(x, pool, weight, None, "gelu" if case == "activation" else "silu",
+                           torch.tensor([0, 2], dtype=torch.int32), lambda: sentinel)
+    assert out is sentinel and not own and torch.equal(pool, torch.zeros_like(pool))

@@ -111,8 +111,10 @@ def test_decode_slots_once_per_step_and_only_inside_one():
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_served_decode_launches_the_state_kernels_plainly(family):
-    """decode_plan: the shipped ``auto`` plan (mode, tile, grid) with the state kernels launched plainly and no L2
-    hints, where the shipped plan launches them as programmatic dependents (small batches on an H200)."""
+    """decode_plan: the state kernels launched plainly with no L2 hints, where the shipped plan launches them as
+    programmatic dependents (small batches on an H200), in the mode the crossover entry of plainly launched kernels
+    gives (replay from its replay threshold, fused from its fused one, else flush)."""
+    from trtllm_replayssm.core import crossovers
     from trtllm_replayssm.core.families import get_family
     from trtllm_replayssm.core.plans import Device, Launch
 
@@ -121,16 +123,37 @@ def test_served_decode_launches_the_state_kernels_plainly(family):
     pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
     cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
     layer = cache.layer(2, pool.get_ssm_states(2))
+    plain = crossovers.entry(family, "fp32", h200.arch, launch="plain")
+    assert plain.launch == "plain"  # measured for the served launch
     programmatic_before = []
     for rows in (1, 8, 64, 256):
         served = cache.decode_plan(layer, rows, device=h200)
-        shipped = get_family(family).replay_plan(layer, rows, "auto", device=h200)
-        programmatic_before.append(shipped.programmatic)
-        assert (served.mode, served.rows_per_cta, served.grid) == (shipped.mode, shipped.rows_per_cta, shipped.grid)
+        programmatic_before.append(get_family(family).replay_plan(layer, rows, "auto", device=h200).programmatic)
+        work = rows * shape[0] / h200.sm_count
+        fused = plain.fused_min_work_per_sm is not None and work >= plain.fused_min_work_per_sm
+        assert served.mode == ("replay" if work >= plain.min_work_per_sm else "fused" if fused else "flush")
         assert not served.programmatic and not served.l2_hints
         launch = Launch.from_words(served.words)
         assert not launch.programmatic and not launch.l2_hints
     assert programmatic_before[0]  # the shipped plan at batch 1 is a programmatic one: the served plan differs there
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_decode_right_after_our_conv_launches_the_state_kernels_as_its_dependents(family):
+    """decode_plan(after_conv=True): the plan the module uses after its own conv1d step (GDN, KDA) is the shipped
+    programmatic one, L2 hints included where the shipped plan has them."""
+    from trtllm_replayssm.core.families import get_family
+    from trtllm_replayssm.core.plans import Device
+
+    h200 = Device(132, 9)
+    _, shape, k_heads, _ = _served_geometry(family)
+    pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
+    cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
+    layer = cache.layer(2, pool.get_ssm_states(2))
+    for rows in (1, 8, 64, 256):
+        after_conv = cache.decode_plan(layer, rows, device=h200, after_conv=True)
+        assert after_conv == get_family(family).replay_plan(layer, rows, "auto", device=h200)
+    assert cache.decode_plan(layer, 1, device=h200, after_conv=True).programmatic
 
 
 def test_decode_rows_are_views_of_one_buffer():

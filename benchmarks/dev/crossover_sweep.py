@@ -11,10 +11,13 @@ the nearer side on a log scale), above the losing batch. The table entry of a (f
 over the family's models (none for fused unless every model has one). ``--from-records`` recomputes the table from
 the raw records of an earlier run instead of measuring.
 
-The state kernels launch as programmatic dependents (the default tuning), and the entries apply to any launch
-(``launch`` ``*``). ``--served-launch`` times the served case instead, as ``bench kernels --served-launch
---after-plain-kernel`` does (the TensorRT-LLM module's tuning, every call behind a plainly launched kernel whose own
-time is subtracted), and its entries apply to plainly launched state kernels only (``launch`` ``plain``).
+The state kernels launch as programmatic dependents (the default tuning), each call behind the previous one, and the
+entries apply to any launch (``launch`` ``*``). ``--served-launch`` times the served Mamba-2 case instead, as ``bench
+kernels --served-launch --after-plain-kernel`` does (the TensorRT-LLM module's tuning, every call behind a plainly
+launched kernel whose own time is subtracted), and its entries apply to plainly launched state kernels only
+(``launch`` ``plain``). ``--after-conv`` times every call behind our conv1d decode step (``bench kernels
+--after-conv``: the served GDN/KDA case and the reference decoders'), its own time subtracted, and its entries apply
+to programmatic launches (``launch`` ``programmatic``).
 
     python3 benchmarks/dev/crossover_sweep.py --specs fp32,bf16 -o benchmarks/results/dev/crossovers-h200.json \
         --write-table
@@ -43,18 +46,25 @@ BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 TIMED_MODES = ("flush", "fused", "replay")
 
 
+# What each call follows, and the launch of the state kernels there: (neighbour (kernels.NEIGHBOURS; None: the
+# previous call), tuning, the launch its entries apply to).
+SETUPS = {"chained": (None, Tuning(), "*"), "served": ("plain", SERVING_TUNING, "plain"),
+          "after-conv": ("conv", Tuning(), "programmatic")}
+
+
 def time_mode(shape: BenchShape, label: str, batch: int, mode: str, L: int, dev: torch.device,
-              served: bool = False) -> float:
-    """µs per step of ``mode`` over whole staggered cycles (one call per cache, L calls per cycle); ``served``: with
-    the TensorRT-LLM module's tuning, every call behind a plainly launched kernel whose own time is subtracted."""
+              setup: str = "chained") -> float:
+    """µs per step of ``mode`` over whole staggered cycles (one call per cache, L calls per cycle) in ``setup``
+    (SETUPS): each call behind the previous one, or behind its neighbour kernel, whose own time is subtracted."""
+    neighbour_kind, tuning, _ = SETUPS[setup]
     spec = parse_state_label(label)
     gen = torch.Generator().manual_seed(batch)
     step = family_of(shape.dims).random_step(shape.dims, batch, gen, dev, torch.bfloat16)
     n = timing.pools_for_cold_l2(byte_model.state_bytes(shape.dims, spec) * (batch + 1), timing.l2_bytes(dev))
-    case = replay_case(shape, batch, spec, step, n, L, mode, gen, dev, SERVING_TUNING if served else Tuning())
-    if not served:
+    case = replay_case(shape, batch, spec, step, n, L, mode, gen, dev, tuning)
+    if neighbour_kind is None:
         return kernels.time_case(case, L, timing.MIN_REPLAYS, timing.time_calls)[0]
-    neighbour = kernels.plain_neighbour(batch, dev)
+    neighbour = kernels.NEIGHBOURS[neighbour_kind](shape, batch, dev)
     return (kernels.time_case(case, L, timing.MIN_REPLAYS, timing.time_calls, neighbour)[0]
             - kernels.neighbour_time(neighbour, L, n, timing.MIN_REPLAYS, timing.time_calls))
 
@@ -100,7 +110,7 @@ def table_entry(family: str, label: str, arch: str, gpu: str, times: dict[str, d
     fused_per_sm = max(fused) if all(f is not None for f in fused) else None
     band = ("no fused band (fused does not beat flush below it)" if fused_per_sm is None
             else f"fused beats flush below it from {fused_per_sm}")
-    served = ", served launch" if launch == "plain" else ""
+    served = {"plain": ", served launch", "programmatic": ", behind the conv1d step"}.get(launch, "")
     return crossovers.Crossover(
         family, label, arch, max(replay),
         f"{gpu}, {label}{served}: replay beats flush and fused from batch x heads / SMs >= {max(replay)}, {band} over "
@@ -152,8 +162,13 @@ def main() -> int:
     ap.add_argument("--specs", default="fp32,bf16")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("-L", type=int, default=16)
-    ap.add_argument("--served-launch", action="store_true",
-                    help="time the served case (plain launches behind a plain kernel); its entries: launch 'plain'")
+    setups = ap.add_mutually_exclusive_group()
+    setups.add_argument("--served-launch", action="store_true",
+                        help="time the served Mamba-2 case (plain launches behind a plain kernel); its entries: "
+                             "launch 'plain'")
+    setups.add_argument("--after-conv", action="store_true",
+                        help="time every call behind our conv1d step (programmatic launches; the served GDN/KDA "
+                             "case); its entries: launch 'programmatic'")
     ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name}")
     a = ap.parse_args()
     if a.from_records:
@@ -172,10 +187,10 @@ def main() -> int:
             raw["records"] = records
             Path(a.output).write_text(json.dumps(raw, indent=1))
 
+        setup = "served" if a.served_launch else "after-conv" if a.after_conv else "chained"
         measure(a.families.split(","), [m for m in a.models.split(",") if m] or None, a.specs.split(","), batches,
-                device_of(dev).arch,
-                lambda shape, label, b, mode: time_mode(shape, label, b, mode, a.L, dev, a.served_launch), write,
-                "plain" if a.served_launch else "*")
+                device_of(dev).arch, lambda shape, label, b, mode: time_mode(shape, label, b, mode, a.L, dev, setup),
+                write, SETUPS[setup][2])
     found = entries_from(raw["records"], raw["gpu"], raw["sms"])
     for e in found:
         print(f"{e.family} {e.state} {e.arch} launch {e.launch}: replay from {e.min_work_per_sm} work items per SM, "

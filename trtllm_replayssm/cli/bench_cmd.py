@@ -85,10 +85,14 @@ def bench_cmd() -> None:
 @click.option("--after-plain-kernel", is_flag=True,
               help="Each timed call follows a plainly launched elementwise kernel (as a model's conv1d or norm "
                    "precedes its SSM op); that kernel's own time, timed alone, is subtracted.")
+@click.option("--after-conv", is_flag=True,
+              help="Each timed call follows our conv1d decode step over the layer's conv channels, which lets the "
+                   "next kernel launch early (what the TensorRT-LLM module runs before its GDN and KDA decode ops: "
+                   "with the default launch, their served case); its own time, timed alone, is subtracted.")
 @click.option("--served-launch", is_flag=True,
-              help="Plan our ops as the TensorRT-LLM module does (its state kernels launched plainly, not as "
-                   "programmatic dependents of the kernel before them); with --after-plain-kernel this is the served "
-                   "case.")
+              help="Plan our ops as the TensorRT-LLM module does behind upstream's conv1d (its Mamba-2 state kernels "
+                   "launched plainly, not as programmatic dependents of the kernel before them); with "
+                   "--after-plain-kernel this is the served Mamba-2 case.")
 @click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
               help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
                    "the replay verify against the per-draft-state verify per verify step (commit included), and "
@@ -96,7 +100,7 @@ def bench_cmd() -> None:
                    "fla-core's per-draft verify (GDN, KDA); every family, one plain state dtype.")
 def kernels(families: str, models: str | None, batches: list[int] | None, state_dtypes: list[str] | None,
             buffer_len: int, peers: bool, output: Path | None, quick: bool, after_plain_kernel: bool,
-            served_launch: bool, spec_tokens: list[int] | None) -> None:
+            after_conv: bool, served_launch: bool, spec_tokens: list[int] | None) -> None:
     """Time replay / baseline / peers per model, state dtype and batch; write JSON + markdown + plot."""
     from trtllm_replayssm.lab.bench.kernels import DEFAULT_BATCHES, KernelBenchConfig, run_kernel_bench
     from trtllm_replayssm.lab.bench.ours import DEFAULT_TUNING
@@ -106,17 +110,20 @@ def kernels(families: str, models: str | None, batches: list[int] | None, state_
 
     if batches is None:
         batches = list(QUICK_BATCHES if quick else DEFAULT_BATCHES)
+    if after_plain_kernel and after_conv:
+        bad_value(ValueError("--after-conv: not with --after-plain-kernel (each call follows one kernel)"))
     if spec_tokens is not None:
-        if after_plain_kernel or served_launch:
-            flag = "--after-plain-kernel" if after_plain_kernel else "--served-launch"
-            bad_value(ValueError(f"{flag}: not with --spec (the verify benchmark times steps as they are)"))
+        flags = [f for f, on in (("--after-plain-kernel", after_plain_kernel), ("--after-conv", after_conv),
+                                 ("--served-launch", served_launch)) if on]
+        if flags:
+            bad_value(ValueError(f"{flags[0]}: not with --spec (the verify benchmark times steps as they are)"))
         _spec_kernels(families, models, batches, state_dtypes or ["fp32"], buffer_len, spec_tokens, peers, output)
         return
     dtypes = state_dtypes or _csv(QUICK_STATE_DTYPES if quick else "fp32,bf16")
     try:
         config = KernelBenchConfig(families=_csv(families), models=_csv(models) if models else None,
                                    batches=batches, state_dtypes=dtypes, buffer_len=buffer_len, peers=peers,
-                                   after_plain_kernel=after_plain_kernel,
+                                   neighbour="plain" if after_plain_kernel else "conv" if after_conv else None,
                                    tuning=SERVING_TUNING if served_launch else DEFAULT_TUNING)
     except ValueError as exc:
         bad_value(exc)

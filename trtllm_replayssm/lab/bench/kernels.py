@@ -18,6 +18,7 @@ import torch
 from trtllm_replayssm.core.families import family_of
 from trtllm_replayssm.core.formats import StateSpec, parse_state_label
 from trtllm_replayssm.core.limits import MAX_BUFFER_LEN
+from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
 
@@ -34,10 +35,9 @@ BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in mod
 
 @dataclass
 class KernelBenchConfig:
-    """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``after_plain_kernel``: every
-    timed call follows a plainly launched elementwise kernel (:func:`plain_neighbour`), as a model's conv1d or norm
-    precedes its SSM op, and that kernel's own time, timed alone, is subtracted. ``tuning``: our ops' planner knobs
-    (``bench kernels --served-launch``: the TensorRT-LLM module's, ``SERVING_TUNING``)."""
+    """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``neighbour``: the kernel every
+    timed call follows, whose own time, timed alone, is subtracted (NEIGHBOURS; None: none). ``tuning``: our ops'
+    planner knobs (``bench kernels --served-launch``: the TensorRT-LLM module's Mamba-2 ones, ``SERVING_TUNING``)."""
 
     families: list[str]
     models: list[str] | None = None
@@ -48,7 +48,7 @@ class KernelBenchConfig:
     peer_impls: tuple[str, ...] | None = None  # the peers to time (None: every peer of each family)
     replays: int = timing.MIN_REPLAYS
     seed: int = 0
-    after_plain_kernel: bool = False
+    neighbour: str | None = None
     tuning: Tuning = ours.DEFAULT_TUNING
 
     def __post_init__(self) -> None:
@@ -60,6 +60,8 @@ class KernelBenchConfig:
             parse_state_label(sd, arg="state_dtypes")
         if not isinstance(self.buffer_len, int) or not 1 <= self.buffer_len <= MAX_BUFFER_LEN:
             raise ValueError(f"buffer_len: expected an int in [1, {MAX_BUFFER_LEN}], got {self.buffer_len!r}")
+        if self.neighbour is not None and self.neighbour not in NEIGHBOURS:
+            raise ValueError(f"neighbour: expected one of {sorted(NEIGHBOURS)} or None, got {self.neighbour!r}")
         if self.replays < timing.MIN_REPLAYS:
             raise ValueError(f"replays: expected >= {timing.MIN_REPLAYS}, got {self.replays}")
         self.shapes: list[BenchShape] = select_shapes(self.families, self.models)
@@ -91,7 +93,8 @@ class Record:
     state_mode: str = "plain"
     master_format: str | None = None
     stochastic_rounding: bool = False
-    neighbour_us: float | None = None  # after_plain_kernel: the preceding kernel's own µs, subtracted from median_us
+    neighbour: str | None = None  # the kernel each call followed (KernelBenchConfig.neighbour)
+    neighbour_us: float | None = None  # that kernel's own µs, subtracted from median_us
 
 
 def _modes(shape: BenchShape, batch: int, state_dtype: StateSpec, buffer_len: int,
@@ -121,9 +124,30 @@ Timer = Callable[[list[Callable[[], None]], int], float]  # (calls, replays) -> 
 
 def plain_neighbour(batch: int, device: torch.device) -> Callable[[], None]:
     """An elementwise kernel over a bf16 [batch, 8192] tensor, launched plainly by PyTorch: a stand-in for the kernel
-    a model runs before its SSM op, one that does not let its dependents launch early."""
+    a model runs before its SSM op, one that does not let its dependents launch early (TensorRT-LLM's conv1d before
+    its Mamba-2 decode)."""
     scratch = torch.zeros(batch, 8192, dtype=torch.bfloat16, device=device)
     return lambda: scratch.add_(1.0)
+
+
+def conv_neighbour(shape: BenchShape, batch: int, device: torch.device) -> Callable[[], None]:
+    """Our conv1d decode step (``ops.conv``) over the layer's conv channels, bf16, on a pool of ``batch + 1`` slots
+    with upstream's numerics: what the TensorRT-LLM module runs right before its GDN and KDA decode ops, a kernel that
+    lets its dependents launch at once."""
+    gen = torch.Generator().manual_seed(batch)
+    channels, width = shape.dims.conv_dim, shape.dims.conv_kernel
+    x = torch.randn(batch, channels, generator=gen).to(device=device, dtype=torch.bfloat16)
+    pool = torch.randn(batch + 1, channels, width - 1, generator=gen).to(device=device, dtype=torch.bfloat16)
+    weight = torch.randn(channels, width, generator=gen).to(device=device, dtype=torch.bfloat16)
+    slots = torch.randperm(batch + 1, generator=gen)[:batch].to(device=device, dtype=torch.int32)
+    out = torch.empty_like(x)
+    return lambda: conv.conv1d_update(x, pool, weight, None, True, slots, out=out, round_once=True)
+
+
+NEIGHBOURS: dict[str, Callable[[BenchShape, int, torch.device], Callable[[], None]]] = {
+    "plain": lambda shape, batch, device: plain_neighbour(batch, device),
+    "conv": conv_neighbour,
+}
 
 
 def _after(calls: list[Callable[[], None]], neighbour: Callable[[], None] | None) -> list[Callable[[], None]]:
@@ -215,7 +239,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
                      if config.peer_impls is None or i in config.peer_impls):
             builders.append((impl, None, lambda i=impl: peers.build_peer(i, shape, batch, sd, step, n_pools, L, gen,
                                                                           device)))
-    neighbour = plain_neighbour(batch, device) if config.after_plain_kernel else None
+    neighbour = NEIGHBOURS[config.neighbour](shape, batch, device) if config.neighbour else None
     neighbour_us = neighbour_time(neighbour, L, n_pools, config.replays, timer) if neighbour is not None else None
     out: list[Record] = []
     for impl, mode, build in builders:
@@ -239,7 +263,7 @@ def _run_case(config: KernelBenchConfig, shape: BenchShape, sd: str, batch: int,
         rec = Record(shape.family, shape.model, impl, batch, sd, L, us, nbytes, gbps, 100.0 * gbps / copy_gbps,
                      mode=mode, resolved_mode=resolved, plan=case.plan, variant=variant, n_pools=n_pools,
                      calls_per_graph=L * n_pools, finite=_finite(case.outputs), notes=case.notes,
-                     neighbour_us=neighbour_us, **spec.to_dict())
+                     neighbour=config.neighbour, neighbour_us=neighbour_us, **spec.to_dict())
         out.append(rec)
         log(f"  {shape.model:22s} {sd} b={batch:<4d} {impl + ('/' + mode if mode else ''):34s} "
             f"{us:9.2f} us {gbps:7.0f} GB/s {rec.pct_of_copy:5.1f}% of copy")

@@ -12,6 +12,10 @@ REQUIRED_KEYS = ("device", "date", "copy_ceiling_gbps", "records")
 RECORD_KEYS = ("family", "model", "impl", "batch", "state_dtype", "L", "median_us", "model_gbps", "pct_of_copy")
 
 
+# What each call followed (KernelBenchConfig.neighbour; records from before the field: a plain kernel)
+NEIGHBOUR_TEXT = {"plain": "a plainly launched elementwise kernel",
+                  "conv": "our conv1d decode step (which lets the next kernel launch early)"}
+
 def load_results(path: str | Path) -> dict:
     """Read and validate a results JSON written by ``bench kernels``."""
     data = json.loads(Path(path).read_text())
@@ -77,9 +81,10 @@ def summary_markdown(results: dict) -> str:
         "recorded) over our baseline / over the fastest peer.",
         "",
     ]
-    if any(r.get("neighbour_us") is not None for r in results["records"]):
-        lines[-1:-1] = ["Each call followed a plainly launched elementwise kernel, whose own time (timed alone) is "
-                        "subtracted from the cells."]
+    kinds = {r.get("neighbour") or "plain" for r in results["records"] if r.get("neighbour_us") is not None}
+    if kinds:
+        before = " or ".join(NEIGHBOUR_TEXT[k] for k in sorted(kinds))
+        lines[-1:-1] = [f"Each call followed {before}, whose own time (timed alone) is subtracted from the cells."]
     tables: dict[tuple, list[dict]] = defaultdict(list)
     for rec in results["records"]:
         tables[(rec["family"], rec["model"], rec["state_dtype"])].append(rec)

@@ -1,7 +1,7 @@
 """Fused decoder layers of the reference hybrid decoders as custom ops (``torch.ops.replayssm.*``): RMSNorm (with
-the residual add), gated RMSNorm, the causal conv1d state update and its speculative window (verify, commit), the
-MLP activations, RoPE and attention of one token or a speculative window over a static KV cache. One CUDA launch each
-(plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch reference
+the residual add), gated RMSNorm, the causal conv1d's speculative window (verify, commit; its decode step:
+:mod:`trtllm_replayssm.core.ops.conv`), the MLP activations, RoPE and attention of one token or a speculative window
+over a static KV cache. One CUDA launch each (plugins/decoder_layers.cu) instead of PyTorch's chains of elementwise kernels; the CPU path is the PyTorch reference
 (:mod:`trtllm_replayssm.lab.layers.reference`). Shared by the baseline and the replay decoders alike."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import ParamLayout
 from trtllm_replayssm.core.limits import MAX_WINDOW
+from trtllm_replayssm.core.ops.conv import MAX_CONV_WIDTH, VEC_CONV_WIDTH
 from trtllm_replayssm.core.ops.launch import define_op, ptr
 from trtllm_replayssm.lab.layers import reference as ref
 
@@ -42,15 +43,6 @@ GATED_NORM_PARAMS = ParamLayout("GatedNormParams", """
   int vec;               // vec: as in RmsNormParams, for group_size
   int warp_groups;       // > 0 (vec only): a warp per group, warp_groups groups per CTA; 0: a CTA per group
   int pad0;""")
-CONV_PARAMS = ParamLayout("ConvParams", """
-  const act_t* x;        // [batch, channels] (row stride s_x): this step's conv input
-  act_t* conv_state;     // [batch, channels, width - 1] contiguous: the previous width - 1 inputs, oldest first
-  const act_t* weight;   // [channels, width] contiguous
-  const act_t* bias;     // nullable, [channels]
-  act_t* out;            // [batch, channels] (row stride s_out)
-  long long s_x, s_out;
-  int channels, width;
-  int silu, vec;         // vec: width 4 and kVec-channel groups of x, state, weight, out are 16-byte vectors""")
 CONV_WINDOW_PARAMS = ParamLayout("ConvWindowParams", """
   const act_t* x;                // [batch, window, channels] (strides s_x_b, s_x_t; channels dense): the inputs
   act_t* conv_state;             // [batch, channels, width - 1] contiguous: the committed inputs, oldest first
@@ -90,17 +82,17 @@ ATTN_PARAMS = ParamLayout("AttnParams", """
   float scale;
   int window;            // 0: positions 0..pos + t; W: the last W positions of a ring (position u in slot u % max_len)
   int tokens, pad0;      // 1: a decode step; T: a speculative window, token t attending up to position pos + t""")
-LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_PARAMS, CONV_WINDOW_PARAMS, ACT_PARAMS, ATTN_PARAMS,
+LAYOUTS = (RMSNORM_PARAMS, GATED_NORM_PARAMS, CONV_WINDOW_PARAMS, ACT_PARAMS, ATTN_PARAMS,
            ROPE_PARAMS)
 
 
 def layers_config(act_dtype: torch.dtype) -> KernelConfig:
-    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d update and
-    speculative window, MLP activations, RoPE, attention of one token or a window) for one activation dtype."""
+    """The fused decoder-layer kernels of the reference decoders (RMSNorm, gated RMSNorm, conv1d speculative
+    window, MLP activations, RoPE, attention of one token or a window) for one activation dtype."""
     return KernelConfig(
         family="layers",
         source="decoder_layers.cu",
-        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_update_kernel", "conv1d_window_kernel",
+        kernels=("rmsnorm_kernel", "gated_rmsnorm_kernel", "conv1d_window_kernel",
                  "mlp_act_kernel", "rope_kernel", "attention_decode_kernel"),
         params=(("act_t", get_dtype(act_dtype).cuda),),
         layouts=LAYOUTS,
@@ -112,12 +104,10 @@ def layers_configs() -> list[KernelConfig]:
     return [layers_config(d.torch) for d in DTYPES]
 
 
-# plugins/decoder_layers.cu: kBlock, kMaxRowVecs, kMaxConvWidth, kVecConvWidth
+# plugins/decoder_layers.cu: kBlock, kMaxRowVecs
 MAX_THREADS = 256
 WARPS_PER_CTA = MAX_THREADS // 32
 MAX_ROW_VECS = 4
-MAX_CONV_WIDTH = 8
-VEC_CONV_WIDTH = 4
 MLP_ACTS = ("relu2", "swiglu")
 ATTN_MAX_SHARED = 48 * 1024  # the attention kernel's dynamic shared memory limit (no opt-in above the default)
 
@@ -217,26 +207,6 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
                                     weight_len=weight.shape[0], eps=float(eps), norm_before_gate=int(norm_before_gate),
                                     vec=int(vec), warp_groups=warp_groups, pad0=0)
     launch(_kernel("gated_rmsnorm_kernel", x), (x2.shape[0], grid_y, 1), (threads, 1, 1), params)
-
-
-def _conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      silu: bool, out: torch.Tensor) -> None:
-    out.copy_(ref.conv1d_update_(x, conv_state, weight, bias, silu))
-
-
-def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out) -> None:
-    batch, channels = x.shape
-    if batch == 0:
-        return
-    width, elems = weight.shape[-1], vector_elems(x)
-    vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
-                                                    [x.stride(0), out.stride(0), channels])
-    threads = channels // elems if vec else channels
-    params = CONV_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias), out=ptr(out),
-                              s_x=x.stride(0), s_out=out.stride(0), channels=channels, width=width, silu=int(silu),
-                              vec=int(vec))
-    launch(_kernel("conv1d_update_kernel", x), ((threads + MAX_THREADS - 1) // MAX_THREADS, batch, 1),
-           (MAX_THREADS, 1, 1), params)
 
 
 def _conv1d_verify_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -376,7 +346,6 @@ def _attention_verify_cuda(q, k, v, gate, k_cache, v_cache, pos, scale, window, 
 define_op("rms_norm", ("out",), _rms_norm_cpu, _rms_norm_cuda)
 define_op("add_rms_norm", ("residual", "out"), _add_rms_norm_cpu, _add_rms_norm_cuda)
 define_op("gated_rms_norm", ("out",), _gated_rms_norm_cpu, _gated_rms_norm_cuda)
-define_op("conv1d_update", ("conv_state", "out"), _conv1d_update_cpu, _conv1d_update_cuda)
 define_op("conv1d_verify", ("out",), _conv1d_verify_cpu, _conv1d_verify_cuda)
 define_op("conv1d_commit", ("conv_state",), _conv1d_commit_cpu, _conv1d_commit_cuda)
 define_op("mlp_act", ("out",), _mlp_act_cpu, _mlp_act_cuda)
@@ -434,25 +403,6 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
     return out
 
 
-def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  silu: bool = True) -> torch.Tensor:
-    """One decode step of a causal depthwise conv1d: ``x [b, C]`` (last dim dense), ``conv_state [b, C, W-1]``
-    (contiguous, shifted in place), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous), ``bias [C]``; returns ``[b, C]``
-    (the conv + bias rounded to ``x.dtype``, then SiLU if ``silu``)."""
-    chk.check_tensor("x", x, (None, None), chk.FLOAT_DTYPES)
-    batch, channels = x.shape
-    width = weight.shape[-1]
-    if not 2 <= width <= MAX_CONV_WIDTH:
-        raise ValueError(f"weight: expected a conv width (last dim) in [2, {MAX_CONV_WIDTH}], got {width}")
-    chk.check_tensor("weight", weight, (channels, 1, width) if weight.dim() == 3 else (channels, width), (x.dtype,),
-                     x.device, inner_contiguous=weight.dim())
-    chk.check_tensor("conv_state", conv_state, (batch, channels, width - 1), (x.dtype,), x.device, inner_contiguous=3)
-    chk.check_optional("bias", bias, (channels,), (x.dtype,), x.device)
-    out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
-    torch.ops.replayssm.conv1d_update(x, conv_state, weight, bias, bool(silu), out)
-    return out
-
-
 def _check_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor | None) -> None:
     chk.check_tensor("x", x, (None, None, None), chk.FLOAT_DTYPES, inner_contiguous=1)
     batch, window, channels = x.shape
@@ -472,7 +422,7 @@ def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
                   silu: bool = True) -> torch.Tensor:
     """A speculative window of a causal depthwise conv1d: ``x [b, T, C]`` (channels dense), ``conv_state
     [b, C, W-1]`` (contiguous, not written), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous), ``bias [C]``; returns
-    ``[b, T, C]``: token t's conv over the committed inputs and the window up to t, as :func:`conv1d_update` would
+    ``[b, T, C]``: token t's conv over the committed inputs and the window up to t, as :func:`~trtllm_replayssm.core.ops.conv.conv1d_update` would
     give it (+ bias, rounded to ``x.dtype``, then SiLU if ``silu``)."""
     _check_conv_window(x, conv_state, weight)
     chk.check_optional("bias", bias, (x.shape[2],), (x.dtype,), x.device)

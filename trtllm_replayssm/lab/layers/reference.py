@@ -39,25 +39,11 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
     return y.to(x.dtype)
 
 
-def conv1d_update_(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   silu: bool) -> torch.Tensor:
-    """One step of a causal depthwise conv: ``x [b, C]``, ``conv_state [b, C, W-1]`` (the last W-1 inputs, shifted
-    in place), ``weight [C, 1, W]`` or ``[C, W]``. Returns ``[b, C]``: the conv (+ bias) rounded to ``x.dtype``,
-    then SiLU if ``silu``."""
-    window = torch.cat([conv_state, x.unsqueeze(-1).to(conv_state.dtype)], dim=-1)
-    y = (window.float() * weight.reshape(weight.shape[0], -1).float()).sum(-1)
-    if bias is not None:
-        y = y + bias.float()
-    conv_state.copy_(window[:, :, 1:])
-    y = y.to(x.dtype)
-    return F.silu(y) if silu else y
-
-
 def conv1d_verify(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   silu: bool) -> torch.Tensor:
     """A speculative window of a causal depthwise conv: ``x [b, T, C]`` (the window's tokens), ``conv_state
     [b, C, W-1]`` (not written: :func:`conv1d_commit_` keeps the accepted prefix). Returns ``[b, T, C]``, token t's
-    conv over the committed inputs and the window's tokens up to t, as :func:`conv1d_update_` would give them."""
+    conv over the committed inputs and the window's tokens up to t, as :func:`trtllm_replayssm.core.reference.conv.conv1d_update_` would give them."""
     width = weight.shape[-1]
     inputs = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)             # [b, C, W-1+T]
     windows = inputs.unfold(-1, width, 1)                                                        # [b, C, T, W]

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import HybridConfig
+from trtllm_replayssm.core.ops.conv import conv1d_update
 from trtllm_replayssm.core.samples import DeltaStep, Mamba2Step
-from trtllm_replayssm.lab.layers.ops import conv1d_update, conv1d_verify
+from trtllm_replayssm.lab.layers.ops import conv1d_verify
 
 from .layers import GatedRMSNorm, PackedLinears, conv_prefill
 from .ssm_state import SSMStates

@@ -11,11 +11,12 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache
+from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.reference import gdn as gdn_ref
 
 # The TensorRT-LLM names, signatures and call-site keywords the module relies on (package data;
@@ -372,6 +373,25 @@ def gdn_materialize_slots(layer: GDNLayerCache, slots: torch.Tensor) -> None:
     checkpoint.store_(slots, gdn_ref.folded_states(checkpoint.fold_values(slots), layer.u_ring, layer.k_ring,
                                                    layer.g_ring.unsqueeze(-1), slots, w))
     layer.cursor.index_fill_(0, slots, 0)
+
+
+def decode_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None, slots: torch.Tensor, upstream: Callable[[], torch.Tensor]
+                ) -> tuple[torch.Tensor, bool]:
+    """The conv1d step of the decode rows right before a GDN or KDA decode op: ``x [b, C]``, TensorRT-LLM's conv pool
+    ``[slots, C, W-1]``, ``weight [C, W]``, ``slots`` the rows' ids as the ops take them (``decode_slots``). Ours
+    (``ops.conv.conv1d_update`` with upstream's numerics, ``round_once``) where it takes these tensors, which lets
+    the decode op's state kernels launch as its programmatic dependents: (its output, True); else upstream's conv
+    (``upstream()``): (its output, False)."""
+    if activation in (None, "silu", "swish"):
+        try:
+            conv.check_args(x, conv_states, weight, bias, slots, PAD_SLOT_ID, None)
+        except (TypeError, ValueError) as e:
+            _log.debug("trtllm-replayssm: upstream's conv1d update (%s)", e)
+        else:
+            return conv.conv1d_update(x, conv_states, weight, bias, activation is not None, slots, PAD_SLOT_ID,
+                                      round_once=True), True
+    return upstream(), False
 
 
 def kda_packed_conv_weight(q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, SINGLE_TOKEN_SSU_ATTRS, as_windows, check_verify_call,
-                                                  gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
+                                                  decode_conv, gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
                                                   kda_check_conv_pool, kda_fp32_params,
                                                   kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv,
                                                   mamba2_ssu_attrs, mamba2_ssu_call, per_head, refusals_from_llm_args,
@@ -170,18 +170,20 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
             return self._rs_verify(conv_states, ssm_states, intermediate_conv_states, kwargs["mixed_qkv"], kwargs["a"],
                                    kwargs["b"], kwargs["cache_indices"][:n], n,
                                    spec_metadata.runtime_draft_len + 1, output)
-        mixed = causal_conv1d_update(kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias,
-                                     self.activation, conv_state_indices=kwargs["cache_indices"])
+        slots = self._rs_cache.decode_slots(kwargs["cache_indices"])
+        mixed, own_conv = decode_conv(
+            kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias, self.activation, slots,
+            lambda: causal_conv1d_update(kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias,
+                                         self.activation, conv_state_indices=kwargs["cache_indices"]))
         q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
                                 self.head_v_dim)
         rows = q.shape[0]
         out = (output.view(rows, self.num_v_heads_per_tp, self.head_v_dim) if output is not None
                else v.new_empty(rows, self.num_v_heads_per_tp, self.head_v_dim))
         layer = self._rs_cache.layer(self.layer_idx, ssm_states)
-        slots = self._rs_cache.decode_slots(kwargs["cache_indices"])
         gdn.replay_decode(layer, q, k, v, kwargs["a"], kwargs["b"], self.A_log, self.dt_bias, scale=None,
                           state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=out,
-                          plan=self._rs_cache.decode_plan(layer, rows))
+                          plan=self._rs_cache.decode_plan(layer, rows, after_conv=own_conv))
         return out.view(1, rows, self.num_v_heads_per_tp, self.head_v_dim)
 
     def forward_extend(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, spec_metadata: Any = None,
@@ -265,17 +267,20 @@ if KimiKDALinearAttention is not None:
             check_verify_call("KDA", False, self._rs_cache.window)
             kda_check_conv_pool(conv_pool, self.proj_size, self.conv_size)
             a_log, dt_bias, conv_w = self._rs_params()
-            mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
-            mixed = causal_conv1d_update(mixed, conv_pool, conv_w, None, "silu", conv_state_indices=slot_indices)
-            q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
+            # the gate's projections first, so that the conv runs right before the decode op
             g, beta = kda_gate_inputs(self.f_b_proj(self.f_a_proj(x2d)), self.b_proj(x2d), self.num_heads,
                                       self.head_dim)
+            mixed = torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1)
+            slots = self._rs_cache.decode_slots(slot_indices)
+            mixed, own_conv = decode_conv(
+                mixed, conv_pool, conv_w, None, "silu", slots,
+                lambda: causal_conv1d_update(mixed, conv_pool, conv_w, None, "silu", conv_state_indices=slot_indices))
+            q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
             layer = self._rs_cache.layer(self.layer_idx, ssm_pool)
             o = v.new_empty(v.shape)
             kda.replay_decode(layer, q, k, v, g, beta, a_log, dt_bias, lower_bound=self.gate_lower_bound,
-                              scale=self.head_k_dim ** -0.5,
-                              state_batch_indices=self._rs_cache.decode_slots(slot_indices),
-                              pad_slot_id=PAD_SLOT_ID, out=o, plan=self._rs_cache.decode_plan(layer, q.shape[0]))
+                              scale=self.head_k_dim ** -0.5, state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID,
+                              out=o, plan=self._rs_cache.decode_plan(layer, q.shape[0], after_conv=own_conv))
             # [B, 1, hidden], as upstream's decode fallback passes it
             return self._store_core(self._output_gate(x2d.unsqueeze(1), o), output)
 

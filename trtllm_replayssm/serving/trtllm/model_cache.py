@@ -64,10 +64,14 @@ class PoolKey:
         return cls(state.data_ptr(), tuple(state.shape), tuple(state.stride()), state.dtype, state.device)
 
 
-# TensorRT-LLM launches the kernel before each SSM decode op (its causal_conv1d_update) plainly, so it never lets a
+# TensorRT-LLM launches the kernel before each Mamba-2 decode op (its causal_conv1d_update) plainly, so it never lets a
 # dependent start early; behind such a kernel the state kernels run faster launched plainly too (docs/decisions.md,
 # "Served decode launches the state kernels plainly").
 SERVING_TUNING = Tuning(programmatic_state=False)
+# Before its GDN and KDA decode ops the module runs our conv1d step (core.decode_conv), which lets the next kernel
+# launch at once: there the state kernels launch as its programmatic dependents, reading their slot and hinting L2
+# while the conv runs (docs/decisions.md, "GDN/KDA served decode behind the module's own conv1d step").
+AFTER_CONV_TUNING = Tuning()
 
 
 class ModelReplayCache:
@@ -234,10 +238,13 @@ class ModelReplayCache:
                                 decode_slot_ids(decode_state_indices, self.cache.slots))
         return self._step_slots
 
-    def decode_plan(self, layer: Any, rows: int, device: Device | None = None) -> LaunchPlan:
+    def decode_plan(self, layer: Any, rows: int, device: Device | None = None, after_conv: bool = False
+                    ) -> LaunchPlan:
         """The launch plan of a standard decode step of ``rows`` decode rows on ``layer`` (mode ``auto``) with
-        :data:`SERVING_TUNING` (``device``: the GPU to plan for, default the layer's)."""
-        return self.family.replay_plan(layer, rows, "auto", SERVING_TUNING, device)
+        :data:`SERVING_TUNING`, or :data:`AFTER_CONV_TUNING` right after our conv1d step (``after_conv``;
+        ``device``: the GPU to plan for, default the layer's)."""
+        return self.family.replay_plan(layer, rows, "auto", AFTER_CONV_TUNING if after_conv else SERVING_TUNING,
+                                       device)
 
     # ------------------------------------------------------------------ speculative decoding
     def decode_rows(self, num_decodes: int) -> torch.Tensor:
