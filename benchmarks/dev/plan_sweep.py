@@ -6,7 +6,8 @@ plan the op ran. A case may compile kernel sources from another directory (A/B o
 
 CASES.json: a list of {"model", "state_dtype", "batch", "mode" (default "replay"), "tuning" (Tuning fields, e.g.
 {"rows_per_cta": 16, "ctas_per_sm": 2, "stages": 3, "tail_fraction": null, "fold_buffer": false}), "plugins" (a kernel
-source directory; default plugins/)}.
+source directory; default plugins/), "after" (a kernel every call follows, its own time subtracted: "plain" or "conv",
+``bench kernels --after-plain-kernel`` / ``--after-conv``; default none)}.
 """
 import json
 import os
@@ -17,32 +18,45 @@ import torch
 from trtllm_replayssm.core.jit.compiler import PLUGIN_DIR_ENV
 from trtllm_replayssm.core.plans import Tuning
 from trtllm_replayssm.lab.bench import byte_model, kernels, ours, timing
-from trtllm_replayssm.lab.bench.shapes import shape_from_preset
+from trtllm_replayssm.lab.bench.peers import PeerCase
+from trtllm_replayssm.lab.bench.shapes import BenchShape, shape_from_preset
 
 L = 16
 dev = torch.device("cuda", 0)
 ceil, l2 = timing.copy_ceiling_gbps(dev), timing.l2_bytes(dev)
 print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
 baselines: dict[tuple, float] = {}
+
+
+def timed(case_obj: PeerCase, shape: BenchShape, batch: int, pools: int, after: str | None) -> float:
+    """µs per call over whole L-cycles, each call behind ``after`` (its own time subtracted) if given."""
+    if not after:
+        return kernels.time_case(case_obj, L, timing.MIN_REPLAYS, timing.time_calls)[0]
+    before = kernels.NEIGHBOURS[after](shape, batch, dev)
+    return (kernels.time_case(case_obj, L, timing.MIN_REPLAYS, timing.time_calls, before)[0]
+            - kernels.neighbour_time(before, L, pools, timing.MIN_REPLAYS, timing.time_calls))
+
+
 for case in json.loads(open(sys.argv[1]).read()):
     model, sd, batch, mode = case["model"], case["state_dtype"], case["batch"], case.get("mode", "replay")
-    tuning = Tuning(**case.get("tuning", {}))
+    tuning, after = Tuning(**case.get("tuning", {})), case.get("after")
     if case.get("plugins"):
         os.environ[PLUGIN_DIR_ENV] = case["plugins"]
     else:
         os.environ.pop(PLUGIN_DIR_ENV, None)
     shape = shape_from_preset(model)
     gen, step, pools = kernels.case_inputs(shape, sd, batch, l2, dev)
-    if (model, sd, batch, case.get("plugins")) not in baselines:
+    key = (model, sd, batch, case.get("plugins"), after)
+    if key not in baselines:
         base_case = ours.baseline_case(shape, batch, sd, step, pools, gen, dev)
-        baselines[(model, sd, batch, case.get("plugins"))] = timing.time_calls([f for _ in range(L) for f in
-                                                                                base_case.calls])
+        baselines[key] = timed(base_case, shape, batch, pools, after)
         del base_case
-    base = baselines[(model, sd, batch, case.get("plugins"))]
-    label = f"{model} {sd} b={batch} mode={mode} {case.get('tuning', {})} src={case.get('plugins') or 'plugins'}"
+    base = baselines[key]
+    label = (f"{model} {sd} b={batch} mode={mode} {case.get('tuning', {})} src={case.get('plugins') or 'plugins'}"
+             + (f" after={after}" if after else ""))
     try:
         replay = ours.replay_case(shape, batch, sd, step, pools, L, mode, gen, dev, tuning)
-        us = timing.time_calls([f for _ in range(L) for f in replay.calls])
+        us = timed(replay, shape, batch, pools, after)
     except Exception as exc:  # report and go on
         print(f"{label}: FAIL {type(exc).__name__}: {exc}", flush=True)
         continue
