@@ -9,7 +9,7 @@ import torch
 from trtllm_replayssm.core.jit.compiler import compile_ptx
 from trtllm_replayssm.core.layouts import VERIFY_WINDOW_BUCKETS
 from trtllm_replayssm.core.limits import NUM_WARPS
-from trtllm_replayssm.core.ops import delta, mamba2
+from trtllm_replayssm.core.ops import conv, delta, mamba2
 
 
 def _entry(ptx: str, name: str) -> str:
@@ -50,3 +50,14 @@ def test_state_kernels_read_nothing_the_kernel_before_writes_until_they_wait(fam
         assert loads and all(".cg" in load for load in loads), (kind, loads)
         assert "prefetch.global.L2" in body[:wait], kind
 
+
+
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_conv_step_lets_its_dependents_launch_before_anything_else(act_dtype):
+    """The conv1d decode step (core/ops/conv.py) executes ``griddepcontrol.launch_dependents`` before its first
+    global memory access, so a state kernel launched as its programmatic dependent starts while it runs."""
+    ptx = compile_ptx(conv.conv_config(act_dtype), "sm_90a")
+    body = _entry(ptx, "conv1d_update_kernel")
+    trigger = body.index("griddepcontrol.launch_dependents")
+    assert not re.search(r"\b(?:ld|st)\.global", body[:trigger])
+    assert "griddepcontrol.wait" not in body  # launched plainly: nothing before it to wait for
