@@ -119,10 +119,7 @@ def test_served_decode_launches_the_state_kernels_plainly(family):
     from trtllm_replayssm.core.plans import Device, Launch
 
     h200 = Device(132, 9)
-    _, shape, k_heads, _ = _served_geometry(family)
-    pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
-    cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
-    layer = cache.layer(2, pool.get_ssm_states(2))
+    cache, layer, shape = _served_layer(family)
     plain = crossovers.entry(family, "fp32", h200.arch, launch="plain")
     assert plain.launch == "plain"  # measured for the served launch
     programmatic_before = []
@@ -146,10 +143,7 @@ def test_decode_right_after_our_conv_launches_the_state_kernels_as_its_dependent
     from trtllm_replayssm.core.plans import Device
 
     h200 = Device(132, 9)
-    _, shape, k_heads, _ = _served_geometry(family)
-    pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
-    cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
-    layer = cache.layer(2, pool.get_ssm_states(2))
+    cache, layer, _ = _served_layer(family)
     for rows in (1, 8, 64, 256):
         after_conv = cache.decode_plan(layer, rows, device=h200, after_conv=True)
         assert after_conv == get_family(family).replay_plan(layer, rows, "auto", device=h200)
@@ -442,6 +436,14 @@ def test_settings_from_a_bundle_manifest(tmp_path, monkeypatch):
     assert settings_from_env() == settings
     with pytest.raises(ValueError, match="manifest_path: cannot read"):
         load_settings(tmp_path / "missing.json")
+
+
+def _served_layer(family):
+    """(cache, layer, state shape) of a small fp32 layer of ``family`` on a unified pool, as the module binds it."""
+    _, shape, k_heads, _ = _served_geometry(family)
+    pool = UnifiedPool([2], 300, shape, torch.float32, conv_bytes=3 * 16 * 8, device="cpu")
+    cache = ModelReplayCache(family, [2], num_k_heads=k_heads, buffer_len=4, act_dtype=torch.bfloat16)
+    return cache, cache.layer(2, pool.get_ssm_states(2)), shape
 
 
 def _served_geometry(family):

@@ -14,7 +14,7 @@ from trtllm_replayssm.core.formats import DTYPES, get_dtype
 from trtllm_replayssm.core.jit.configs import KernelConfig
 from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import ParamLayout
-from trtllm_replayssm.core.ops.launch import define_op, ptr
+from trtllm_replayssm.core.ops.launch import define_op, ptr, vector_elems, vectorizable
 from trtllm_replayssm.core.reference import conv as ref
 
 CONV_PARAMS = ParamLayout("ConvParams", """
@@ -50,11 +50,6 @@ def conv_configs() -> list[KernelConfig]:
     return [conv_config(d.torch) for d in DTYPES]
 
 
-def vector_elems(t: torch.Tensor) -> int:
-    """Elements of ``t``'s dtype in a 16-byte vector."""
-    return 16 // t.element_size()
-
-
 def _conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        silu: bool, out: torch.Tensor, state_indices: Optional[torch.Tensor], pad_slot_id: int,
                        round_once: bool) -> None:
@@ -67,9 +62,8 @@ def _conv1d_update_cuda(x, conv_state, weight, bias, silu, out, state_indices, p
     if batch == 0:
         return
     width, elems = weight.shape[-1], vector_elems(x)
-    vec = (width == VEC_CONV_WIDTH
-           and all(t is None or t.data_ptr() % 16 == 0 for t in (x, conv_state, weight, bias, out))
-           and all(s % elems == 0 for s in (x.stride(0), out.stride(0), conv_state.stride(0), channels)))
+    vec = width == VEC_CONV_WIDTH and vectorizable(elems, [x, conv_state, weight, bias, out],
+                                                   [x.stride(0), out.stride(0), conv_state.stride(0), channels])
     threads = channels // elems if vec else channels
     params = CONV_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias), out=ptr(out),
                               slot_ids=ptr(state_indices), s_x=x.stride(0), s_out=out.stride(0),
@@ -85,7 +79,7 @@ define_op("conv1d_update", ("conv_state", "out"), _conv1d_update_cpu, _conv1d_up
 
 def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   silu: bool = True, state_indices: torch.Tensor | None = None, pad_slot_id: int = -1,
-                  out: torch.Tensor | None = None, round_once: bool = False) -> torch.Tensor:
+                  out: torch.Tensor | None = None, round_once: bool = False, checked: bool = False) -> torch.Tensor:
     """One decode step of a causal depthwise conv1d: ``x [b, C]`` (last dim dense), ``conv_state [slots, C, W-1]``
     (channels and taps dense, any slot stride; shifted in place), ``weight [C, 1, W]`` or ``[C, W]`` (contiguous),
     ``bias [C]``. Row b's state is the slot ``state_indices[b]`` ([b] int32; None: slot b, ``slots`` >= b); a row
@@ -94,8 +88,10 @@ def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     ``silu``, rounded to ``x.dtype`` before the SiLU, or only at the end with ``round_once`` (TensorRT-LLM's
     ``causal_conv1d_update``). The ids are checked on CPU as the state ops' (``checks.slot_indices``: a slot of the
     pool or the pad id, none twice); on CUDA rows that share a slot (TensorRT-LLM's CUDA-graph padding rows on its
-    dummy slot) each compute against it and race on its state, as in upstream's conv."""
-    check_args(x, conv_state, weight, bias, state_indices, pad_slot_id, out)
+    dummy slot) each compute against it and race on its state, as in upstream's conv. ``checked``: the caller ran
+    :func:`check_args` on these arguments."""
+    if not checked:
+        check_args(x, conv_state, weight, bias, state_indices, pad_slot_id, out)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.ops.replayssm.conv1d_update(x, conv_state, weight, bias, bool(silu), out, state_indices, pad_slot_id,

@@ -22,6 +22,7 @@ from trtllm_replayssm.core.layouts import (DELTA_PARAMS, GDN_PREP_MAX_GROUP, del
 from trtllm_replayssm.core.limits import MAX_WINDOW, NUM_WARPS
 from trtllm_replayssm.core.jit.loader import get_kernel
 from trtllm_replayssm.core.jit.loader import launch as launch_kernel
+from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import STATE_BLOCK, define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FOLD_FIRST_MIN_STAGES, FUSED_MAX_ROWS_PER_CTA,
@@ -109,11 +110,13 @@ def _checks(spec: StateSpec, act_dtype: torch.dtype, config: KernelConfig) -> st
 def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
     """Every module a layer can launch at any batch size (all row tiles, a stored checkpoint's whole-head tile; with a
-    plain checkpoint, the speculative commit's)."""
+    plain checkpoint, the speculative commit's), and the conv1d decode step the TensorRT-LLM module runs right before
+    its GDN and KDA decode ops."""
     spec = state_spec(state_dtype, arg="state_dtype")
     speculative = [] if spec.stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)
-                     for t in module_tiles(spec, value_dim, key_dim, per_channel_gate)), *speculative])
+                     for t in module_tiles(spec, value_dim, key_dim, per_channel_gate)), *speculative,
+                   conv.conv_config(act_dtype)])
 
 
 def module_tiles(spec: StateSpec, value_dim: int, key_dim: int, per_channel_gate: bool) -> list[int]:

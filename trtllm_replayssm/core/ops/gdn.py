@@ -20,7 +20,7 @@ from trtllm_replayssm.core.cache import GDNLayerCache, KDALayerCache
 from trtllm_replayssm.core.checkpoint import OP_TENSORS, Checkpoint, spec_of_op_args, spec_op_args
 from trtllm_replayssm.core.dims import GDNDims
 from trtllm_replayssm.core.jit.configs import KernelConfig
-from trtllm_replayssm.core.ops import conv, delta
+from trtllm_replayssm.core.ops import delta
 from trtllm_replayssm.core.ops.launch import define_op
 from trtllm_replayssm.core.ops.spec import check_window
 from trtllm_replayssm.core.plans import Device, Launch, LaunchPlan, Tuning, checked_plan
@@ -40,9 +40,8 @@ def state_update_plan(state: torch.Tensor, batch: int, act_dtype: torch.dtype, t
 
 
 def kernel_configs(dims: GDNDims, state_dtype: torch.dtype, act_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every module a layer of ``dims`` can launch at any batch size (all row tiles), and the conv1d decode step the
-    TensorRT-LLM module runs right before it."""
-    return [*delta.kernel_configs(False, dims.head_k_dim, dims.head_v_dim, state_dtype, act_dtype), conv.conv_config(act_dtype)]
+    """Every module a layer of ``dims`` can launch at any batch size (all row tiles)."""
+    return delta.kernel_configs(False, dims.head_k_dim, dims.head_v_dim, state_dtype, act_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- custom ops

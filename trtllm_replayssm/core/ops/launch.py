@@ -33,6 +33,16 @@ def ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def vector_elems(t: torch.Tensor) -> int:
+    """Elements of ``t``'s dtype in a 16-byte vector."""
+    return 16 // t.element_size()
+
+
+def vectorizable(elems: int, tensors: list[torch.Tensor | None], strides: list[int]) -> bool:
+    """Whether ``elems``-element vectors stay 16-byte aligned in every tensor at every given stride."""
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors) and all(s % elems == 0 for s in strides)
+
+
 def stride(t: torch.Tensor | None, dim: int) -> int:
     return 0 if t is None else t.stride(dim)
 

@@ -16,7 +16,7 @@ from trtllm_replayssm.core.jit.loader import get_kernel, launch
 from trtllm_replayssm.core.layouts import ParamLayout
 from trtllm_replayssm.core.limits import MAX_WINDOW
 from trtllm_replayssm.core.ops.conv import MAX_CONV_WIDTH, VEC_CONV_WIDTH
-from trtllm_replayssm.core.ops.launch import define_op, ptr
+from trtllm_replayssm.core.ops.launch import define_op, ptr, vector_elems, vectorizable
 from trtllm_replayssm.lab.layers import reference as ref
 
 
@@ -116,16 +116,6 @@ def _kernel(name: str, t: torch.Tensor):
     return get_kernel(layers_config(t.dtype), name, t.device)
 
 
-def vector_elems(t: torch.Tensor) -> int:
-    """Elements of ``t``'s dtype in a 16-byte vector."""
-    return 16 // t.element_size()
-
-
-def _vectorizable(elems: int, tensors: list[torch.Tensor | None], strides: list[int]) -> bool:
-    """Whether ``elems``-element vectors stay 16-byte aligned in every tensor at every given stride."""
-    return (all(t is None or t.data_ptr() % 16 == 0 for t in tensors) and all(s % elems == 0 for s in strides))
-
-
 def _row_plan(cols: int, elems: int, vec: bool) -> tuple[int, bool]:
     """(threads per row, vector path) of a norm over ``cols`` channels: a vector (else about 4 channels) per
     thread, a multiple of a warp, at most MAX_THREADS; vectors only where a row fits MAX_ROW_VECS per thread."""
@@ -167,7 +157,7 @@ def _rms_norm_launch(x, residual, weight, eps, unit_offset, out) -> None:
         return
     elems = vector_elems(x)
     strides = [x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), dim]
-    threads, vec = _row_plan(dim, elems, _vectorizable(elems, [x3, residual, weight, o3], strides))
+    threads, vec = _row_plan(dim, elems, vectorizable(elems, [x3, residual, weight, o3], strides))
     params = RMSNORM_PARAMS.pack(x=ptr(x3), residual=ptr(residual), weight=ptr(weight), out=ptr(o3),
                                  s_x_outer=x3.stride(0), s_x_inner=x3.stride(1), s_out_outer=o3.stride(0),
                                  s_out_inner=o3.stride(1), inner=x3.shape[1], dim=dim, eps=float(eps),
@@ -194,7 +184,7 @@ def _gated_rms_norm_cuda(x, z, weight, group_size, eps, norm_before_gate, out) -
         return
     elems = vector_elems(x)
     strides = [x2.stride(0), z2.stride(0), o2.stride(0), group_size]
-    threads, vec = _row_plan(group_size, elems, _vectorizable(elems, [x2, z2, weight, o2], strides))
+    threads, vec = _row_plan(group_size, elems, vectorizable(elems, [x2, z2, weight, o2], strides))
     groups = x2.shape[1] // group_size
     # a warp per group where a warp holds the group in registers (more loads in flight than a CTA per group)
     warp_groups = min(WARPS_PER_CTA, groups) if vec and group_size // elems <= 32 * MAX_ROW_VECS else 0
@@ -223,8 +213,8 @@ def _conv1d_window_launch(x, conv_state, weight, bias, silu, out, accepted) -> N
     if batch == 0:
         return
     width, elems = conv_state.shape[-1] + 1, vector_elems(x)
-    vec = width == VEC_CONV_WIDTH and _vectorizable(elems, [x, conv_state, weight, bias, out],
-                                                    [x.stride(0), x.stride(1), channels])
+    vec = width == VEC_CONV_WIDTH and vectorizable(elems, [x, conv_state, weight, bias, out],
+                                                   [x.stride(0), x.stride(1), channels])
     threads = channels // elems if vec else channels
     params = CONV_WINDOW_PARAMS.pack(x=ptr(x), conv_state=ptr(conv_state), weight=ptr(weight), bias=ptr(bias),
                                      out=ptr(out), accepted=ptr(accepted), s_x_b=x.stride(0), s_x_t=x.stride(1),
@@ -253,7 +243,7 @@ def _mlp_act_cuda(a, b, kind, out) -> None:
         return
     elems = vector_elems(a)
     s_a, s_b = a2.stride(0), 0 if b2 is None else b2.stride(0)
-    vec = _vectorizable(elems, [a2, b2, out], [s_a, s_b, cols])
+    vec = vectorizable(elems, [a2, b2, out], [s_a, s_b, cols])
     step = elems if vec else 1
     params = ACT_PARAMS.pack(a=ptr(a2), b=ptr(b2), out=ptr(out), s_a=s_a // step, s_b=s_b // step, rows=rows,
                              cols=cols // step, kind=MLP_ACTS.index(kind), vec=int(vec))

@@ -390,7 +390,7 @@ def decode_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor
             _log.debug("trtllm-replayssm: upstream's conv1d update (%s)", e)
         else:
             return conv.conv1d_update(x, conv_states, weight, bias, activation is not None, slots, PAD_SLOT_ID,
-                                      round_once=True), True
+                                      round_once=True, checked=True), True
     return upstream(), False
 
 
