@@ -2,14 +2,17 @@
 import pytest
 import torch
 
+from trtllm_replayssm.core.ops import conv as conv_ops
+from trtllm_replayssm.core.ops import mamba2 as mamba2_ops
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
                                                   commit_conv_windows, decode_conv, decode_slot_ids,
                                                   gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
-                                                  mamba2_ssu_call,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_ssu_attrs, per_head,
-                                                  split_batch)
+                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_decode,
+                                                  mamba2_split_xbc, mamba2_split_zxbcdt, mamba2_ssu_attrs,
+                                                  mamba2_ssu_call, per_head, split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
+from upstream_pools import UnifiedPool
 
 
 def test_split_batch_contexts_first():
@@ -339,3 +342,95 @@ def test_decode_conv_leaves_what_ours_cannot_take_to_upstream(case):
     out, own = decode_conv(x, pool, weight, None, "gelu" if case == "activation" else "silu",
                            torch.tensor([0, 2], dtype=torch.int32), lambda: sentinel)
     assert out is sentinel and not own and torch.equal(pool, torch.zeros_like(pool))
+
+
+def _mamba2_served_decode(seed: int, weight_dtype: torch.dtype, device: str = "cpu"):
+    """A small Mamba-2 layer on a unified pool on ``device`` (its SSM view and its bf16 conv view, random contents),
+    two identical copies (``ModelReplayCache`` and pool each), a conv weight of ``weight_dtype`` and the layer's
+    parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    H, P, G, N, W = 4, 8, 2, 32, 4  # noqa: N806
+    conv_dim = H * P + 2 * G * N
+    pools = []
+    for _ in range(2):
+        gen_copy = torch.Generator().manual_seed(seed + 1)
+        pool = UnifiedPool([3], 7, (H, P, N), torch.float32, conv_bytes=conv_dim * (W - 1) * 2, device=device)
+        pool.pool.copy_(torch.randint(0, 256, pool.pool.shape, generator=gen_copy, dtype=torch.uint8))
+        ssm = pool.get_ssm_states(3)
+        ssm.copy_(torch.randn(ssm.shape, generator=gen_copy))
+        conv = pool.pool[0, :, pool.ssm_bytes:].view(torch.bfloat16).unflatten(1, (conv_dim, W - 1))
+        conv.copy_(torch.randn(conv.shape, generator=gen_copy).to(torch.bfloat16))
+        cache = ModelReplayCache("mamba2", [3], num_k_heads=G, buffer_len=4, act_dtype=torch.bfloat16)
+        pools.append((pool, conv, cache))
+    params = dict(conv_weight=torch.randn(conv_dim, W, generator=gen).to(weight_dtype),
+                  conv_bias=torch.randn(conv_dim, generator=gen).to(weight_dtype),
+                  A=-torch.rand(H, generator=gen) - 0.5, D=torch.randn(H, generator=gen),
+                  dt_bias=torch.randn(H, generator=gen) * 0.5)
+    params = {k: v.to(device) for k, v in params.items()}
+    return pools, params, (H, P, G, N)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_mamba2_decode_on_views_equals_the_hooked_ssu_on_upstreams_copies(device):
+    """core.mamba2_decode (our conv1d step on in_proj's xBC section, then the decode op on strided views of its
+    output and of dt) equals what the hooked SSU computes on upstream's path (its conv, contiguous x, B, C, dt in
+    fp32), over 6 steps of a 4-token ring (flushes included) with a graph padding row on the dummy's slot: the SSM
+    outputs, z (a view of in_proj's output), the pad row's zeros and every byte of the pool (on CUDA but the dummy's
+    slot, on which the padding row's conv races as upstream's does); the plan is asked for the launch behind our
+    conv."""
+    pools, p, (H, P, G, N) = _mamba2_served_decode(11, torch.bfloat16, device)  # noqa: N806
+    (pool, conv, cache), (ref_pool, ref_conv, ref_cache) = pools
+    gen = torch.Generator().manual_seed(12)
+    ids = torch.tensor([5, 1, 6, 6], dtype=torch.int32, device=device)  # the last row pads on the dummy's slot 6
+    live, blocks = ([0, 1, 2], list(range(7))) if device == "cpu" else ([0, 1], [0, 1, 2, 3, 4, 5])
+    asked = []
+    for _ in range(6):
+        zxbcdt = torch.randn(4, 2 * H * P + 2 * G * N + H, generator=gen).to(device, torch.bfloat16)
+        cache.begin_step()
+        layer = cache.layer_step(3, pool.get_ssm_states(3), ids, 0)
+        y, z = mamba2_decode(layer, zxbcdt, conv, p["conv_weight"], p["conv_bias"], p["A"], p["D"], p["dt_bias"],
+                             True, cache.decode_slots(ids), P, G, N,
+                             lambda after_conv: asked.append(after_conv)
+                             or cache.decode_plan(layer, 4, after_conv=after_conv),
+                             lambda xbc: pytest.fail("upstream's conv was called"))
+        cache.end_step()
+
+        ref_cache.begin_step()
+        ref_layer = ref_cache.layer_step(3, ref_pool.get_ssm_states(3), ids, 0)
+        slots = ref_cache.decode_slots(ids)
+        z_ref, xbc, dt = mamba2_split_zxbcdt(zxbcdt, H, P, G, N)
+        xbc = conv_ops.conv1d_update(xbc.contiguous(), ref_conv, p["conv_weight"], p["conv_bias"], True, slots,
+                                     round_once=True)
+        x, B, C = (t.contiguous() for t in mamba2_split_xbc(xbc, H, P, G, N))  # noqa: N806
+        y_ref = mamba2_ops.replay_decode(ref_layer, x, dt.float(), p["A"], B, C, D=p["D"], dt_bias=p["dt_bias"],
+                                         state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID,
+                                         plan=ref_cache.decode_plan(ref_layer, 4, after_conv=True))
+        ref_cache.end_step()
+
+        assert torch.equal(y.view(4, H, P)[live], y_ref[live])
+        assert torch.equal(y[3], torch.zeros_like(y[3]))
+        assert torch.equal(z, z_ref) and z.data_ptr() == zxbcdt.data_ptr()
+        assert torch.equal(pool.pool[:, blocks], ref_pool.pool[:, blocks])
+    assert asked == [True] * 6
+
+
+def test_mamba2_decode_leaves_a_conv_ours_cannot_take_to_upstream():
+    """A conv weight whose dtype is not the activations' goes to upstream's conv on the xBC view, and the decode op
+    is planned for a plain launch."""
+    pools, p, (H, P, G, N) = _mamba2_served_decode(13, torch.float32)  # noqa: N806
+    pool, conv, cache = pools[0]
+    zxbcdt = torch.randn(2, 2 * H * P + 2 * G * N + H).to(torch.bfloat16)
+    ids = torch.tensor([2, 4], dtype=torch.int32)
+    asked, conv_inputs = [], []
+    cache.begin_step()
+    layer = cache.layer_step(3, pool.get_ssm_states(3), ids, 0)
+    upstream_out = torch.randn(2, H * P + 2 * G * N).to(torch.bfloat16)
+    before = conv.clone()
+    y, _ = mamba2_decode(layer, zxbcdt, conv, p["conv_weight"], p["conv_bias"], p["A"], p["D"], p["dt_bias"], True,
+                         cache.decode_slots(ids), P, G, N,
+                         lambda after_conv: asked.append(after_conv) or cache.decode_plan(layer, 2),
+                         lambda xbc: conv_inputs.append(xbc) or upstream_out)
+    cache.end_step()
+    assert asked == [False] and len(conv_inputs) == 1
+    assert conv_inputs[0].data_ptr() == zxbcdt[:, H * P:].data_ptr()
+    assert torch.equal(conv, before) and torch.isfinite(y).all()

@@ -147,6 +147,9 @@ def test_call_site_keywords_the_glue_relies_on():
     mamba2 = SYMBOLS["tensorrt_llm._torch.modules.mamba.mamba2_mixer"]["Mamba2Mixer"]
     ssu_kwargs = set(mamba2["dict_keys"]["forward"]["ssu_kwargs"])
     assert {"state_batch_indices", "out", "z", "dt_bias", "dt_softplus"} <= ssu_kwargs
+    # the pure-decode override calls in_proj and out_proj as forward does
+    calls = mamba2["calls"]["forward"]
+    assert set(calls["in_proj"]) == set(calls["out_proj"]) == {"layer_idx", "lora_params"}
     gdn = SYMBOLS["tensorrt_llm._torch.modules.mamba.gdn_mixer"]["Qwen3NextGatedDeltaNet"]
     gdn_kwargs = set(gdn["dict_keys"]["forward_core"]["kwargs"])
     assert {"mixed_qkv", "a", "b", "cache_indices"} <= gdn_kwargs

@@ -15,8 +15,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from trtllm_replayssm.core.cache import GDNLayerCache
-from trtllm_replayssm.core.ops import conv
+from trtllm_replayssm.core.cache import GDNLayerCache, Mamba2LayerCache
+from trtllm_replayssm.core.ops import conv, mamba2
+from trtllm_replayssm.core.plans import LaunchPlan
 from trtllm_replayssm.core.reference import gdn as gdn_ref
 
 # The TensorRT-LLM names, signatures and call-site keywords the module relies on (package data;
@@ -378,7 +379,7 @@ def gdn_materialize_slots(layer: GDNLayerCache, slots: torch.Tensor) -> None:
 def decode_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation: str | None, slots: torch.Tensor, upstream: Callable[[], torch.Tensor]
                 ) -> tuple[torch.Tensor, bool]:
-    """The conv1d step of the decode rows right before a GDN or KDA decode op: ``x [b, C]``, TensorRT-LLM's conv pool
+    """The conv1d step of the decode rows right before a decode op: ``x [b, C]``, TensorRT-LLM's conv pool
     ``[slots, C, W-1]``, ``weight [C, W]``, ``slots`` the rows' ids as the ops take them (``decode_slots``). Ours
     (``ops.conv.conv1d_update`` with upstream's numerics, ``round_once``) where it takes these tensors, which lets
     the decode op's state kernels launch as its programmatic dependents: (its output, True); else upstream's conv
@@ -392,6 +393,50 @@ def decode_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor
             return conv.conv1d_update(x, conv_states, weight, bias, activation is not None, slots, PAD_SLOT_ID,
                                       round_once=True, checked=True), True
     return upstream(), False
+
+
+def mamba2_split_zxbcdt(zxbcdt: torch.Tensor, nheads: int, head_dim: int, ngroups: int, d_state: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``z [b, H*P]``, ``xBC [b, H*P + 2*G*N]`` and ``dt [b, H]`` of ``Mamba2Mixer.in_proj``'s output
+    ``[b, 2*H*P + 2*G*N + H]`` (sections z | xBC | dt)."""
+    inner, conv_dim = nheads * head_dim, nheads * head_dim + 2 * ngroups * d_state
+    width = inner + conv_dim + nheads
+    if zxbcdt.dim() != 2 or zxbcdt.shape[1] != width:
+        raise ValueError(f"zxbcdt: expected shape [tokens, {width}], got {tuple(zxbcdt.shape)}")
+    return zxbcdt[:, :inner], zxbcdt[:, inner:inner + conv_dim], zxbcdt[:, inner + conv_dim:]
+
+
+def mamba2_split_xbc(xbc: torch.Tensor, nheads: int, head_dim: int, ngroups: int, d_state: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``x [b, H, P]``, ``B [b, G, N]``, ``C [b, G, N]`` of the post-conv ``xBC [b, H*P + 2*G*N]``."""
+    inner, group = nheads * head_dim, ngroups * d_state
+    if xbc.dim() != 2 or xbc.shape[1] != inner + 2 * group:
+        raise ValueError(f"xbc: expected shape [tokens, {inner + 2 * group}], got {tuple(xbc.shape)}")
+    return (xbc[:, :inner].unflatten(1, (nheads, head_dim)),
+            xbc[:, inner:inner + group].unflatten(1, (ngroups, d_state)),
+            xbc[:, inner + group:].unflatten(1, (ngroups, d_state)))
+
+
+def mamba2_decode(layer: Mamba2LayerCache, zxbcdt: torch.Tensor, conv_states: torch.Tensor, conv_weight: torch.Tensor,
+                  conv_bias: torch.Tensor | None, A: torch.Tensor, D: torch.Tensor | None,  # noqa: N803
+                  dt_bias: torch.Tensor | None, dt_softplus: bool, slots: torch.Tensor, head_dim: int, ngroups: int,
+                  d_state: int, plan: Callable[[bool], LaunchPlan],
+                  upstream_conv: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pure-decode batch of a Mamba-2 layer from ``Mamba2Mixer.in_proj``'s output ``zxbcdt [b, ...]`` to the SSM
+    output: the conv1d step on the xBC section (:func:`decode_conv`; ``upstream_conv(xbc)`` where ours cannot take
+    the tensors), then ``ops.mamba2.replay_decode`` on strided views of its output and of ``dt`` (no copies; ``A``,
+    ``D``, ``dt_bias`` [H] fp32) with ``plan(after_our_conv)``. ``slots``: the rows' ids as the ops take them
+    (``decode_slots``). Returns ``(y [b, H*P], z [b, H*P])``, what upstream's gated norm takes."""
+    nheads = A.shape[0]
+    z, xbc, dt = mamba2_split_zxbcdt(zxbcdt, nheads, head_dim, ngroups, d_state)
+    activations, own_conv = decode_conv(xbc, conv_states, conv_weight, conv_bias, "silu", slots,
+                                        lambda: upstream_conv(xbc))
+    x, B, C = mamba2_split_xbc(activations, nheads, head_dim, ngroups, d_state)  # noqa: N806
+    y = x.new_empty(x.shape[0], nheads * head_dim)
+    mamba2.replay_decode(layer, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                         state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=y.view(x.shape),
+                         plan=plan(own_conv))
+    return y, z
 
 
 def kda_packed_conv_weight(q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,10 @@ live in TensorRT-LLM-free modules (``install``, ``model_cache``, ``core``) teste
   reference) finds them. After upstream ``__init__`` the model's mixers get their class swapped (same parameters,
   same weight mappers), or none is when the configuration has something replay cannot serve; every forward brackets
   the replay step (``ReplayModel.begin_step`` / ``end_step``).
-* Mamba-2: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
+* Mamba-2: a pure-decode batch without MTP runs ``core.mamba2_decode`` between upstream's ``in_proj`` and its gated
+  norm and ``out_proj``: our conv1d step on the xBC section, then ``ops.mamba2.replay_decode`` on views of its output
+  as the conv's programmatic dependent, with none of upstream's copies of x, B, C and dt. Other batches run upstream's
+  ``forward``: ``Mamba2Mixer`` stores its single-token decode SSU in an attribute (``selective_state_update_func``, or
   ``_stp_ssu_func`` in some revisions, whose per-draft MTP verify calls ``_mtp_ssu_func``: ``core.mamba2_ssu_attrs``);
   ours points each at ``_replay_ssu``, which routes single-token decode calls to ``ops.mamba2.replay_decode`` and
   raises on any other call (``core.mamba2_ssu_call``: upstream's SSU would update the lagging checkpoint). With MTP
@@ -52,11 +55,11 @@ from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, SINGLE_TOKEN_SSU_ATTRS, as_windows, check_verify_call,
                                                   decode_conv, gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
-                                                  kda_check_conv_pool, kda_fp32_params,
-                                                  kda_gate_inputs, kda_packed_conv_weight, kda_split_qkv,
+                                                  kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
+                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_decode,
                                                   mamba2_ssu_attrs, mamba2_ssu_call, per_head, refusals_from_llm_args,
-                                                  refusals_from_quant_config, replay_disabled,
-                                                  speculative_refusals, split_batch)
+                                                  refusals_from_quant_config, replay_disabled, speculative_refusals,
+                                                  split_batch)
 from trtllm_replayssm.serving.trtllm.install import ReplayModel
 
 try:
@@ -106,13 +109,33 @@ class ReplayMamba2Mixer(Mamba2Mixer):
     def forward(self, hidden_states: torch.Tensor, attn_metadata: Any, mamba_metadata: Any,
                 spec_metadata: Any = None, lora_params: dict | None = None, **kwargs: Any) -> torch.Tensor:
         state = attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx)
-        self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices, attn_metadata.num_contexts)
+        layer = self._rs_cache.layer_step(self.layer_idx, state, mamba_metadata.state_indices,
+                                          attn_metadata.num_contexts)
+        if not attn_metadata.num_contexts and self._rs_cache.window == 1:
+            return self._rs_decode(layer, hidden_states, attn_metadata, mamba_metadata, lora_params)
         out = super().forward(hidden_states, attn_metadata, mamba_metadata, spec_metadata=spec_metadata,
                               lora_params=lora_params, **kwargs)
         if attn_metadata.num_contexts:  # prefill wrote these states: a read copy or codes follow
             self._rs_cache.prefill_written(self.layer_idx, state,
                                            mamba_metadata.state_indices[:attn_metadata.num_contexts])
         return out
+
+    def _rs_decode(self, layer: Any, hidden_states: torch.Tensor, attn_metadata: Any, mamba_metadata: Any,
+                   lora_params: dict | None) -> torch.Tensor:
+        """A pure-decode batch without MTP: upstream's in_proj, ``core.mamba2_decode`` (the conv1d step, then our
+        decode op on views of its output, no copies), upstream's gated norm and out_proj."""
+        rows = attn_metadata.num_tokens
+        zxbcdt = self.in_proj(hidden_states, lora_params=lora_params, layer_idx=self.layer_idx)
+        conv_states = attn_metadata.kv_cache_manager.get_conv_states(self.layer_idx)
+        indices = mamba_metadata.state_indices[:rows]
+        y, z = mamba2_decode(
+            layer, zxbcdt[:rows], conv_states, self.conv1d.weight, self.conv1d.bias, self.A, self.D, self.dt_bias,
+            self.delta_softplus, self._rs_cache.decode_slots(indices), self.head_dim, self.tp_ngroups, self.d_state,
+            lambda after_conv: self._rs_cache.decode_plan(layer, rows, after_conv=after_conv),
+            lambda xbc: causal_conv1d_update(xbc, conv_states, self.conv1d.weight, self.conv1d.bias,
+                                             activation="silu", conv_state_indices=indices))
+        out = self.out_proj(self.norm(y, z), lora_params=lora_params, layer_idx=self.layer_idx)
+        return out[:rows]
 
     def _replay_ssu(self, name: str, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
                     A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,  # noqa: N803
