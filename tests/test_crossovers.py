@@ -74,7 +74,10 @@ SWEEPS = {"crossovers-hints-on-small-grids-h200.json": [("mamba2", "fp32", "*")]
           "crossovers-delta-stored-h100.json": [(f, s, "*") for f in ("gdn", "kda")
                                                 for s in ("nvfp4", "nvfp4/dual/fp16", "fp8", "fp8/dual/fp32")],
           "crossovers-served-h100.json": [(f, s, "plain") for f in ("mamba2", "gdn", "kda") for s in ("fp32", "bf16")],
-          "crossovers-after-conv-h100.json": [(f, s, "programmatic") for f in ("gdn", "kda") for s in ("fp32", "bf16")]}
+          "crossovers-after-conv-h100.json": [(f, "bf16", "programmatic") for f in ("gdn", "kda")],
+          "crossovers-gdn-kda-after-conv-h200.json": [(f, "fp32", "programmatic") for f in ("gdn", "kda")],
+          "crossovers-mamba2-after-conv-h200.json": [("mamba2", "fp32", "programmatic")],
+          "crossovers-mamba2-bf16-after-conv-h200.json": [("mamba2", "bf16", "programmatic")]}
 
 
 def test_every_measured_entry_follows_from_its_committed_sweep():

@@ -22,9 +22,9 @@ from trtllm_replayssm.serving.presets import get_preset
 
 H200 = Device(132, 9)
 RECORDED = Path(__file__).parent / "fixtures" / "launch_plans_h200.json.gz"
-# recorded auto cases that the measured crossover entries of programmatic launches send to another mode (30 (model,
+# recorded auto cases that the measured crossover entries of programmatic launches send to another mode (22 (model,
 # activation dtype, batch) cases x 2 ring lengths)
-MOVED_BY_THE_CROSSOVERS = 60
+MOVED_BY_THE_CROSSOVERS = 44
 # recorded baseline and flush cases whose row tile the decode state kernels' rule (DECODE_MIN_CTAS_PER_SM) changed
 RETILED_BY_THE_DECODE_TILE_RULE = 768
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -135,9 +135,9 @@ def test_served_decode_launches_the_state_kernels_plainly(family):
     assert programmatic_before[0]  # the shipped plan at batch 1 is a programmatic one: the served plan differs there
 
 
-@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_decode_right_after_our_conv_launches_the_state_kernels_as_its_dependents(family):
-    """decode_plan(after_conv=True): the plan the module uses after its own conv1d step (GDN, KDA) is the shipped
+    """decode_plan(after_conv=True): the plan the module uses after its own conv1d step (every family) is the shipped
     programmatic one, L2 hints included where the shipped plan has them."""
     from trtllm_replayssm.core.families import get_family
     from trtllm_replayssm.core.plans import Device
