@@ -329,8 +329,8 @@ def test_build_dual_bundle(tmp_path, model):
     assert m["state"]["label"] == "nvfp4/dual/fp16" and m["state"]["trtllm_pool_holds"] == "master"
     state_modules = [k["name"] for k in m["kernels"] if k["kernels"] != ["conv1d_update_kernel"]]
     assert state_modules and all("master_fmt0_read_fmt2" in name for name in state_modules)
-    # GDN and KDA bundles carry the conv1d decode step the module runs before their decode ops
-    assert (len(state_modules) < len(m["kernels"])) == (model != MODEL)
+    # every bundle carries the conv1d decode step the module runs before its decode ops
+    assert len(m["kernels"]) == len(state_modules) + 1
     assert "  mamba_ssm_cache_dtype: float16\n" in (out / bundle.SERVE_YAML).read_text()
     from trtllm_replayssm.serving.trtllm import load_settings
     assert load_settings(out / "manifest.json").state == "nvfp4/dual/fp16"

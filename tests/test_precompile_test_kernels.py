@@ -52,4 +52,4 @@ def test_families_keep_their_modules_only_and_name_the_known_ones(capsys):
     assert listed and all(n.startswith("mamba2_") for n in listed)
     with pytest.raises(SystemExit):
         script.main(["--list", "--models", "nemotron-3-nano-4b", "--specs", "nvfp4", "--families", "gdn"])
-    assert "--families: no module of ['gdn'] here; expected some of ['mamba2']" in capsys.readouterr().err
+    assert "--families: no module of ['gdn'] here; expected some of ['conv', 'mamba2']" in capsys.readouterr().err

@@ -111,7 +111,7 @@ def kernel_configs(per_channel_gate: bool, key_dim: int, value_dim: int, state_d
                    act_dtype: torch.dtype) -> list[KernelConfig]:
     """Every module a layer can launch at any batch size (all row tiles, a stored checkpoint's whole-head tile; with a
     plain checkpoint, the speculative commit's), and the conv1d decode step the TensorRT-LLM module runs right before
-    its GDN and KDA decode ops."""
+    its decode op."""
     spec = state_spec(state_dtype, arg="state_dtype")
     speculative = [] if spec.stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(per_channel_gate, key_dim, value_dim, state_dtype, act_dtype, t)

@@ -24,6 +24,7 @@ from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS, mamba2_fold_bytes,
                                            mamba2_size_checks, mamba2_stage_bytes, stored_state_params)
 from trtllm_replayssm.core.limits import NUM_WARPS
+from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, PLAIN_REPLAY_CTAS, Device,
@@ -83,13 +84,13 @@ def _checks(state_row_bytes: int, act_elem: int, stored: bool, config: KernelCon
 def kernel_configs(dims: Mamba2Dims, state_dtype: torch.dtype | StateSpec,
                    act_dtype: torch.dtype) -> list[KernelConfig]:
     """Every module a layer of ``dims`` can launch at any batch size (all row tiles; with a plain checkpoint, the
-    speculative commit's)."""
+    speculative commit's), and the conv1d decode step the TensorRT-LLM module runs right before its decode op."""
     tiles = tile_choices(dims.head_dim, dims.d_state)
     if two_head_shape(dims.head_dim, dims.nheads, dims.n_groups):
         tiles = [*tiles, 2 * dims.head_dim]
     speculative = [] if state_spec(state_dtype, arg="state_dtype").stored else [spec_ops.KERNEL_CONFIG]
     return unique([*(kernel_config(dims.head_dim, dims.d_state, state_dtype, act_dtype, t) for t in tiles),
-                   *speculative])
+                   *speculative, conv.conv_config(act_dtype)])
 
 
 def two_head_shape(head_dim: int, nheads: int, ngroups: int) -> bool:
