@@ -168,8 +168,8 @@ if has quant-speed; then  # issue 23's batch 256: every stored spec beside fp32,
 fi
 if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw records only: the table is written where
   # the results come back, `python3 benchmarks/dev/crossover_sweep.py --from-records FILE --write-table`);
-  # CROSSOVER_ARGS=--served-launch: the entries of plainly launched state kernels (the module's Mamba-2 decode);
-  # --after-conv: those of programmatic launches behind the conv1d step (its GDN/KDA decode)
+  # CROSSOVER_ARGS=--served-launch: the entries of plainly launched state kernels (the module behind upstream's conv);
+  # --after-conv: those of programmatic launches behind the conv1d step (its pure-decode batches)
   cross_specs=${CROSSOVER_SPECS:-nvfp4,nvfp4/dual/fp16,fp8,fp8/dual/fp32}
   bounded "${CROSSOVER_TIMEOUT:-540}" python3 benchmarks/dev/crossover_sweep.py -o "$OUT/crossovers.json" \
     --specs "$cross_specs" --families "${CROSSOVER_FAMILIES:-mamba2,gdn,kda}" \

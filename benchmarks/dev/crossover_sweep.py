@@ -12,11 +12,12 @@ over the family's models (none for fused unless every model has one). ``--from-r
 the raw records of an earlier run instead of measuring.
 
 The state kernels launch as programmatic dependents (the default tuning), each call behind the previous one, and the
-entries apply to any launch (``launch`` ``*``). ``--served-launch`` times the served Mamba-2 case instead, as ``bench
-kernels --served-launch --after-plain-kernel`` does (the TensorRT-LLM module's tuning, every call behind a plainly
-launched kernel whose own time is subtracted), and its entries apply to plainly launched state kernels only
-(``launch`` ``plain``). ``--after-conv`` times every call behind our conv1d decode step (``bench kernels
---after-conv``: the served GDN/KDA case and the reference decoders'), its own time subtracted, and its entries apply
+entries apply to any launch (``launch`` ``*``). ``--served-launch`` times the served case behind upstream's conv
+instead (a mixed batch's Mamba-2 decode rows, and GDN/KDA where our conv cannot run), as ``bench kernels
+--served-launch --after-plain-kernel`` does (the TensorRT-LLM module's tuning, every call behind a plainly launched
+kernel whose own time is subtracted), and its entries apply to plainly launched state kernels only (``launch``
+``plain``). ``--after-conv`` times every call behind our conv1d decode step (``bench kernels --after-conv``: the
+served pure-decode case and the reference decoders'), its own time subtracted, and its entries apply
 to programmatic launches (``launch`` ``programmatic``).
 
     python3 benchmarks/dev/crossover_sweep.py --specs fp32,bf16 -o benchmarks/results/dev/crossovers-h200.json \
@@ -164,10 +165,10 @@ def main() -> int:
     ap.add_argument("-L", type=int, default=16)
     setups = ap.add_mutually_exclusive_group()
     setups.add_argument("--served-launch", action="store_true",
-                        help="time the served Mamba-2 case (plain launches behind a plain kernel); its entries: "
-                             "launch 'plain'")
+                        help="time the served case behind upstream's conv (plain launches behind a plain kernel); "
+                             "its entries: launch 'plain'")
     setups.add_argument("--after-conv", action="store_true",
-                        help="time every call behind our conv1d step (programmatic launches; the served GDN/KDA "
+                        help="time every call behind our conv1d step (programmatic launches; the served pure-decode "
                              "case); its entries: launch 'programmatic'")
     ap.add_argument("--write-table", action="store_true", help=f"rewrite {crossovers.TABLE.name}")
     a = ap.parse_args()

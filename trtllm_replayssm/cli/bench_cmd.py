@@ -87,12 +87,12 @@ def bench_cmd() -> None:
                    "precedes its SSM op); that kernel's own time, timed alone, is subtracted.")
 @click.option("--after-conv", is_flag=True,
               help="Each timed call follows our conv1d decode step over the layer's conv channels, which lets the "
-                   "next kernel launch early (what the TensorRT-LLM module runs before its GDN and KDA decode ops: "
-                   "with the default launch, their served case); its own time, timed alone, is subtracted.")
+                   "next kernel launch early (what the TensorRT-LLM module runs before the decode op of a pure-decode "
+                   "batch: with the default launch, its served case); its own time, timed alone, is subtracted.")
 @click.option("--served-launch", is_flag=True,
-              help="Plan our ops as the TensorRT-LLM module does behind upstream's conv1d (its Mamba-2 state kernels "
-                   "launched plainly, not as programmatic dependents of the kernel before them); with "
-                   "--after-plain-kernel this is the served Mamba-2 case.")
+              help="Plan our ops as the TensorRT-LLM module does behind upstream's conv1d (the state kernels launched "
+                   "plainly, not as programmatic dependents of the kernel before them); with --after-plain-kernel "
+                   "this is the served case of a mixed batch's Mamba-2 decode rows.")
 @click.option("--spec", "spec_tokens", default=None, callback=_int_csv,
               help="Speculative verify instead: comma-separated window sizes T (1 + drafts, <= 8), e.g. 2,4,8; times "
                    "the replay verify against the per-draft-state verify per verify step (commit included), and "

@@ -37,7 +37,8 @@ BOTH_MODES_MAX_BATCH = 8  # at batch <= this, our replay is also recorded in mod
 class KernelBenchConfig:
     """What to run. ``buffer_len`` is our L and FlashInfer's window (ring R = L + 1). ``neighbour``: the kernel every
     timed call follows, whose own time, timed alone, is subtracted (NEIGHBOURS; None: none). ``tuning``: our ops'
-    planner knobs (``bench kernels --served-launch``: the TensorRT-LLM module's Mamba-2 ones, ``SERVING_TUNING``)."""
+    planner knobs (``bench kernels --served-launch``: the TensorRT-LLM module's behind upstream's conv,
+    ``SERVING_TUNING``)."""
 
     families: list[str]
     models: list[str] | None = None
@@ -124,16 +125,16 @@ Timer = Callable[[list[Callable[[], None]], int], float]  # (calls, replays) -> 
 
 def plain_neighbour(batch: int, device: torch.device) -> Callable[[], None]:
     """An elementwise kernel over a bf16 [batch, 8192] tensor, launched plainly by PyTorch: a stand-in for the kernel
-    a model runs before its SSM op, one that does not let its dependents launch early (TensorRT-LLM's conv1d before
-    its Mamba-2 decode)."""
+    a model runs before its SSM op, one that does not let its dependents launch early (TensorRT-LLM's conv1d and
+    copies before the Mamba-2 decode of a mixed batch's decode rows)."""
     scratch = torch.zeros(batch, 8192, dtype=torch.bfloat16, device=device)
     return lambda: scratch.add_(1.0)
 
 
 def conv_neighbour(shape: BenchShape, batch: int, device: torch.device) -> Callable[[], None]:
     """Our conv1d decode step (``ops.conv``) over the layer's conv channels, bf16, on a pool of ``batch + 1`` slots
-    with upstream's numerics: what the TensorRT-LLM module runs right before its GDN and KDA decode ops, a kernel that
-    lets its dependents launch at once."""
+    with upstream's numerics: what the TensorRT-LLM module runs right before the decode op of a pure-decode batch, a
+    kernel that lets its dependents launch at once."""
     gen = torch.Generator().manual_seed(batch)
     channels, width = shape.dims.conv_dim, shape.dims.conv_kernel
     x = torch.randn(batch, channels, generator=gen).to(device=device, dtype=torch.bfloat16)

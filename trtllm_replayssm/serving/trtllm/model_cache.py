@@ -64,13 +64,14 @@ class PoolKey:
         return cls(state.data_ptr(), tuple(state.shape), tuple(state.stride()), state.dtype, state.device)
 
 
-# TensorRT-LLM launches the kernel before each Mamba-2 decode op (its causal_conv1d_update) plainly, so it never lets a
-# dependent start early; behind such a kernel the state kernels run faster launched plainly too (docs/decisions.md,
-# "Served decode launches the state kernels plainly").
+# Upstream's kernels before a decode op (its causal_conv1d_update; in a mixed Mamba-2 batch, then its copies) launch
+# plainly, so they never let a dependent start early; behind such a kernel the state kernels run faster launched
+# plainly too (docs/decisions.md, "Served decode launches the state kernels plainly").
 SERVING_TUNING = Tuning(programmatic_state=False)
-# Before its GDN and KDA decode ops the module runs our conv1d step (core.decode_conv), which lets the next kernel
-# launch at once: there the state kernels launch as its programmatic dependents, reading their slot and hinting L2
-# while the conv runs (docs/decisions.md, "GDN/KDA served decode behind the module's own conv1d step").
+# Before its GDN and KDA decode ops and a Mamba-2 pure-decode batch's the module runs our conv1d step
+# (core.decode_conv), which lets the next kernel launch at once: there the state kernels launch as its programmatic
+# dependents, reading their slot and hinting L2 while the conv runs (docs/decisions.md, "GDN/KDA served decode
+# behind the module's own conv1d step", "Mamba-2 served decode behind the module's own conv1d step").
 AFTER_CONV_TUNING = Tuning()
 
 
