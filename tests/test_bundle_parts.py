@@ -144,8 +144,11 @@ def test_dual_spec_configs_are_the_stored_kernels():
 
     plain = spec_configs(get_preset("nemotron-3-nano-4b"), "fp16", "bf16")
     dual = spec_configs(get_preset("nemotron-3-nano-4b"), parse_state_label("nvfp4/dual/fp16"), "bf16")
-    decode = [c for c in plain if c.family == "mamba2"]  # plain checkpoints also ship the speculative commit
-    assert [c.family for c in plain if c not in decode] == ["spec"]
-    assert len(dual) == len(decode) and all("master_fmt0_read_fmt2" in c.name for c in dual)
+    decode = [c for c in plain if c.family == "mamba2"]
+    # both ship the conv1d decode step; plain checkpoints also the speculative commit
+    assert [c.family for c in plain if c not in decode] == ["spec", "conv"]
+    dual_decode = [c for c in dual if c.family == "mamba2"]
+    assert [c.family for c in dual if c not in dual_decode] == ["conv"]
+    assert len(dual_decode) == len(decode) and all("master_fmt0_read_fmt2" in c.name for c in dual_decode)
     assert not any("read_fmt" in c.name for c in plain)
     assert spec_configs(get_preset("nemotron-3-nano-4b"), parse_state_label("fp16"), "bf16") == plain
