@@ -2,8 +2,8 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [quant-bench] [quant-speed] [crossovers] [launch] [spec]
-#     [compare] [profile] [train] [accuracy] [ab]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [served] [quant-bench] [quant-speed] [crossovers]
+#     [launch] [spec] [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
 #   ACC_MODELS from MODELS_DIR or a carried models/ on corpus/heldout/persuasion.txt, groups of states against one
@@ -176,6 +176,11 @@ if has crossovers; then  # where auto switches kernels for CROSSOVER_SPECS (raw 
     --models "${CROSSOVER_MODELS:-}" --batches "${CROSSOVER_BATCHES:-1,2,4,8,16,32,64,128}" ${CROSSOVER_ARGS:-} \
     > "$OUT/crossovers.log" 2>&1
   rc=$?; record "crossover sweep $cross_specs" $rc "$(tail -n 1 "$OUT/crossovers.log")"
+fi
+if has served; then  # issue 25's served small batches: every family behind the module's conv1d step, with the peers
+  bounded "${SERVED_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 --after-conv \
+    --batch "${SERVED_BATCH:-1,2,4,8,16,32,64}" -o "$OUT/kernels-served-${gpu}.json" > "$OUT/bench_served.log" 2>&1
+  rc=$?; record "bench kernels, served (after the conv step)" $rc "$OUT/kernels-served-${gpu}.json"
 fi
 if has launch; then  # batch 1 and 8: our launch variants beside the peers, alone and behind a plain kernel (the served case)
   bounded "${LAUNCH_TIMEOUT:-330}" python3 benchmarks/dev/launch_variants.py "$OUT/launch-variants-${gpu}.json" \
