@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.ops import conv as conv_ops
 from trtllm_replayssm.core.ops import mamba2 as mamba2_ops
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
@@ -9,8 +10,7 @@ from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check
                                                   gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
                                                   kda_packed_conv_weight, kda_split_qkv, mamba2_decode,
-                                                  mamba2_split_xbc, mamba2_split_zxbcdt, mamba2_ssu_attrs,
-                                                  mamba2_ssu_call, per_head, split_batch)
+                                                  mamba2_ssu_attrs, mamba2_ssu_call, per_head, split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 from upstream_pools import UnifiedPool
 
@@ -344,6 +344,24 @@ def test_decode_conv_leaves_what_ours_cannot_take_to_upstream(case):
     assert out is sentinel and not own and torch.equal(pool, torch.zeros_like(pool))
 
 
+def test_mamba2_dims_split_the_projection_into_views_and_name_a_bad_width():
+    """Mamba2Dims.split_zxbcdt / split_xbc: views of the sections z | xBC | dt and x | B | C (any leading dims); a
+    wrong last dim is a ValueError naming the argument and the width expected."""
+    dims = Mamba2Dims(nheads=4, head_dim=8, d_state=32, n_groups=2)
+    zxbcdt = torch.arange(3 * 2 * 196, dtype=torch.float32).reshape(3, 2, 196)
+    z, xbc, dt = dims.split_zxbcdt(zxbcdt)
+    assert (z.shape, xbc.shape, dt.shape) == ((3, 2, 32), (3, 2, 160), (3, 2, 4))
+    assert torch.equal(torch.cat([z, xbc, dt], -1), zxbcdt) and xbc.data_ptr() == zxbcdt[..., 32:].data_ptr()
+    x, B, C = dims.split_xbc(xbc)  # noqa: N806
+    assert (x.shape, B.shape, C.shape) == ((3, 2, 4, 8), (3, 2, 2, 32), (3, 2, 2, 32))
+    assert torch.equal(torch.cat([x.flatten(-2), B.flatten(-2), C.flatten(-2)], -1), xbc)
+    assert C.data_ptr() == xbc[..., 96:].data_ptr()
+    with pytest.raises(ValueError, match=r"^zxbcdt: expected shape \[\.\.\., 196\]"):
+        dims.split_zxbcdt(zxbcdt[..., 1:])
+    with pytest.raises(ValueError, match=r"^xbc: expected shape \[\.\.\., 160\]"):
+        dims.split_xbc(zxbcdt)
+
+
 def _mamba2_served_decode(seed: int, weight_dtype: torch.dtype, device: str = "cpu"):
     """A small Mamba-2 layer on a unified pool on ``device`` (its SSM view and its bf16 conv view, random contents),
     two identical copies (``ModelReplayCache`` and pool each), a conv weight of ``weight_dtype`` and the layer's
@@ -379,6 +397,7 @@ def test_mamba2_decode_on_views_equals_the_hooked_ssu_on_upstreams_copies(device
     slot, on which the padding row's conv races as upstream's does); the plan is asked for the launch behind our
     conv."""
     pools, p, (H, P, G, N) = _mamba2_served_decode(11, torch.bfloat16, device)  # noqa: N806
+    dims = Mamba2Dims(nheads=H, head_dim=P, d_state=N, n_groups=G)
     (pool, conv, cache), (ref_pool, ref_conv, ref_cache) = pools
     gen = torch.Generator().manual_seed(12)
     ids = torch.tensor([5, 1, 6, 6], dtype=torch.int32, device=device)  # the last row pads on the dummy's slot 6
@@ -388,8 +407,8 @@ def test_mamba2_decode_on_views_equals_the_hooked_ssu_on_upstreams_copies(device
         zxbcdt = torch.randn(4, 2 * H * P + 2 * G * N + H, generator=gen).to(device, torch.bfloat16)
         cache.begin_step()
         layer = cache.layer_step(3, pool.get_ssm_states(3), ids, 0)
-        y, z = mamba2_decode(layer, zxbcdt, conv, p["conv_weight"], p["conv_bias"], p["A"], p["D"], p["dt_bias"],
-                             True, cache.decode_slots(ids), P, G, N,
+        y, z = mamba2_decode(layer, dims, zxbcdt, conv, p["conv_weight"], p["conv_bias"], p["A"], p["D"],
+                             p["dt_bias"], True, cache.decode_slots(ids),
                              lambda after_conv: asked.append(after_conv)
                              or cache.decode_plan(layer, 4, after_conv=after_conv),
                              lambda xbc: pytest.fail("upstream's conv was called"))
@@ -398,10 +417,10 @@ def test_mamba2_decode_on_views_equals_the_hooked_ssu_on_upstreams_copies(device
         ref_cache.begin_step()
         ref_layer = ref_cache.layer_step(3, ref_pool.get_ssm_states(3), ids, 0)
         slots = ref_cache.decode_slots(ids)
-        z_ref, xbc, dt = mamba2_split_zxbcdt(zxbcdt, H, P, G, N)
+        z_ref, xbc, dt = dims.split_zxbcdt(zxbcdt)
         xbc = conv_ops.conv1d_update(xbc.contiguous(), ref_conv, p["conv_weight"], p["conv_bias"], True, slots,
                                      round_once=True)
-        x, B, C = (t.contiguous() for t in mamba2_split_xbc(xbc, H, P, G, N))  # noqa: N806
+        x, B, C = (t.contiguous() for t in dims.split_xbc(xbc))  # noqa: N806
         y_ref = mamba2_ops.replay_decode(ref_layer, x, dt.float(), p["A"], B, C, D=p["D"], dt_bias=p["dt_bias"],
                                          state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID,
                                          plan=ref_cache.decode_plan(ref_layer, 4, after_conv=True))
@@ -426,8 +445,8 @@ def test_mamba2_decode_leaves_a_conv_ours_cannot_take_to_upstream():
     layer = cache.layer_step(3, pool.get_ssm_states(3), ids, 0)
     upstream_out = torch.randn(2, H * P + 2 * G * N).to(torch.bfloat16)
     before = conv.clone()
-    y, _ = mamba2_decode(layer, zxbcdt, conv, p["conv_weight"], p["conv_bias"], p["A"], p["D"], p["dt_bias"], True,
-                         cache.decode_slots(ids), P, G, N,
+    y, _ = mamba2_decode(layer, Mamba2Dims(nheads=H, head_dim=P, d_state=N, n_groups=G), zxbcdt, conv,
+                         p["conv_weight"], p["conv_bias"], p["A"], p["D"], p["dt_bias"], True, cache.decode_slots(ids),
                          lambda after_conv: asked.append(after_conv) or cache.decode_plan(layer, 2),
                          lambda xbc: conv_inputs.append(xbc) or upstream_out)
     cache.end_step()

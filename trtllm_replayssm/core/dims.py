@@ -7,7 +7,10 @@ axis), and ``key_heads`` is the number of key-side inputs per token (Mamba-2 gro
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar, Union
+
+if TYPE_CHECKING:
+    import torch
 
 
 class _Geometry:
@@ -63,6 +66,23 @@ class Mamba2Dims(_Geometry):
     @property
     def conv_dim(self) -> int:
         return self.d_inner + 2 * self.n_groups * self.d_state
+
+    def split_zxbcdt(self, zxbcdt: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """Views ``z [..., H*P]``, ``xBC [..., conv_dim]`` and ``dt [..., H]`` of the mixer's input projection
+        ``[..., d_inner + conv_dim + H]`` (sections z | xBC | dt)."""
+        width = self.d_inner + self.conv_dim + self.nheads
+        if zxbcdt.dim() < 1 or zxbcdt.shape[-1] != width:
+            raise ValueError(f"zxbcdt: expected shape [..., {width}], got {tuple(zxbcdt.shape)}")
+        return zxbcdt.split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
+
+    def split_xbc(self, xbc: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """Views ``x [..., H, P]``, ``B [..., G, N]`` and ``C [..., G, N]`` of the post-conv ``xBC [..., conv_dim]``."""
+        if xbc.dim() < 1 or xbc.shape[-1] != self.conv_dim:
+            raise ValueError(f"xbc: expected shape [..., {self.conv_dim}], got {tuple(xbc.shape)}")
+        group = self.n_groups * self.d_state
+        x, B, C = xbc.split([self.d_inner, group, group], dim=-1)  # noqa: N806
+        return (x.unflatten(-1, (self.nheads, self.head_dim)), B.unflatten(-1, (self.n_groups, self.d_state)),
+                C.unflatten(-1, (self.n_groups, self.d_state)))
 
     def tp_divisors(self) -> dict[str, int]:
         """Counts that a tensor-parallel size must divide (HF config names)."""

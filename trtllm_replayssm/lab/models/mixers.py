@@ -143,6 +143,7 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.h, self.p, self.n, self.g = cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state, cfg.n_groups
+        self.dims = cfg.ssm_dims
         self.d_inner, self.conv_dim = cfg.d_inner, cfg.ssm_dims.conv_dim
         self.in_proj = nn.Linear(cfg.hidden_size, self.d_inner + self.conv_dim + self.h, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, groups=self.conv_dim, bias=True)
@@ -163,21 +164,12 @@ class Mamba2Mixer(nn.Module):
             self._A = (key, -torch.exp(self.A_log.detach().float()))
         return self._A[1]
 
-    def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return zxbcdt.split([self.d_inner, self.conv_dim, self.h], dim=-1)
-
-    def _split_xbc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        gn = self.g * self.n
-        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
-        lead = x.shape[:-1]
-        return x.reshape(*lead, self.h, self.p), B.reshape(*lead, self.g, self.n), C.reshape(*lead, self.g, self.n)
-
     def prefill(self, hs: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], SSM state [b,H,P,N] float32); ``chunk``: the
         chunked scan (training) instead of the sequential one."""
-        z, xbc, dt = self._split(self.in_proj(hs))
+        z, xbc, dt = self.dims.split_zxbcdt(self.in_proj(hs))
         xbc, conv_state = conv_prefill(xbc, self.conv1d.weight, self.conv1d.bias)
-        x, B, C = self._split_xbc(F.silu(xbc))
+        x, B, C = self.dims.split_xbc(F.silu(xbc))
         delta = F.softplus(dt.float() + self.dt_bias.float())
         if chunk:
             y, state = mamba2_chunk_scan(x, delta, self.A(), B, C, self.D, chunk)
@@ -192,17 +184,17 @@ class Mamba2Mixer(nn.Module):
 
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
-        z, xbc, dt = self._split(self.in_proj(hs))
-        x, B, C = self._split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
+        z, xbc, dt = self.dims.split_zxbcdt(self.in_proj(hs))
+        x, B, C = self.dims.split_xbc(conv1d_update(xbc, conv_state, self.conv1d.weight, self.conv1d.bias))
         return self._finish(self.ssm_step(ssm, idx, x, dt, B, C), z)
 
     def verify(self, hs: torch.Tensor, conv_state: torch.Tensor, conv_window: torch.Tensor, ssm: SSMStates,
                idx: int) -> torch.Tensor:
         """A speculative window ``hs [b,T,D]`` -> ``[b,T,D]`` (:meth:`SSMStates.verify`); ``conv_state`` is read,
         the window's conv inputs go to ``conv_window [b,T,C]`` for the commit."""
-        z, xbc, dt = self._split(self.in_proj(hs))
+        z, xbc, dt = self.dims.split_zxbcdt(self.in_proj(hs))
         conv_window.copy_(xbc)
-        x, B, C = self._split_xbc(conv1d_verify(xbc, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True))
+        x, B, C = self.dims.split_xbc(conv1d_verify(xbc, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True))
         return self._finish(self.ssm_step(ssm, idx, x, dt, B, C, window=True), z)
 
     def ssm_step(self, ssm: SSMStates, idx: int, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,

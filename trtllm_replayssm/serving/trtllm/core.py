@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from trtllm_replayssm.core.cache import GDNLayerCache, Mamba2LayerCache
+from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.ops import conv, mamba2
 from trtllm_replayssm.core.plans import LaunchPlan
 from trtllm_replayssm.core.reference import gdn as gdn_ref
@@ -395,44 +396,22 @@ def decode_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor
     return upstream(), False
 
 
-def mamba2_split_zxbcdt(zxbcdt: torch.Tensor, nheads: int, head_dim: int, ngroups: int, d_state: int
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views ``z [b, H*P]``, ``xBC [b, H*P + 2*G*N]`` and ``dt [b, H]`` of ``Mamba2Mixer.in_proj``'s output
-    ``[b, 2*H*P + 2*G*N + H]`` (sections z | xBC | dt)."""
-    inner, conv_dim = nheads * head_dim, nheads * head_dim + 2 * ngroups * d_state
-    width = inner + conv_dim + nheads
-    if zxbcdt.dim() != 2 or zxbcdt.shape[1] != width:
-        raise ValueError(f"zxbcdt: expected shape [tokens, {width}], got {tuple(zxbcdt.shape)}")
-    return zxbcdt[:, :inner], zxbcdt[:, inner:inner + conv_dim], zxbcdt[:, inner + conv_dim:]
-
-
-def mamba2_split_xbc(xbc: torch.Tensor, nheads: int, head_dim: int, ngroups: int, d_state: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views ``x [b, H, P]``, ``B [b, G, N]``, ``C [b, G, N]`` of the post-conv ``xBC [b, H*P + 2*G*N]``."""
-    inner, group = nheads * head_dim, ngroups * d_state
-    if xbc.dim() != 2 or xbc.shape[1] != inner + 2 * group:
-        raise ValueError(f"xbc: expected shape [tokens, {inner + 2 * group}], got {tuple(xbc.shape)}")
-    return (xbc[:, :inner].unflatten(1, (nheads, head_dim)),
-            xbc[:, inner:inner + group].unflatten(1, (ngroups, d_state)),
-            xbc[:, inner + group:].unflatten(1, (ngroups, d_state)))
-
-
-def mamba2_decode(layer: Mamba2LayerCache, zxbcdt: torch.Tensor, conv_states: torch.Tensor, conv_weight: torch.Tensor,
-                  conv_bias: torch.Tensor | None, A: torch.Tensor, D: torch.Tensor | None,  # noqa: N803
-                  dt_bias: torch.Tensor | None, dt_softplus: bool, slots: torch.Tensor, head_dim: int, ngroups: int,
-                  d_state: int, plan: Callable[[bool], LaunchPlan],
+def mamba2_decode(layer: Mamba2LayerCache, dims: Mamba2Dims, zxbcdt: torch.Tensor, conv_states: torch.Tensor,
+                  conv_weight: torch.Tensor, conv_bias: torch.Tensor | None, A: torch.Tensor,  # noqa: N803
+                  D: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool,  # noqa: N803
+                  slots: torch.Tensor, plan: Callable[[bool], LaunchPlan],
                   upstream_conv: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pure-decode batch of a Mamba-2 layer from ``Mamba2Mixer.in_proj``'s output ``zxbcdt [b, ...]`` to the SSM
-    output: the conv1d step on the xBC section (:func:`decode_conv`; ``upstream_conv(xbc)`` where ours cannot take
-    the tensors), then ``ops.mamba2.replay_decode`` on strided views of its output and of ``dt`` (no copies; ``A``,
-    ``D``, ``dt_bias`` [H] fp32) with ``plan(after_our_conv)``. ``slots``: the rows' ids as the ops take them
-    (``decode_slots``). Returns ``(y [b, H*P], z [b, H*P])``, what upstream's gated norm takes."""
-    nheads = A.shape[0]
-    z, xbc, dt = mamba2_split_zxbcdt(zxbcdt, nheads, head_dim, ngroups, d_state)
+    """A pure-decode batch of a Mamba-2 layer of (one rank's) ``dims`` from ``Mamba2Mixer.in_proj``'s output
+    ``zxbcdt [b, ...]`` to the SSM output: the conv1d step on the xBC section (:func:`decode_conv`;
+    ``upstream_conv(xbc)`` where ours cannot take the tensors), then ``ops.mamba2.replay_decode`` on strided views of
+    its output and of ``dt`` (no copies; ``A``, ``D``, ``dt_bias`` [H] fp32) with ``plan(after_our_conv)``. ``slots``:
+    the rows' ids as the ops take them (``decode_slots``). Returns ``(y [b, H*P], z [b, H*P])``, what upstream's gated
+    norm takes."""
+    z, xbc, dt = dims.split_zxbcdt(zxbcdt)
     activations, own_conv = decode_conv(xbc, conv_states, conv_weight, conv_bias, "silu", slots,
                                         lambda: upstream_conv(xbc))
-    x, B, C = mamba2_split_xbc(activations, nheads, head_dim, ngroups, d_state)  # noqa: N806
-    y = x.new_empty(x.shape[0], nheads * head_dim)
+    x, B, C = dims.split_xbc(activations)  # noqa: N806
+    y = x.new_empty(x.shape[0], dims.d_inner)
     mamba2.replay_decode(layer, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
                          state_batch_indices=slots, pad_slot_id=PAD_SLOT_ID, out=y.view(x.shape),
                          plan=plan(own_conv))

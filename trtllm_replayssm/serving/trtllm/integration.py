@@ -50,6 +50,7 @@ from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
 from trtllm_replayssm.core.checks import capturing
+from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
@@ -98,6 +99,8 @@ class ReplayMamba2Mixer(Mamba2Mixer):
 
     def _rs_setup(self, cache: Any) -> None:
         self._rs_cache = cache
+        self._rs_dims = Mamba2Dims(nheads=self.tp_nheads, head_dim=self.head_dim, d_state=self.d_state,
+                                   n_groups=self.tp_ngroups)
         self._rs_upstream_ssus = {name: getattr(self, name) for name in mamba2_ssu_attrs(self)}
         for name in self._rs_upstream_ssus:
             setattr(self, name, functools.partial(self._replay_ssu, name))
@@ -129,8 +132,8 @@ class ReplayMamba2Mixer(Mamba2Mixer):
         conv_states = attn_metadata.kv_cache_manager.get_conv_states(self.layer_idx)
         indices = mamba_metadata.state_indices[:rows]
         y, z = mamba2_decode(
-            layer, zxbcdt[:rows], conv_states, self.conv1d.weight, self.conv1d.bias, self.A, self.D, self.dt_bias,
-            self.delta_softplus, self._rs_cache.decode_slots(indices), self.head_dim, self.tp_ngroups, self.d_state,
+            layer, self._rs_dims, zxbcdt[:rows], conv_states, self.conv1d.weight, self.conv1d.bias, self.A, self.D,
+            self.dt_bias, self.delta_softplus, self._rs_cache.decode_slots(indices),
             lambda after_conv: self._rs_cache.decode_plan(layer, rows, after_conv=after_conv),
             lambda xbc: causal_conv1d_update(xbc, conv_states, self.conv1d.weight, self.conv1d.bias,
                                              activation="silu", conv_state_indices=indices))
