@@ -2,14 +2,14 @@
 import pytest
 import torch
 
-from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.ops import conv as conv_ops
 from trtllm_replayssm.core.ops import mamba2 as mamba2_ops
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, as_windows, check_trtllm_version, check_verify_call,
                                                   commit_conv_windows, decode_conv, decode_slot_ids,
-                                                  gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
+                                                  gdn_materialize_slots, gdn_prefill_kwargs,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_decode,
+                                                  kda_packed_conv_weight, mamba2_decode,
                                                   mamba2_ssu_attrs, mamba2_ssu_call, per_head, split_batch)
 from trtllm_replayssm.serving.trtllm.model_cache import ModelReplayCache
 from upstream_pools import UnifiedPool
@@ -88,11 +88,12 @@ def test_version_gate(monkeypatch):
 
 def test_gdn_split_qkv():
     mixed = torch.arange(5 * (2 * 2 * 3 + 4 * 5), dtype=torch.float32).view(5, -1)
-    q, k, v = gdn_split_qkv(mixed, 2, 3, 4, 5)
+    q, k, v = GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=3, head_v_dim=5).split_qkv(mixed)
     assert q.shape == (5, 2, 3) and k.shape == (5, 2, 3) and v.shape == (5, 4, 5)
-    assert torch.equal(v[0].flatten(), mixed[0, 12:])
-    with pytest.raises(ValueError, match="mixed_qkv"):
-        gdn_split_qkv(mixed, 2, 3, 4, 4)
+    assert torch.equal(k[1].flatten(), mixed[1, 6:12]) and torch.equal(v[0].flatten(), mixed[0, 12:])
+    assert v.data_ptr() == mixed.data_ptr() + 12 * mixed.element_size()  # views
+    with pytest.raises(ValueError, match=r"^mixed_qkv: expected shape \[\.\.\., 28\], got \(5, 32\)"):
+        GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=3, head_v_dim=4).split_qkv(mixed)
 
 
 def test_as_windows():
@@ -219,11 +220,11 @@ def test_kda_check_conv_pool_layout():
 def test_kda_split_qkv_and_gate_inputs():
     H, D, b = 2, 3, 4
     mixed = torch.arange(b * 3 * H * D, dtype=torch.float32).view(b, -1)
-    q, k, v = kda_split_qkv(mixed, H, D)
+    q, k, v = KDADims(num_heads=H, head_dim=D).split_qkv(mixed)
     assert q.shape == k.shape == v.shape == (b, H, D)
     assert torch.equal(k[1].flatten(), mixed[1, H * D:2 * H * D]) and torch.equal(v[0, 1], mixed[0, -D:])
     with pytest.raises(ValueError, match="mixed_qkv"):
-        kda_split_qkv(mixed[:, :-1], H, D)
+        KDADims(num_heads=H, head_dim=D).split_qkv(mixed[:, :-1])
     g_hidden, beta = torch.randn(b, H * D), torch.randn(b, H)
     g, beta2 = kda_gate_inputs(g_hidden, beta, H, D)
     assert g.shape == (b, H, D) and torch.equal(g[2, 1], g_hidden[2, D:]) and beta2 is beta
@@ -256,7 +257,7 @@ def test_kda_hook_composition_matches_baseline_step_on_cpu():
     raw_slots = torch.tensor([2, 0, 0], dtype=torch.int32)  # CUDA-graph padding repeats slot 0
     ids = decode_slot_ids(raw_slots, slots)
     for step in range(5):
-        q, k, v = kda_split_qkv(torch.randn(b, 3 * H * D), H, D)
+        q, k, v = KDADims(num_heads=H, head_dim=D).split_qkv(torch.randn(b, 3 * H * D))
         g, beta = kda_gate_inputs(torch.randn(b, H * D), torch.randn(b, H), H, D)
         out_r = torch.full((b, H, D), float("nan"))
         out_b = torch.full((b, H, D), float("nan"))

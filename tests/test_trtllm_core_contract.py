@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trtllm_replayssm.core.dims import GDNDims, KDADims
 from trtllm_replayssm.serving.trtllm import core
 
 
@@ -94,7 +95,7 @@ def test_kda_helper_shape_errors():
     with pytest.raises(ValueError, match=r"^conv_pool: expected shape \[slots, 24, 3\], got \(2, 24, 4\)"):
         core.kda_check_conv_pool(torch.zeros(2, 24, 4), 8, 4)
     core.kda_check_conv_pool(torch.zeros(2, 24, 3), 8, 4)
-    with pytest.raises(ValueError, match=r"^mixed_qkv: expected shape \[tokens, 24\], got \(2, 20\)"):
-        core.kda_split_qkv(torch.zeros(2, 20), 2, 4)
-    with pytest.raises(ValueError, match=r"^mixed_qkv: expected shape \[tokens, 20\], got \(2, 16\)"):
-        core.gdn_split_qkv(torch.zeros(2, 16), 1, 4, 3, 4)
+    with pytest.raises(ValueError, match=r"^mixed_qkv: expected shape \[\.\.\., 24\], got \(2, 20\)"):
+        KDADims(num_heads=2, head_dim=4).split_qkv(torch.zeros(2, 20))
+    with pytest.raises(ValueError, match=r"^mixed_qkv: expected shape \[\.\.\., 20\], got \(2, 16\)"):
+        GDNDims(num_k_heads=1, num_v_heads=3, head_k_dim=4, head_v_dim=4).split_qkv(torch.zeros(2, 16))

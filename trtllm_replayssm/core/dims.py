@@ -118,6 +118,16 @@ class GDNDims(_Geometry):
     def conv_dim(self) -> int:
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
 
+    def split_qkv(self, mixed_qkv: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """Views ``q [..., HK, K]``, ``k [..., HK, K]`` and ``v [..., HV, V]`` of the post-conv projection
+        ``[..., conv_dim]`` (sections q | k | v)."""
+        if mixed_qkv.dim() < 1 or mixed_qkv.shape[-1] != self.conv_dim:
+            raise ValueError(f"mixed_qkv: expected shape [..., {self.conv_dim}], got {tuple(mixed_qkv.shape)}")
+        key = self.num_k_heads * self.head_k_dim
+        q, k, v = mixed_qkv.split([key, key, self.num_v_heads * self.head_v_dim], dim=-1)
+        return (q.unflatten(-1, (self.num_k_heads, self.head_k_dim)), k.unflatten(-1, (self.num_k_heads, self.head_k_dim)),
+                v.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
+
     def tp_divisors(self) -> dict[str, int]:
         return {"linear_num_key_heads": self.num_k_heads, "linear_num_value_heads": self.num_v_heads}
 
@@ -152,6 +162,12 @@ class KDADims(_Geometry):
     @property
     def conv_dim(self) -> int:
         return 3 * self.num_heads * self.head_dim
+
+    def split_qkv(self, mixed_qkv: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """Views ``q, k, v [..., H, D]`` of the post-conv activations ``[..., conv_dim]`` (sections q | k | v)."""
+        if mixed_qkv.dim() < 1 or mixed_qkv.shape[-1] != self.conv_dim:
+            raise ValueError(f"mixed_qkv: expected shape [..., {self.conv_dim}], got {tuple(mixed_qkv.shape)}")
+        return tuple(t.unflatten(-1, (self.num_heads, self.head_dim)) for t in mixed_qkv.chunk(3, dim=-1))
 
     def tp_divisors(self) -> dict[str, int]:
         return {"linear_attn_config.num_heads": self.num_heads}

@@ -221,8 +221,9 @@ class GatedDeltaNetMixer(nn.Module):
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
+        self.dims = cfg.ssm_dims
         self.hk, self.hv, self.dk, self.dv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
-        self.key_dim, self.value_dim, self.conv_dim = self.hk * self.dk, self.hv * self.dv, cfg.ssm_dims.conv_dim
+        self.value_dim, self.conv_dim = self.hv * self.dv, self.dims.conv_dim
         d = cfg.hidden_size
         self.in_proj_qkv = nn.Linear(d, self.conv_dim, bias=False)
         self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
@@ -234,12 +235,6 @@ class GatedDeltaNetMixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, self.dv, cfg.rms_eps, norm_before_gate=True)
         self.out_proj = nn.Linear(self.value_dim, d, bias=False)
-
-    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        lead = q.shape[:-1]
-        return (q.reshape(*lead, self.hk, self.dk), k.reshape(*lead, self.hk, self.dk),
-                v.reshape(*lead, self.hv, self.dv))
 
     def gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` (float32)."""
@@ -254,7 +249,7 @@ class GatedDeltaNetMixer(nn.Module):
         """``hs [b,T,D]`` -> (output [b,T,D], conv state [b,C,K-1], state [b,HV,V,K] float32); ``chunk``: the
         chunked scan (training) instead of the sequential one."""
         qkv, conv_state = conv_prefill(self.in_proj_qkv(hs), self.conv1d.weight, None)
-        q, k, v = self._split_qkv(F.silu(qkv))
+        q, k, v = self.dims.split_qkv(F.silu(qkv))
         g, beta = self.gates(self.in_proj_a(hs), self.in_proj_b(hs))
         scan = (lambda *a: gdn_chunk_scan(*a, chunk)) if chunk else gdn_scan
         o, state = scan(l2norm(q.float()), l2norm(k.float()), v, g, beta, self.dk ** -0.5)
@@ -263,7 +258,7 @@ class GatedDeltaNetMixer(nn.Module):
     def decode(self, hs: torch.Tensor, conv_state: torch.Tensor, ssm: SSMStates, idx: int) -> torch.Tensor:
         """``hs [b,D]`` -> output ``[b,D]``; steps ``conv_state`` and SSM layer ``idx`` of ``ssm`` in place."""
         qkv, z, b, a = self.in_proj(hs)
-        q, k, v = self._split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
+        q, k, v = self.dims.split_qkv(conv1d_update(qkv, conv_state, self.conv1d.weight, None))
         return self._finish(self.ssm_step(ssm, idx, q, k, v, a, b), z)
 
     def verify(self, hs: torch.Tensor, conv_state: torch.Tensor, conv_window: torch.Tensor, ssm: SSMStates,
@@ -272,7 +267,7 @@ class GatedDeltaNetMixer(nn.Module):
         the window's conv inputs go to ``conv_window [b,T,C]`` for the commit."""
         qkv, z, b, a = self.in_proj(hs)
         conv_window.copy_(qkv)
-        q, k, v = self._split_qkv(conv1d_verify(qkv, conv_state, self.conv1d.weight, None, silu=True))
+        q, k, v = self.dims.split_qkv(conv1d_verify(qkv, conv_state, self.conv1d.weight, None, silu=True))
         return self._finish(self.ssm_step(ssm, idx, q, k, v, a, b, window=True), z)
 
     def ssm_step(self, ssm: SSMStates, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,

@@ -289,19 +289,6 @@ def replay_disabled() -> bool:
     return os.environ.get(DISABLE_ENV) == "1"
 
 
-def gdn_split_qkv(mixed_qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views ``q [b, H, K]``, ``k [b, H, K]``, ``v [b, HV, V]`` of the post-conv GDN projection ``[b, 2HK + HV V]``."""
-    key = num_k_heads * head_k_dim
-    width = 2 * key + num_v_heads * head_v_dim
-    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != width:
-        raise ValueError(f"mixed_qkv: expected shape [tokens, {width}], got {tuple(mixed_qkv.shape)}")
-    q = mixed_qkv[:, :key].unflatten(1, (num_k_heads, head_k_dim))
-    k = mixed_qkv[:, key:2 * key].unflatten(1, (num_k_heads, head_k_dim))
-    v = mixed_qkv[:, 2 * key:].unflatten(1, (num_v_heads, head_v_dim))
-    return q, k, v
-
-
 def as_windows(num_decodes: int, window: int, **tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Views ``[n, T, ...]`` of the per-token tensors ``tokens`` (``[n * T, ...]``, in the order given) of
     ``n = num_decodes`` MTP verify windows of ``T = window`` tokens, each decode row's tokens adjacent (TensorRT-LLM's
@@ -439,16 +426,6 @@ def kda_check_conv_pool(conv_pool: torch.Tensor, proj_size: int, conv_size: int)
     want = (3 * proj_size, conv_size - 1)
     if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != want:
         raise ValueError(f"conv_pool: expected shape [slots, {want[0]}, {want[1]}], got {tuple(conv_pool.shape)}")
-
-
-def kda_split_qkv(mixed_qkv: torch.Tensor, num_heads: int, head_dim: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views ``q, k, v [b, H, D]`` of the post-conv KDA activations ``[b, 3 * H * D]`` (sections q | k | v)."""
-    d = num_heads * head_dim
-    if mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != 3 * d:
-        raise ValueError(f"mixed_qkv: expected shape [tokens, {3 * d}], got {tuple(mixed_qkv.shape)}")
-    q, k, v = (mixed_qkv[:, i * d:(i + 1) * d].unflatten(1, (num_heads, head_dim)) for i in range(3))
-    return q, k, v
 
 
 def kda_gate_inputs(g_hidden: torch.Tensor, beta: torch.Tensor, num_heads: int, head_dim: int

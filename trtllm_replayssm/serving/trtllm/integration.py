@@ -50,14 +50,14 @@ from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet
 from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer
 
 from trtllm_replayssm.core.checks import capturing
-from trtllm_replayssm.core.dims import Mamba2Dims
+from trtllm_replayssm.core.dims import GDNDims, KDADims, Mamba2Dims
 from trtllm_replayssm.core.formats import parse_state_label, torch_dtype
 from trtllm_replayssm.core.ops import gdn, kda, mamba2
 from trtllm_replayssm.serving.trtllm import check_installed_trtllm, settings_from_env
 from trtllm_replayssm.serving.trtllm.core import (PAD_SLOT_ID, SINGLE_TOKEN_SSU_ATTRS, as_windows, check_verify_call,
-                                                  decode_conv, gdn_materialize_slots, gdn_prefill_kwargs, gdn_split_qkv,
+                                                  decode_conv, gdn_materialize_slots, gdn_prefill_kwargs,
                                                   kda_check_conv_pool, kda_fp32_params, kda_gate_inputs,
-                                                  kda_packed_conv_weight, kda_split_qkv, mamba2_decode,
+                                                  kda_packed_conv_weight, mamba2_decode,
                                                   mamba2_ssu_attrs, mamba2_ssu_call, per_head, refusals_from_llm_args,
                                                   refusals_from_quant_config, replay_disabled, speculative_refusals,
                                                   split_batch)
@@ -168,6 +168,8 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
 
     def _rs_setup(self, cache: Any) -> None:
         self._rs_cache = cache
+        self._rs_dims = GDNDims(num_k_heads=self.num_k_heads_per_tp, num_v_heads=self.num_v_heads_per_tp,
+                                head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
 
     def forward_core(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, attn_metadata: Any,
                      mamba_metadata: Any, spec_metadata: Any = None, output: torch.Tensor | None = None) -> Any:
@@ -201,8 +203,7 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
             kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias, self.activation, slots,
             lambda: causal_conv1d_update(kwargs["mixed_qkv"], conv_states, self.conv1d.weight, self.conv1d.bias,
                                          self.activation, conv_state_indices=kwargs["cache_indices"]))
-        q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
-                                self.head_v_dim)
+        q, k, v = self._rs_dims.split_qkv(mixed)
         rows = q.shape[0]
         out = (output.view(rows, self.num_v_heads_per_tp, self.head_v_dim) if output is not None
                else v.new_empty(rows, self.num_v_heads_per_tp, self.head_v_dim))
@@ -243,8 +244,7 @@ class ReplayGatedDeltaNet(Qwen3NextGatedDeltaNet):
         ``ModelReplayCache.verify``. Returns ``[1, num_decodes * window, HV, V]`` (``output`` when given)."""
         mixed = _verify_conv(self._rs_cache, mixed_qkv, num_decodes, window, conv_states, self.conv1d.weight,
                              self.conv1d.bias, self.activation, slots, conv_windows)
-        q, k, v = gdn_split_qkv(mixed, self.num_k_heads_per_tp, self.head_k_dim, self.num_v_heads_per_tp,
-                                self.head_v_dim)
+        q, k, v = self._rs_dims.split_qkv(mixed)
         q, k, v, a, b = as_windows(num_decodes, window, q=q, k=k, v=v, a=a, b=b)
         shape = (num_decodes, window, self.num_v_heads_per_tp, self.head_v_dim)
         out = output.view(shape) if output is not None else v.new_empty(shape)
@@ -261,6 +261,7 @@ if KimiKDALinearAttention is not None:
 
         def _rs_setup(self, cache: Any) -> None:
             self._rs_cache = cache
+            self._rs_dims = KDADims(num_heads=self.num_heads, head_dim=self.head_dim)
             self._rs_param_cache = None
 
         def _rs_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -301,7 +302,7 @@ if KimiKDALinearAttention is not None:
             mixed, own_conv = decode_conv(
                 mixed, conv_pool, conv_w, None, "silu", slots,
                 lambda: causal_conv1d_update(mixed, conv_pool, conv_w, None, "silu", conv_state_indices=slot_indices))
-            q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
+            q, k, v = self._rs_dims.split_qkv(mixed)
             layer = self._rs_cache.layer(self.layer_idx, ssm_pool)
             o = v.new_empty(v.shape)
             kda.replay_decode(layer, q, k, v, g, beta, a_log, dt_bias, lower_bound=self.gate_lower_bound,
@@ -324,7 +325,7 @@ if KimiKDALinearAttention is not None:
                                  torch.cat((self.q_proj(x2d), self.k_proj(x2d), self.v_proj(x2d)), dim=-1), n,
                                  num_steps, conv_pool, conv_w, None, "silu", slot_indices,
                                  layer_cache.intermediate_conv_window)
-            q, k, v = kda_split_qkv(mixed, self.num_heads, self.head_dim)
+            q, k, v = self._rs_dims.split_qkv(mixed)
             g, beta = kda_gate_inputs(self.f_b_proj(self.f_a_proj(x2d)), self.b_proj(x2d), self.num_heads,
                                       self.head_dim)
             q, k, v, g, beta = as_windows(n, num_steps, q=q, k=k, v=v, g=g, beta=beta)
