@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [served] [quant-bench] [quant-speed] [crossovers]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [served] [small-batch] [quant-bench] [quant-speed] [crossovers]
 #     [launch] [spec] [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
@@ -181,6 +181,20 @@ if has served; then  # issue 25's served small batches: every family behind the 
   bounded "${SERVED_TIMEOUT:-400}" python3 -m trtllm_replayssm bench kernels --state-dtype fp32 --after-conv \
     --batch "${SERVED_BATCH:-1,2,4,8,16,32,64}" -o "$OUT/kernels-served-${gpu}.json" > "$OUT/bench_served.log" 2>&1
   rc=$?; record "bench kernels, served (after the conv step)" $rc "$OUT/kernels-served-${gpu}.json"
+fi
+if has small-batch; then  # issue 25's batch 8: the structural floors of a non-flush step (a CTA per tile, per two
+  # tiles, persistent streaming; benchmarks/dev/small_batch_probe.py), then where the shipped replay paths spend the
+  # step at batch 8: whole cycles against non-flush steps per mode, and the GPU time of each kernel
+  bounded "${PROBE_TIMEOUT:-150}" python3 benchmarks/dev/small_batch_probe.py "$OUT/small-batch-probe-${gpu}.json" \
+    > "$OUT/small_batch_probe.log" 2>&1
+  rc=$?; record "small-batch probe" $rc "$OUT/small-batch-probe-${gpu}.json"
+  bounded "${PHASES_TIMEOUT:-240}" python3 benchmarks/dev/quant_speed.py --batches 8 --specs fp32 \
+    --models nemotron-3-super-120b,qwen3.5-4b --impls replay,baseline --modes replay,fused --phases cycle,nonflush \
+    --flush-apart 0,1 -o "$OUT/small-batch-phases-${gpu}.json" > "$OUT/small_batch_phases.log" 2>&1
+  rc=$?; record "quant_speed phases, batch 8" $rc "$OUT/small-batch-phases-${gpu}.json"
+  bounded 120 python3 benchmarks/dev/op_kernel_times.py nemotron-3-super-120b,qwen3.5-4b 8 fp32 \
+    > "$OUT/small_batch_kernel_times.log" 2>&1
+  rc=$?; record "kernel times, batch 8" $rc "$OUT/small_batch_kernel_times.log"
 fi
 if has launch; then  # batch 1 and 8: our launch variants beside the peers, alone and behind a plain kernel (the served case)
   bounded "${LAUNCH_TIMEOUT:-330}" python3 benchmarks/dev/launch_variants.py "$OUT/launch-variants-${gpu}.json" \

@@ -1,0 +1,118 @@
+// Structural floors of a small-batch non-flush step (development only; benchmarks/dev/small_batch_probe.py): how
+// fast can a kernel read a checkpoint tile per (batch row, head) from its slot and write S·C per state row, with
+// nothing else to do (no ring, no cursor, no inputs but C)? Three launch structures over the same bytes:
+//   grid_kernel        one CTA per ROWS-row tile (grid: P / ROWS, heads, batch), the tile in registers: the
+//                      structure of the one-launch replay and the flush kernel;
+//   grid_pair_kernel   one CTA per two tiles of a batch row (heads h and h + heads/2): the first in registers, the
+//                      second by one bulk copy into shared memory issued at the start, so that a grid of half the
+//                      CTAs requests every byte at once;
+//   persistent_kernel  a few CTAs per SM, a producer warp streaming tiles by bulk copies through `stages` stages, four
+//                      consumer warps: the structure of the persistent replay main kernel, without its prep kernel.
+// State: fp32 [slots][heads][P][N] with N = 128 (a lane's 4 columns per row, one 16-byte load), C fp32 [batch][N].
+#include "replayssm_common.cuh"
+
+#include "ProbeParams.h"  // generated from benchmarks/dev/small_batch_probe.py
+
+constexpr int N = 128;
+constexpr int kRowsPerWarp = ROWS / rssm::kNumWarps;
+constexpr int kTileBytes = ROWS * N * 4;
+static_assert(ROWS % rssm::kNumWarps == 0 && kRowsPerWarp <= rssm::kWarpSize, "rows: 4 .. 128, a multiple of 4");
+
+// Lane r < kRowsPerWarp of the warp returns row r's dot with C, from this lane's 4 columns of each row.
+__device__ __forceinline__ float row_dots(const float4 (&v)[kRowsPerWarp], const float4 c) {
+  float part[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) part[r] = v[r].x * c.x + v[r].y * c.y + v[r].z * c.z + v[r].w * c.w;
+  float mine = 0.f;
+  const int lane = threadIdx.x % rssm::kWarpSize;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float s = rssm::warp_sum(part[r]);
+    if (lane == r) mine = s;
+  }
+  return mine;
+}
+
+__device__ __forceinline__ const float* tile_src(const ProbeParams& p, int b, int head, int row0) {
+  const int slot = p.slot_idx[b];
+  return p.state + ((long long)slot * p.heads + head) * P * N + (long long)row0 * N;
+}
+
+__device__ __forceinline__ void finish_rows(const ProbeParams& p, const float4 (&v)[kRowsPerWarp], int b, int head,
+                                            int row0) {
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const float4 c = reinterpret_cast<const float4*>(p.C + (long long)b * N)[lane];
+  const float d = row_dots(v, c);
+  if (lane < kRowsPerWarp) p.out[((long long)b * p.heads + head) * P + row0 + warp * kRowsPerWarp + lane] = d;
+}
+
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) grid_kernel(const ProbeParams p) {
+  const int b = blockIdx.z, head = blockIdx.y, row0 = blockIdx.x * ROWS;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const float4* src = reinterpret_cast<const float4*>(tile_src(p, b, head, row0) + warp * kRowsPerWarp * N) + lane;
+  float4 v[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) v[r] = __ldcs(src + r * (N / 4));
+  finish_rows(p, v, b, head, row0);
+}
+
+extern "C" __global__ void __launch_bounds__(rssm::kThreads) grid_pair_kernel(const ProbeParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char tile_mem[];
+  __shared__ unsigned long long full;
+  const int b = blockIdx.z, head = blockIdx.y, row0 = blockIdx.x * ROWS, second = head + p.heads / 2;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  rssm::mbar_init_cta(&full, 1);
+  if (threadIdx.x == 0) {
+    rssm::mbar_arrive_expect_tx(&full, kTileBytes);
+    rssm::bulk_load(tile_mem, tile_src(p, b, second, row0), kTileBytes, &full);
+  }
+  const float4* src = reinterpret_cast<const float4*>(tile_src(p, b, head, row0) + warp * kRowsPerWarp * N) + lane;
+  float4 v[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) v[r] = __ldcs(src + r * (N / 4));
+  finish_rows(p, v, b, head, row0);
+  rssm::mbar_wait(&full, 0);
+  const float4* s = reinterpret_cast<const float4*>(tile_mem) + warp * kRowsPerWarp * (N / 4) + lane;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) v[r] = s[r * (N / 4)];
+  finish_rows(p, v, b, second, row0);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1) persistent_kernel(const ProbeParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  constexpr int kRowTiles = P / ROWS;
+  const int num_tiles = p.batch * p.heads * kRowTiles;
+  const int stage_bytes = kTileBytes;
+  if (warp == rssm::kNumWarps) {  // producer
+    for (int i = 0;; ++i) {
+      const int t = blockIdx.x + i * gridDim.x;
+      if (t >= num_tiles) break;
+      const int s = i % p.stages;
+      if (i >= p.stages) rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
+      const int b = t / kRowTiles / p.heads, head = t / kRowTiles % p.heads, row0 = t % kRowTiles * ROWS;
+      rssm::stage_state_copy(pipe, s, stage_mem + (long long)s * stage_bytes, tile_src(p, b, head, row0), kTileBytes);
+      rssm::cp_async_arrive(&pipe.full[s]);
+    }
+    return;
+  }
+  for (int i = 0;; ++i) {
+    const int t = blockIdx.x + i * gridDim.x;
+    if (t >= num_tiles) break;
+    const int s = i % p.stages;
+    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
+    const float4* src =
+        reinterpret_cast<const float4*>(stage_mem + (long long)s * stage_bytes) + warp * kRowsPerWarp * (N / 4) + lane;
+    float4 v[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
+    rssm::release_stage(pipe, s);
+    finish_rows(p, v, t / kRowTiles / p.heads, t / kRowTiles % p.heads, t % kRowTiles * ROWS);
+  }
+#endif
+}
