@@ -185,9 +185,12 @@ fi
 if has small-batch; then  # issue 25's batch 8: the structural floors of a non-flush step (a CTA per tile, per two
   # tiles, persistent streaming; benchmarks/dev/small_batch_probe.py), then where the shipped replay paths spend the
   # step at batch 8: whole cycles against non-flush steps per mode, and the GPU time of each kernel
-  bounded "${PROBE_TIMEOUT:-150}" python3 benchmarks/dev/small_batch_probe.py "$OUT/small-batch-probe-${gpu}.json" \
-    > "$OUT/small_batch_probe.log" 2>&1
-  rc=$?; record "small-batch probe" $rc "$OUT/small-batch-probe-${gpu}.json"
+  # Super's checkpoint bytes (128 heads of 64 x 128), then Qwen3.5-4B's (32 heads of 128 x 128 = 64 of 64 x 128)
+  for heads in 128 64; do
+    bounded "${PROBE_TIMEOUT:-150}" python3 benchmarks/dev/small_batch_probe.py \
+      "$OUT/small-batch-probe-heads${heads}-${gpu}.json" --heads $heads > "$OUT/small_batch_probe_heads${heads}.log" 2>&1
+    rc=$?; record "small-batch probe, $heads heads" $rc "$OUT/small-batch-probe-heads${heads}-${gpu}.json"
+  done
   bounded "${PHASES_TIMEOUT:-240}" python3 benchmarks/dev/quant_speed.py --batches 8 --specs fp32 \
     --models nemotron-3-super-120b,qwen3.5-4b --impls replay,baseline --modes replay,fused --phases cycle,nonflush \
     --flush-apart 0,1 -o "$OUT/small-batch-phases-${gpu}.json" > "$OUT/small_batch_phases.log" 2>&1
