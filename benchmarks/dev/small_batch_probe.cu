@@ -7,7 +7,10 @@
 //                      second by one bulk copy into shared memory issued at the start, so that a grid of half the
 //                      CTAs requests every byte at once;
 //   persistent_kernel  a few CTAs per SM, a producer warp streaming tiles by bulk copies through `stages` stages, four
-//                      consumer warps: the structure of the persistent replay main kernel, without its prep kernel.
+//                      consumer warps: the structure of the persistent replay main kernel, without its prep kernel;
+//   group_stream_kernel  one CTA per `tiles_per_cta` consecutive tiles of a batch row (heads of one group), streamed
+//                      like the persistent kernel's, after a prologue a one-launch replay would need: the row's cursor,
+//                      then 16 ring records of B of the group (fp32) dotted with C, whose sum every row output adds.
 // State: fp32 [slots][heads][P][N] with N = 128 (a lane's 4 columns per row, one 16-byte load), C fp32 [batch][N].
 #include "replayssm_common.cuh"
 
@@ -113,6 +116,60 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1
     for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
     rssm::release_stage(pipe, s);
     finish_rows(p, v, t / kRowTiles / p.heads, t / kRowTiles % p.heads, t % kRowTiles * ROWS);
+  }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1)
+    group_stream_kernel(const ProbeParams p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ rssm::TilePipe pipe;
+  __shared__ float s_coef[16];
+  rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  constexpr int kRowTiles = P / ROWS;
+  const int b = blockIdx.z, t0 = blockIdx.x * p.tiles_per_cta;  // tiles of row b: head t / kRowTiles
+  const int slot = p.slot_idx[b];
+  if (warp == rssm::kNumWarps) {  // producer
+    for (int i = 0; i < p.tiles_per_cta; ++i) {
+      const int s = i % p.stages, t = t0 + i;
+      if (i >= p.stages) rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
+      rssm::stage_state_copy(pipe, s, stage_mem + (long long)s * kTileBytes,
+                             tile_src(p, b, t / kRowTiles, t % kRowTiles * ROWS), kTileBytes);
+      rssm::cp_async_arrive(&pipe.full[s]);
+    }
+    return;
+  }
+  // the prologue: the cursor, then B records of the group (warp k: records k, k + 4, ...), each dotted with C
+  const int w = p.cursor[slot] & 15;
+  const int group = t0 / kRowTiles / (p.heads / p.groups);
+  const float4 c = reinterpret_cast<const float4*>(p.C + (long long)b * N)[lane];
+  const float* B = p.B_ring + ((long long)slot * p.groups + group) * 16 * N;
+  float4 bv[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) bv[k] = reinterpret_cast<const float4*>(B + (warp + 4 * k) * N)[lane];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float d = rssm::warp_sum(bv[k].x * c.x + bv[k].y * c.y + bv[k].z * c.z + bv[k].w * c.w);
+    if (lane == 0) s_coef[warp + 4 * k] = warp + 4 * k <= w ? d : 0.f;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(rssm::kThreads));  // the consumers only
+  float ring = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) ring += s_coef[j];
+  for (int i = 0; i < p.tiles_per_cta; ++i) {
+    const int s = i % p.stages, t = t0 + i;
+    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
+    const float4* src =
+        reinterpret_cast<const float4*>(stage_mem + (long long)s * kTileBytes) + warp * kRowsPerWarp * (N / 4) + lane;
+    float4 v[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
+    rssm::release_stage(pipe, s);
+    const float d = row_dots(v, c) + ring;
+    const int row = t % kRowTiles * ROWS + warp * kRowsPerWarp + lane;
+    if (lane < kRowsPerWarp) p.out[((long long)b * p.heads + t / kRowTiles) * P + row] = d;
   }
 #endif
 }

@@ -1,12 +1,13 @@
 """Structural floors of a small-batch non-flush step (development only): benchmarks/dev/small_batch_probe.cu's three
-launch structures (a CTA per tile, a CTA per two tiles, a persistent streaming kernel) reading a Mamba-2-shaped fp32
+launch structures (a CTA per tile, a CTA per two tiles, a persistent streaming kernel, a CTA streaming consecutive
+tiles of one group after a one-launch replay's prologue) reading a Mamba-2-shaped fp32
 checkpoint (Super: 128 heads x 64 x 128 by default) and writing S·C per row, nothing else. Protocol as the bench's:
 cold L2 by rotating pools, one CUDA graph, medians; plain launches; the copy ceiling in the same run. Each record is
 µs per step and GB/s on the checkpoint bytes; beside them the shipped kernels' times at the same batch say how much of
 a step is the structure and how much the rest (ring, inputs, cursor).
 
 Run on the GPU host: PYTHONPATH=. python3 benchmarks/dev/small_batch_probe.py OUT.json [--batches 1,2,4,8,16]
-    [--heads 128] [--rows 16,32,64] [--ctas-per-sm 1,2,4] [--stages 2,4,8]
+    [--heads 128] [--rows 16,32,64] [--ctas-per-sm 1,2,4] [--stages 2,4,8] [--groups 8] [--tiles-per-cta 2,4,8,16]
 """
 import argparse
 import json
@@ -30,9 +31,11 @@ PARAMS = ParamLayout("ProbeParams", """
   const int* slot_idx;  // [batch]
   const float* C;       // [batch][128]
   float* out;           // [batch][heads][P]
-  int heads, batch, stages;""")
+  const int* cursor;    // [slots]
+  const float* B_ring;  // [slots][groups][16][128]
+  int heads, batch, stages, tiles_per_cta, groups;""")
 N, P = 128, 64
-KERNELS = ("grid_kernel", "grid_pair_kernel", "persistent_kernel")
+KERNELS = ("grid_kernel", "grid_pair_kernel", "persistent_kernel", "group_stream_kernel")
 SHARED_PER_SM = 227 * 1024
 
 
@@ -57,6 +60,8 @@ def main() -> int:
     ap.add_argument("--rows", default="16,32,64")
     ap.add_argument("--ctas-per-sm", default="1,2,4")
     ap.add_argument("--stages", default="2,4,8")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--tiles-per-cta", default="2,4,8,16", help="group_stream_kernel: consecutive tiles per CTA")
     a = ap.parse_args()
     src_dir = use_probe_sources()
     dev = torch.device("cuda", 0)
@@ -74,7 +79,12 @@ def main() -> int:
         idx = [torch.randperm(slots, device=dev, generator=gen)[:batch].to(torch.int32) for _ in range(n)]
         C = torch.randn(batch, N, device=dev, generator=gen)
         out = torch.empty(batch, a.heads, P, device=dev)
+        cursor = torch.randint(0, 16, (slots,), device=dev, generator=gen, dtype=torch.int32)
+        B_ring = torch.randn(slots, a.groups, 16, N, device=dev, generator=gen)
         ref = torch.einsum("bhpn,bn->bhp", pools[0][idx[0].long()], C)
+        ring_of = torch.einsum("bgjn,bn->bgj", B_ring[idx[0].long()], C)
+        ring_of = (ring_of * (torch.arange(16, device=dev) <= cursor[idx[0].long()][:, None, None])).sum(-1)
+        ring_ref = ref + ring_of.repeat_interleave(a.heads // a.groups, dim=1)[..., None]
         nbytes = batch * a.heads * P * N * 4
         for rows in map(int, a.rows.split(",")):
             config = probe_config(rows)
@@ -86,19 +96,33 @@ def main() -> int:
                 for st in map(int, a.stages.split(",")):
                     if k * st * tile_bytes <= SHARED_PER_SM - k * 1024:
                         variants.append(("persistent_kernel", (sms * k, 1, 1), threads + 32, st * tile_bytes, k, st))
+            row_tiles = a.heads * (P // rows)
+            group_tiles = row_tiles // a.groups
+            for k in map(int, a.tiles_per_cta.split(",")):
+                if group_tiles % k:
+                    continue  # a CTA's tiles lie in one group
+                for st in map(int, a.stages.split(",")):
+                    if st <= k and st * tile_bytes <= SHARED_PER_SM - 1024:
+                        variants.append(("group_stream_kernel", (row_tiles // k, 1, batch), threads + 32,
+                                         st * tile_bytes, k, st))
             for name, grid, block, shared, k, st in variants:
                 fn = get_kernel(config, name, dev)
                 if shared:
                     allow_dynamic_shared(fn, shared)
                 packs = [PARAMS.pack(state=pool.data_ptr(), slot_idx=ix.data_ptr(), C=C.data_ptr(), out=out.data_ptr(),
-                                     heads=a.heads, batch=batch, stages=max(st, 1)) for pool, ix in zip(pools, idx)]
+                                     cursor=cursor.data_ptr(), B_ring=B_ring.data_ptr(), heads=a.heads, batch=batch,
+                                     stages=max(st, 1), tiles_per_cta=k, groups=a.groups)
+                         for pool, ix in zip(pools, idx)]
                 out.fill_(float("nan"))
                 launch(fn, grid, (block, 1, 1), packs[0], shared_bytes=shared)
                 torch.cuda.synchronize()
-                err = float((out - ref).abs().max() / ref.abs().max())
+                want = ring_ref if name == "group_stream_kernel" else ref
+                err = float((out - want).abs().max() / want.abs().max())
                 us = timing.time_calls([lambda fn=fn, pk=pk: launch(fn, grid, (block, 1, 1), pk, shared_bytes=shared)
                                         for pk in packs])
-                rec = {"kernel": name, "batch": batch, "heads": a.heads, "rows": rows, "ctas_per_sm": k, "stages": st,
+                rec = {"kernel": name, "batch": batch, "heads": a.heads, "rows": rows,
+                       "ctas_per_sm": k if name == "persistent_kernel" else None,
+                       "tiles_per_cta": k if name == "group_stream_kernel" else None, "stages": st,
                        "grid": list(grid), "median_us": us, "gbps": nbytes / us / 1e3, "rel_err": err,
                        "copy_ceiling_gbps": ceiling, "device": torch.cuda.get_device_name(dev)}
                 records.append(rec)
