@@ -2078,3 +2078,221 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 3
     mamba2_verify_main_t8_kernel(const Mamba2Params p) { verify_main<8>(p); }
 
 #endif
+
+#if PT == P && MASTER_FMT == 0 && READ_FMT == 0 && !SR  // the streaming one-launch replay: plain whole-head modules
+namespace {
+
+constexpr int kStreamTileBytes = P * N * int(sizeof(state_t));  // one head's checkpoint: a stage
+constexpr int kStreamMaxHeads = 16;  // heads per CTA (core/plans.py FUSED_STREAM_MAX_HEADS mirrors it)
+static_assert(kStreamTileBytes % 16 == 0, "a head's checkpoint moves by one bulk copy");
+static_assert(P * sizeof(act_t) % 4 == 0, "x rows move by 4-byte async copies");
+
+// The streaming replay's dynamic shared memory: `stages` head checkpoints, then for the CTA's `heads` heads their x
+// ring rows j < L - 1 ([heads][L-1][P], the activation dtype) and their Δ rings ([heads][L-1], fp32)
+// (core/layouts.py mamba2_stream_records_bytes mirrors the records' part).
+struct StreamLayout {
+  int x_ring, dt_ring, bytes;
+};
+
+__host__ __device__ constexpr StreamLayout stream_layout(int stages, int heads, int L) {
+  StreamLayout l{};
+  l.x_ring = stages * kStreamTileBytes;
+  l.dt_ring = l.x_ring + round16(heads * (L - 1) * P * int(sizeof(act_t)));
+  l.bytes = l.dt_ring + round16(heads * (L - 1) * 4);
+  return l;
+}
+
+__device__ __forceinline__ act_t* out_row(const Mamba2Params& p, int b, int h) {
+  return static_cast<act_t*>(p.out) + b * p.s_out_b + h * p.s_out_h;
+}
+
+}  // namespace
+
+// One-launch replay streaming whole heads (a `fused` plan with stages): grid (nheads / k, 1, batch); CTA (x, b) takes
+// the k = nheads / gridDim.x consecutive heads h0 = x k ... of batch row b, all of one group. Thread 0 brings each
+// head's checkpoint into one of `p.stages` shared-memory stages by one bulk copy, `stages` heads ahead of the head in
+// work. Beside the first copies every thread copies the records a step can read (the group's B ring, the heads' x and
+// Δ rings) to shared memory, before the cursor is known; B_j·C is taken once for the group and every head's weights
+// once. Then head by head: a non-flush step y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x from the stage, appending
+// x and Δ (B by the CTA of the group's first head); a flush S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage,
+// stored, y = S·C + D x. The row's cursor moves when its last CTA arrives. Plain checkpoints whose head rows are
+// contiguous and 16-byte aligned (the planner checks); requires sm_90+ (the op runs the flush path on older GPUs).
+extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_stream_kernel(const Mamba2Params p) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stream_mem[];
+  __shared__ unsigned long long full[rssm::kMaxStages];
+  __shared__ __align__(16) act_t s_B[rssm::kMaxL][N];  // the group's B ring rows, the token's B at row w
+  __shared__ __align__(16) float s_xs[rssm::kMaxL][P];  // a flush: s_j x_j of the head's rows
+  __shared__ float s_bc[rssm::kMaxL];                   // B_j · C
+  __shared__ float s_w[kStreamMaxHeads][rssm::kMaxL];   // per head: s_0 .. s_w
+  __shared__ float s_decay[kStreamMaxHeads], s_delta[kStreamMaxHeads];
+  __shared__ __align__(16) float s_x[kStreamMaxHeads][P], s_gate[kStreamMaxHeads][P];
+  __shared__ OutStage st;
+  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int heads = p.nheads / gridDim.x, h0 = blockIdx.x * heads, b = blockIdx.z;
+  const int group = h0 / (p.nheads / p.ngroups);
+  const int stages = min(p.stages, heads);
+  const StreamLayout lay = stream_layout(p.stages, heads, p.L);
+  if (heads > kStreamMaxHeads || stages > rssm::kMaxStages) __trap();  // the planner's bounds
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) rssm::mbar_init(&full[s], 1);
+    rssm::mbar_init_fence();
+  }
+  rssm::wait_previous_grid();
+  const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+  __syncthreads();  // the barriers are initialised
+  if (slot == p.pad_slot_id) {
+    for (int hl = 0; hl < heads; ++hl) zero_pad_output(p, b, h0 + hl, 0);
+    return;
+  }
+  const state_t* ckpt = static_cast<const state_t*>(p.state) + slot * p.s_state_slot + h0 * p.s_state_head;
+  if (threadIdx.x == 0)
+    for (int s = 0; s < stages; ++s) {
+      rssm::mbar_arrive_expect_tx(&full[s], kStreamTileBytes);
+      rssm::bulk_load(stream_mem + s * kStreamTileBytes, ckpt + s * p.s_state_head, kStreamTileBytes, &full[s]);
+    }
+  // The records at every position a step can read (j < L - 1), before the cursor is known.
+  const int n = p.L - 1;
+  const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
+  for (int i = threadIdx.x; i < n * N * int(sizeof(act_t)) / 4; i += rssm::kThreads)
+    rssm::cp_async4(reinterpret_cast<unsigned*>(&s_B[0][0]) + i, reinterpret_cast<const unsigned*>(B_ring) + i);
+  act_t* x_ring_s = reinterpret_cast<act_t*>(stream_mem + lay.x_ring);  // [heads][n][P]
+  float* dt_ring_s = reinterpret_cast<float*>(stream_mem + lay.dt_ring);  // [heads][n]
+  constexpr int kRowWords = P * int(sizeof(act_t)) / 4;
+  for (int i = threadIdx.x; i < heads * n * kRowWords; i += rssm::kThreads) {
+    const int row = i / kRowWords, word = i % kRowWords, hl = row / n, j = row % n;
+    rssm::cp_async4(reinterpret_cast<unsigned*>(x_ring_s + row * P) + word,
+                    reinterpret_cast<const unsigned*>(x_ring_at(p, slot, h0 + hl) + (long long)j * P) + word);
+  }
+  for (int i = threadIdx.x; i < heads * n; i += rssm::kThreads)
+    rssm::cp_async4(dt_ring_s + i, p.dt_ring + slot * p.s_dtr_slot + (h0 + i / n) * p.s_dtr_head + i % n);
+  rssm::cp_async_commit();
+
+  const int cursor = p.cursor[slot];
+  const bool bad_cursor = !rssm::cursor_in_ring(cursor, p.L);
+  const int w = bad_cursor ? 0 : cursor;
+  const bool flush = w >= p.L - 1;
+  const int first_id = rssm::preload_row_id(p.slot_idx, b, threadIdx.x);
+  // The token's inputs: B (element threadIdx.x + k kThreads), C (this lane's columns), Δ, x and the gate per head.
+  const act_t* B_cur = group_vec(p.B, p.s_B_b, p.s_B_g, b, group);
+  constexpr int kBPerThread = (N + rssm::kThreads - 1) / rssm::kThreads;
+  act_t b_cur[kBPerThread];
+#pragma unroll
+  for (int k = 0; k < kBPerThread; ++k) {
+    const int e = threadIdx.x + k * rssm::kThreads;
+    if (e < N) b_cur[k] = B_cur[e];
+  }
+  float cv[kEpl];
+  rssm::load_vec<act_t, kEpl>(group_vec(p.C, p.s_C_b, p.s_C_g, b, group) + lane * kEpl, cv);
+  if (threadIdx.x < heads) s_delta[threadIdx.x] = current_delta(p, b, h0 + threadIdx.x);
+  for (int i = threadIdx.x; i < heads * P; i += rssm::kThreads) {
+    const int h = h0 + i / P, row = i % P;
+    s_x[i / P][row] = rssm::to_float(static_cast<const act_t*>(p.x)[b * p.s_x_b + h * p.s_x_h + row]);
+    s_gate[i / P][row] =
+        p.z ? rssm::siluf(rssm::to_float(static_cast<const act_t*>(p.z)[b * p.s_z_b + h * p.s_z_h + row])) : 1.f;
+  }
+  rssm::cp_async_wait_all();
+  const bool skip = __syncthreads_or(bad_cursor ||
+                                     rssm::earlier_row_has(p.slot_idx, b, slot, threadIdx.x, rssm::kThreads, first_id));
+  if (skip) {  // a repeated slot's row or a cursor outside the ring: zero outputs, nothing written
+    for (int hl = 0; hl < heads; ++hl) zero_pad_output(p, b, h0 + hl, 0);
+    for (int s = 0; s < stages; ++s) rssm::mbar_wait(&full[s], 0);  // no copy outlives the CTA
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kBPerThread; ++k) {  // entry w: the token (after the staged ring row w)
+    const int e = threadIdx.x + k * rssm::kThreads;
+    if (e < N) s_B[w][e] = b_cur[k];
+  }
+  for (int hl = warp; hl < heads; hl += rssm::kNumWarps)  // every head's weights s_0 .. s_w and decay
+    stage_fold_weights(lane < w ? dt_ring_s[hl * n + lane] : (lane == w ? s_delta[hl] : 0.f), p.A[h0 + hl], w, lane,
+                       s_w[hl], s_decay[hl]);
+  __syncthreads();  // s_B row w
+  if (!flush) {
+    for (int j = warp; j <= w; j += rssm::kNumWarps) {  // B_j · C, once for the group
+      float bv[kEpl];
+      rssm::load_vec<act_t, kEpl>(&s_B[j][lane * kEpl], bv);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot = fmaf(bv[e], cv[e], dot);
+      dot = rssm::warp_sum(dot);
+      if (lane == 0) s_bc[j] = dot;
+    }
+  }
+  const int arrived_before = threadIdx.x == 0 ? rssm::cta_arrival(p.arrive, slot) : -1;  // answered at the end
+  Tile t{};  // the warp and lane stage_tile_dots reads
+  t.warp = warp;
+  t.lane = lane;
+  const int r0 = warp * kRowsPerWarp;
+  for (int hl = 0; hl < heads; ++hl) {
+    const int s = hl % stages, h = h0 + hl;
+    const int i = threadIdx.x;
+    const float d_h = p.D ? p.D[h] : 0.f;
+    if (flush)
+      for (int q = i; q < (w + 1) * P; q += rssm::kThreads) {
+        const int j = q / P, row = q % P;
+        s_xs[j][row] = s_w[hl][j] * (j < w ? rssm::to_float(x_ring_s[(hl * n + j) * P + row]) : s_x[hl][row]);
+      }
+    rssm::mbar_wait(&full[s], (hl / stages) & 1);
+    __syncthreads();  // s_xs (a flush), s_bc and the weights (the first head)
+    const state_t* rows = reinterpret_cast<const state_t*>(stream_mem + s * kStreamTileBytes) + r0 * N + lane * kEpl;
+    float v[kRowsPerWarp][kEpl];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) rssm::load_vec<state_t, kEpl>(rows + r * N, v[r]);
+    if (flush) {
+      const float decay = s_decay[hl];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) v[r][e] *= decay;
+      for (int j = 0; j <= w; ++j) {
+        float bv[kEpl];
+        rssm::load_vec<act_t, kEpl>(&s_B[j][lane * kEpl], bv);
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const float xs = s_xs[j][r0 + r];
+#pragma unroll
+          for (int e = 0; e < kEpl; ++e) v[r][e] = fmaf(xs, bv[e], v[r][e]);
+        }
+      }
+      state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + h * p.s_state_head +
+                     (long long)r0 * N + lane * kEpl;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) rssm::store_vec<state_t, kEpl>(dst + r * N, v[r]);
+      stage_tile_dots(t, v, cv, st);
+    } else {
+      float cvd[kEpl];
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) cvd[e] = s_decay[hl] * cv[e];
+      stage_tile_dots(t, v, cvd, st);
+    }
+    __syncthreads();  // every warp has read stage s; the rows' dots are staged
+    if (threadIdx.x == 0 && hl + stages < heads) {  // the stage's next head
+      rssm::mbar_arrive_expect_tx(&full[s], kStreamTileBytes);
+      rssm::bulk_load(stream_mem + s * kStreamTileBytes, ckpt + (hl + stages) * p.s_state_head, kStreamTileBytes,
+                      &full[s]);
+    }
+    if (i < P) {
+      const float x = s_x[hl][i];
+      float extra = d_h * x;
+      if (!flush) {  // Σ_{j<=w} s_j (B_j·C) x_j
+        float ring = s_w[hl][w] * s_bc[w] * x;
+        for (int j = 0; j < w; ++j) ring = fmaf(s_w[hl][j] * s_bc[j], rssm::to_float(x_ring_s[(hl * n + j) * P + i]), ring);
+        extra += ring;
+        static_cast<act_t*>(p.x_ring)[slot * p.s_xr_slot + h * p.s_xr_head + (long long)w * P + i] =
+            rssm::from_float<act_t>(x);
+      }
+      out_row(p, b, h)[i] = rssm::from_float<act_t>((st.dot[i] + extra) * s_gate[hl][i]);
+    }
+    if (!flush && i == 0) p.dt_ring[slot * p.s_dtr_slot + h * p.s_dtr_head + w] = s_delta[hl];
+  }
+  if (!flush && h0 % (p.nheads / p.ngroups) == 0) {  // one B record per group
+    act_t* B_dst = static_cast<act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group + (long long)w * N;
+    for (int e = threadIdx.x; e < N; e += rssm::kThreads) B_dst[e] = B_cur[e];
+  }
+  if (threadIdx.x == 0)
+    rssm::advance_if_last(arrived_before, p.cursor, p.arrive, slot, gridDim.x, flush ? 0 : w + 1);
+#endif
+}
+
+#endif

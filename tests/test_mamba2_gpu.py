@@ -56,6 +56,23 @@ def test_replay_fp32_matches_float64(nheads, head_dim, d_state, ngroups, L, mode
     """ctas_per_sm=1, stages=2: every CTA streams many tiles and reuses each stage (barrier phases wrap), its tiles
     assigned round-robin (tail_fraction None) or, after the first wave, claimed at run time (1.0); Tuning(): the
     shipped plan. Modes joined by '/' take turns step by step (the kernels share the rings and cursors)."""
+    _check_replay_fp32(nheads, head_dim, d_state, ngroups, L, mode, tuning)
+
+
+@pytest.mark.parametrize("nheads,head_dim,d_state,ngroups,L,heads_per_cta,stages", [
+    (16, 80, 128, 8, 16, 2, 2), (16, 64, 128, 2, 8, 8, 3), (8, 64, 64, 1, 16, 8, 2), (4, 80, 128, 1, 1, 4, 2),
+    (8, 64, 128, 1, 16, 1, None)])
+@pytest.mark.parametrize("mode", ["fused", "fused/replay/fused/flush"])
+def test_fused_stream_matches_float64(nheads, head_dim, d_state, ngroups, L, heads_per_cta, stages, mode):
+    """The streaming one-launch replay: several heads per CTA through fewer stages than heads (the barrier phases
+    wrap: 8 heads through 3 stages), one head per CTA, every step a flush (L = 1), and turns with the other modes."""
+    _check_replay_fp32(nheads, head_dim, d_state, ngroups, L, mode,
+                       Tuning(fused_heads_per_cta=heads_per_cta, stages=stages))
+
+
+def _check_replay_fp32(nheads, head_dim, d_state, ngroups, L, mode, tuning):
+    """Staggered cursors, pad rows between real rows, poisoned outputs, 3 L + 3 steps: outputs and every flushed
+    checkpoint against float64; the slots no row addresses stay untouched."""
     gen, cache, layer, truth, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.float32)
     slot_ids = [5, -1, 0, 8, 3, -1, 7]           # pad rows between real rows
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
@@ -163,11 +180,12 @@ def test_paged_slot_stride():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("claimed", [False, True])
-def test_cuda_graph_l_cycle_matches_eager(claimed):
-    """Graph replay equals eager bit for bit; claimed: one CTA per SM, two stages, 8-row tiles, every tile after the
-    first wave claimed at run time."""
-    tuning = Tuning(tail_fraction=1.0, ctas_per_sm=1, stages=2, rows_per_cta=8) if claimed else Tuning()
+@pytest.mark.parametrize("mode,tuning", [
+    ("replay", Tuning()), ("replay", Tuning(tail_fraction=1.0, ctas_per_sm=1, stages=2, rows_per_cta=8)),
+    ("fused", Tuning(fused_heads_per_cta=2))])
+def test_cuda_graph_l_cycle_matches_eager(mode, tuning):
+    """Graph replay equals eager bit for bit: the shipped replay plan; one CTA per SM, two stages, 8-row tiles, every
+    tile after the first wave claimed at run time; the streaming one-launch replay."""
     nheads, head_dim, d_state, ngroups, L = 16, 80, 128, 8, 16
     gen, cache, layer, _, params = _setup(nheads, head_dim, d_state, ngroups, L, "fp32", torch.bfloat16)
     twin = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
@@ -180,12 +198,12 @@ def test_cuda_graph_l_cycle_matches_eager(claimed):
     static = [make_step(batch, nheads, head_dim, d_state, ngroups, torch.bfloat16, DEV, gen) for _ in range(L)]
     outs = [torch.empty_like(s["x"]) for s in static]
     scratch = ReplayStateCache.mamba2(1, cache.slots, nheads, head_dim, d_state, ngroups, buffer_len=L, device=DEV)
-    decode(scratch.layer(0), static[0], params, idx, tuning=tuning)  # warm-up
+    decode(scratch.layer(0), static[0], params, idx, mode, tuning=tuning)  # warm-up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for s, o in zip(static, outs):
-            decode(twin.layer(0), s, params, idx, out=o, tuning=tuning)
+            decode(twin.layer(0), s, params, idx, mode, out=o, tuning=tuning)
     for k, v in layer.tensors().items():  # capture does not run kernels; reset the twin anyway
         getattr(twin.layer(0), k).copy_(v)
     for _cycle in range(2):
@@ -196,7 +214,7 @@ def test_cuda_graph_l_cycle_matches_eager(claimed):
                     s[key].copy_(f[key])
         graph.replay()
         for f, o in zip(fresh, outs):
-            y = decode(layer, f, params, idx, tuning=tuning)
+            y = decode(layer, f, params, idx, mode, tuning=tuning)
             torch.testing.assert_close(o, y, rtol=0, atol=0)
         for k, v in layer.tensors().items():
             torch.testing.assert_close(getattr(twin.layer(0), k), v, rtol=0, atol=0)
@@ -244,12 +262,15 @@ def test_drift_10000_steps_bounded():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fraction", [None, 1.0])
-def test_sanitizer_smoke(fraction):
+@pytest.mark.parametrize("mode,tuning", [
+    ("replay", Tuning(tail_fraction=None, ctas_per_sm=1, stages=2, rows_per_cta=8)),
+    ("replay", Tuning(tail_fraction=1.0, ctas_per_sm=1, stages=2, rows_per_cta=8)),
+    ("fused", Tuning(fused_heads_per_cta=4, stages=3, rows_per_cta=8))])
+def test_sanitizer_smoke(mode, tuning):
     """Small mixed batch (flush + non-flush + pad rows), run under compute-sanitizer by build_scripts/gpu_check.sh; one
-    CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time. Outputs and
-    checkpoints of replay and baseline against float64."""
-    tuning = Tuning(tail_fraction=fraction, ctas_per_sm=1, stages=2, rows_per_cta=8)
+    CTA per SM with two stages, tiles assigned round-robin or, after the first wave, claimed at run time; the
+    streaming one-launch replay (4 heads through 3 stages). Outputs and checkpoints of replay and baseline against
+    float64."""
     gen, cache, layer, truth, params = _setup(8, 80, 128, 2, 4, "fp32", torch.float32, slots=4)
     pool = layer.state.clone()
     base_truth = Float64Sequential(pool.float())
@@ -257,12 +278,12 @@ def test_sanitizer_smoke(fraction):
     idx = torch.tensor(slot_ids, dtype=torch.int32, device=DEV)
     for s in (3, 3, 3):  # slot 3 three steps ahead: its flush falls inside the checked steps
         one = make_step(1, 8, 80, 128, 2, torch.float32, DEV, gen)
-        decode(layer, one, params, idx[:1], tuning=tuning)
+        decode(layer, one, params, idx[:1], mode, tuning=tuning)
         truth.step([s], one, params)
     for _ in range(5):
         step = make_step(3, 8, 80, 128, 2, torch.float32, DEV, gen)
         out, out_base = (torch.full_like(step["x"], float("nan")) for _ in range(2))
-        decode(layer, step, params, idx, out=out, tuning=tuning)
+        decode(layer, step, params, idx, mode, out=out, tuning=tuning)
         update(pool, step, params, idx, out_base, tuning)
         assert_rows_written(out, slot_ids)
         assert_rows_written(out_base, slot_ids)

@@ -14,8 +14,9 @@ from trtllm_replayssm.core.cache import ReplayStateCache
 from trtllm_replayssm.core.crossovers import Crossover
 from trtllm_replayssm.core.families import FAMILIES, family_of
 from trtllm_replayssm.core.formats import parse_state_label, state_spec
+from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.layouts import (GDN_PREP_MAX_GROUP, delta_fold_bytes, delta_fused_bytes, delta_stage_bytes,
-                                           delta_verify_stage_bytes, key_ring_dtype)
+                                           delta_verify_stage_bytes, key_ring_dtype, mamba2_stream_records_bytes)
 from trtllm_replayssm.core.ops import delta, launch, mamba2, mamba2_spec
 from trtllm_replayssm.core.plans import Device, Tuning
 from trtllm_replayssm.serving.presets import get_preset
@@ -221,6 +222,55 @@ def test_fused_plans_run_the_state_grid_with_the_ring_buffer(model, L):
         assert plans.Launch.from_words(fused.words).mode == "fused"
     assert fam.replay_plan(layer, 8, "fused", device=plans.CPU).mode == "replay"
     assert plans.resolve_mode("fused", 10**6, True, 8, H200, Tuning()) == "fused"
+
+
+@pytest.mark.parametrize("model,heads_per_cta", [("nemotron-3-super-120b", 4), ("nemotron-3-nano-4b", 2),
+                                                  ("nemotron-3-nano-4b", 12)])
+def test_fused_stream_plans(model, heads_per_cta):
+    """Tuning(fused_heads_per_cta=k): the streaming one-launch replay's grid (k consecutive heads of a group per CTA),
+    its stages of one head's checkpoint and the records' bytes; its words round-trip; whole-head modules of plain
+    checkpoints hold its kernel; shapes and checkpoints it cannot take are refused by name."""
+    dims = get_preset(model).ssm_dims
+    H, P, N, L = dims.nheads, dims.head_dim, dims.d_state, 16
+    layer = _layer(dims, torch.float32, torch.bfloat16, L)
+    for stages, want in ((None, min(plans.FUSED_STREAM_STAGES, heads_per_cta)), (3, min(3, heads_per_cta))):
+        plan = mamba2.replay_plan(layer, 8, "fused", Tuning(fused_heads_per_cta=heads_per_cta, stages=stages),
+                                  device=H200)
+        assert plan.mode == "fused" and plan.grid == (H // heads_per_cta, 1, 8) and plan.rows_per_cta == P
+        assert (plan.stages, plan.stage_bytes) == (want, P * N * 4)
+        assert plan.fold_bytes == mamba2_stream_records_bytes(L, heads_per_cta, P, 2)
+        assert plan.shared_bytes == want * P * N * 4 + plan.fold_bytes <= mamba2.MAX_STREAM_SHARED_BYTES
+        assert plans.Launch.from_words(plan.words).stages == want
+    assert "mamba2_fused_stream_kernel" in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, P).kernels
+    assert "mamba2_fused_stream_kernel" not in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, 16).kernels
+    assert "mamba2_fused_stream_kernel" not in mamba2.kernel_config(P, N, parse_state_label("fp8"), torch.bfloat16,
+                                                                     P).kernels
+    per_group = H // dims.n_groups
+    with pytest.raises(ValueError, match=f"^fused_heads_per_cta: expected a divisor of the {per_group} heads per "
+                                         f"group, got 5$"):
+        mamba2.replay_plan(layer, 8, "fused", Tuning(fused_heads_per_cta=5), device=H200)
+    with pytest.raises(ValueError, match="^fused_heads_per_cta: the streaming one-launch replay needs sm_90"):
+        mamba2.replay_plan(layer, 8, "fused", Tuning(fused_heads_per_cta=heads_per_cta), device=Device(108, 8))
+    stored = _layer(dims, parse_state_label("fp8"), torch.bfloat16, L)
+    with pytest.raises(ValueError, match="^fused_heads_per_cta: the streaming one-launch replay takes plain "
+                                         "checkpoints, got fp8"):
+        mamba2.replay_plan(stored, 8, "fused", Tuning(fused_heads_per_cta=heads_per_cta), device=H200)
+    for bad in (0, plans.FUSED_STREAM_MAX_HEADS + 1):
+        with pytest.raises(ValueError, match=f"^fused_heads_per_cta: expected None or 1..16, got {bad}$"):
+            Tuning(fused_heads_per_cta=bad)
+
+
+def test_fused_stream_plans_refuse_heads_that_do_not_fit_or_are_not_contiguous():
+    """A head of 128 x 256 fp32 (128 KiB) fits one stage, not two; a pool whose head rows are strided is refused."""
+    dims = Mamba2Dims(nheads=8, head_dim=128, d_state=256, n_groups=1)
+    layer = _layer(dims, torch.float32, torch.bfloat16, 16)
+    assert mamba2.replay_plan(layer, 8, "fused", Tuning(fused_heads_per_cta=1), device=H200).stages == 1
+    with pytest.raises(ValueError, match="^fused_heads_per_cta: 2 stages of 131072 bytes and the records of 2 heads"):
+        mamba2.replay_plan(layer, 8, "fused", Tuning(fused_heads_per_cta=2), device=H200)
+    small = _layer(Mamba2Dims(nheads=4, head_dim=64, d_state=128, n_groups=1), torch.float32, torch.bfloat16, 16)
+    small.state = torch.zeros(2, 4, 64, 256)[..., :128]  # rows of 128 columns 256 apart
+    with pytest.raises(ValueError, match=r"^state: the streaming one-launch replay copies whole heads"):
+        mamba2.replay_plan(small, 8, "fused", Tuning(fused_heads_per_cta=2), device=H200)
 
 
 def test_replay_on_a_pre_hopper_gpu_is_refused():

@@ -255,6 +255,12 @@ def mamba2_stage_bytes(L: int, rows: int, d_state: int, state_row_bytes: int, ac
                  + _r16(d_state * act_elem) + heads * _r16(L * head_rows * act_elem))
 
 
+def mamba2_stream_records_bytes(L: int, heads: int, head_dim: int, act_elem: int) -> int:
+    """Bytes of the Mamba-2 streaming one-launch replay's records after its stages: per head of a CTA its x ring rows
+    j < L - 1 in the activation dtype, then its Δ ring in fp32 (plugins/mamba2_decode.cu stream_layout)."""
+    return _r16(heads * (L - 1) * head_dim * act_elem) + _r16(heads * (L - 1) * 4)
+
+
 GDN_PREP_MAX_GROUP = 16  # value heads per key head sharing a GDN verify prep CTA (delta_rule_decode.cu kMaxGroup)
 VERIFY_WINDOW_BUCKETS = (2, 4, 8)  # the verify kernels' compile-time window bounds (mamba2_verify_{grid,main}_t<k>)
 
@@ -330,6 +336,15 @@ def mamba2_size_checks(rows: int, d_state: int, state_row_bytes: int, act_elem: 
                 stage = mamba2_verify_stage_bytes(L, rows, d_state, state_row_bytes // d_state, act_elem, k)
                 lines.append(f"static_assert(verify_stage_layout<{k}>({L}).bytes == {stage}"
                              f', "verify stage bytes at R={L}, T<={k} differ from core/layouts.py");')
+        lines.append("#endif")
+    if rows == head_dim and state_row_bytes % d_state == 0:  # the streaming one-launch replay's modules
+        lines.append("#if PT == P && MASTER_FMT == 0 && READ_FMT == 0 && !SR")
+        tile = head_dim * state_row_bytes
+        for L in range(1, MAX_BUFFER_LEN + 1):
+            for stages, heads in ((1, 1), (2, 4), (3, 16)):
+                total = stages * tile + mamba2_stream_records_bytes(L, heads, head_dim, act_elem)
+                lines.append(f"static_assert(stream_layout({stages}, {heads}, {L}).bytes == {total}"
+                             f', "streaming replay bytes at L={L} differ from core/layouts.py");')
         lines.append("#endif")
     return "\n".join(lines)
 

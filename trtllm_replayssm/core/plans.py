@@ -34,6 +34,8 @@ L2_HINT_MAX_CTAS_PER_SM = 2       # programmatic state kernels hint L2 before th
 # in one launch).
 ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM = 4
 FUSED_MAX_ROWS_PER_CTA = 64       # one-launch replay: no larger row tile (measured)
+FUSED_STREAM_MAX_HEADS = 16       # streaming one-launch replay: heads per CTA (mamba2_decode.cu kStreamMaxHeads)
+FUSED_STREAM_STAGES = 2           # its shared-memory stages unless the tuning says
 FOLD_FIRST_MIN_STAGES = 3         # a fold buffer that costs a stage is kept while this many stages remain
 PLAIN_REPLAY_CTAS = 3             # replay main kernels on plain checkpoints: CTAs per SM (kReplayCtasPerSm)
 PREP_PDL_ENV = "TRTLLM_REPLAYSSM_PREP_PDL"
@@ -98,7 +100,9 @@ class Tuning:
     ``adaptive_threshold``: work items (batch x heads) below which ``mode='auto'`` flushes every step and a Mamba-2
     speculative verify runs its grid kernel (None: $TRTLLM_REPLAYSSM_ADAPTIVE_THRESHOLD, else the op's work per SM x
     SMs); ``one_launch_verify_max_work_per_sm``: a Mamba-2 speculative verify of at most this many work items per SM
-    runs in one launch (its grid kernel taking the prep kernel's work itself; 0: never)."""
+    runs in one launch (its grid kernel taking the prep kernel's work itself; 0: never); ``fused_heads_per_cta``: the
+    Mamba-2 one-launch replay streams this many consecutive heads of a group per CTA through ``stages`` (default
+    FUSED_STREAM_STAGES) shared-memory stages of one head's checkpoint (plain checkpoints; None: a CTA per row tile)."""
 
     rows_per_cta: int | None = None
     ctas_per_sm: int = 3
@@ -114,8 +118,12 @@ class Tuning:
     l2_hints: bool | None = None
     adaptive_threshold: int | None = None
     one_launch_verify_max_work_per_sm: float = ONE_LAUNCH_VERIFY_MAX_WORK_PER_SM
+    fused_heads_per_cta: int | None = None
 
     def __post_init__(self) -> None:
+        heads = self.fused_heads_per_cta
+        if heads is not None and not 1 <= heads <= FUSED_STREAM_MAX_HEADS:
+            raise ValueError(f"fused_heads_per_cta: expected None or 1..{FUSED_STREAM_MAX_HEADS}, got {heads!r}")
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm: expected >= 1, got {self.ctas_per_sm}")
         if self.stored_ctas_per_sm is not None and self.stored_ctas_per_sm < 1:
@@ -137,7 +145,9 @@ class Tuning:
 @dataclass(frozen=True)
 class LaunchPlan:
     """What one op call launches. ``mode``: ``replay`` (prep + persistent main kernel), ``fused`` (the replay in one
-    launch of a state-kernel grid: every CTA folds its rows' ring, ``fold_bytes`` of shared memory), ``flush`` (the
+    launch of a state-kernel grid: every CTA folds its rows' ring, ``fold_bytes`` of shared memory; with ``stages``
+    the streaming form: grid (heads / k, 1, batch), each CTA k heads through ``stages`` stages of one head's checkpoint
+    of ``stage_bytes``, then ``fold_bytes`` of the heads' ring records), ``flush`` (the
     flush kernel: every row folds its ring and writes its state), ``baseline`` (the state-update kernel) or ``grid`` (a
     speculative verify at small batch: prep where the plan has one, then a CTA per row tile). ``key`` names the shapes and dtypes the plan was
     made for; an op refuses a plan made for others.
@@ -183,7 +193,7 @@ class LaunchPlan:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory of the persistent main kernel."""
+        """Dynamic shared memory of the persistent main kernel (of the streaming one-launch replay)."""
         return self.stages * self.stage_bytes + self.fold_bytes
 
     def record(self) -> dict:

@@ -64,8 +64,9 @@ def step_rows(step: torch.Tensor | None) -> int:
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
              device: torch.device, prep_carveout: bool, flush_config: KernelConfig | None = None) -> None:
     """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``fused``,
-    ``prep``, ``main``, ``flush_rows`` and ``grid`` to kernel names (those the plan's modes use); ``fused`` runs the
-    state kernels' grid with the plan's ``fold_bytes`` of dynamic shared memory. Replay: prep (programmatic dependent
+    ``fused_stream``, ``prep``, ``main``, ``flush_rows`` and ``grid`` to kernel names (those the plan's modes use);
+    ``fused`` runs the state kernels' grid with the plan's ``fold_bytes`` of dynamic shared memory, or, where the plan
+    has stages, ``fused_stream`` over the plan's grid with its stages and records. Replay: prep (programmatic dependent
     of the kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory
     carveout), then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold
     buffer and tail start written into ``params``, and, where the plan keeps flush rows apart (``flush_ctas``),
@@ -78,6 +79,13 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
     if plan.mode in ("baseline", "flush"):
         function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
         launch(function, plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
+        return
+    if plan.mode == "fused" and plan.stages:
+        function = get_kernel(config, names["fused_stream"], device)
+        params.stages, params.stage_bytes = plan.stages, plan.stage_bytes
+        allow_dynamic_shared(function, plan.shared_bytes)
+        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.shared_bytes,
+               programmatic=plan.programmatic)
         return
     if plan.mode == "fused":
         function = get_kernel(config, names["fused"], device)

@@ -22,21 +22,23 @@ from trtllm_replayssm.core.dims import Mamba2Dims
 from trtllm_replayssm.core.formats import StateSpec, get_dtype, state_spec
 from trtllm_replayssm.core.jit.configs import KernelConfig, tile_choices, unique
 from trtllm_replayssm.core.layouts import (MAMBA2_PARAMS, VERIFY_WINDOW_BUCKETS, mamba2_fold_bytes,
-                                           mamba2_size_checks, mamba2_stage_bytes, stored_state_params)
+                                           mamba2_size_checks, mamba2_stage_bytes, mamba2_stream_records_bytes,
+                                           stored_state_params)
 from trtllm_replayssm.core.limits import NUM_WARPS
 from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
-from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, PLAIN_REPLAY_CTAS, Device,
-                                         Launch, LaunchPlan, Tuning, checked_plan, device_of, fitting_tiles,
-                                         flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
+from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, FUSED_STREAM_STAGES,
+                                         PLAIN_REPLAY_CTAS, Device, Launch, LaunchPlan, Tuning, checked_plan,
+                                         device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
                                          programmatic_prep, replay_tuning, resolved_tail_fraction, state_l2_hints,
                                          state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
-           "fused": "mamba2_fused_decode_kernel", "prep": "mamba2_replay_prep_kernel",
-           "main": "mamba2_replay_main_kernel", "flush_rows": "mamba2_replay_flush_kernel"}
+           "fused": "mamba2_fused_decode_kernel", "fused_stream": "mamba2_fused_stream_kernel",
+           "prep": "mamba2_replay_prep_kernel", "main": "mamba2_replay_main_kernel",
+           "flush_rows": "mamba2_replay_flush_kernel"}
 SPEC_KERNELS = {"verify_prep": "mamba2_verify_prep_kernel",
                 **{f"verify_main_t{t}": f"mamba2_verify_main_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
                 **{f"verify_grid_t{t}": f"mamba2_verify_grid_t{t}_kernel" for t in VERIFY_WINDOW_BUCKETS},
@@ -51,6 +53,9 @@ TAIL_FRACTION = 0.1
 STORED_REPLAY_CTAS = 5
 STORED_DEFAULT_CTAS = 4
 STORED_TWO_HEAD_CTAS = 3
+# Dynamic shared memory of the streaming one-launch replay: an SM's 227 KiB per CTA less its static shared memory
+# (at most 40 KiB: fp32 activations, head_dim 80).
+MAX_STREAM_SHARED_BYTES = 187 * 1024
 DEFAULT_TUNING = Tuning()
 
 
@@ -62,7 +67,9 @@ def kernel_config(head_dim: int, d_state: int, state_dtype: torch.dtype | StateS
     spec = state_spec(state_dtype, arg="state_dtype")
     # A tile of more rows than a head has spans heads: the persistent replay kernels only (plugins/mamba2_decode.cu);
     # the speculative kernels take plain checkpoints.
-    kernels = tuple(KERNELS[k] for k in (("prep", "main", "flush_rows") if rows_per_cta > head_dim else KERNELS))
+    # The streaming one-launch replay: whole-head modules of plain checkpoints.
+    names = [k for k in KERNELS if k != "fused_stream" or (rows_per_cta == head_dim and not spec.stored)]
+    kernels = tuple(KERNELS[k] for k in (("prep", "main", "flush_rows") if rows_per_cta > head_dim else names))
     if rows_per_cta <= head_dim and not spec.stored:
         kernels += tuple(SPEC_KERNELS.values())
     return KernelConfig(
@@ -113,7 +120,7 @@ def replay_plan(layer: Mamba2LayerCache, batch: int, mode: str = "auto", tuning:
                                              launch=crossovers.launch_of(tuning.programmatic_state)),
                             dev, tuning,
                             lambda: _state_kernel_plan("flush", key, P, N, H, batch, dev, tuning),
-                            lambda: _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning))
+                            lambda: _fused_plan(layer, key, batch, dev, tuning))
     if other is not None:
         return other
     tuning = replay_tuning(layer.spec, tuning, STORED_DEFAULT_CTAS, STORED_REPLAY_CTAS)
@@ -173,6 +180,36 @@ def _state_kernel_plan(mode: str, key: tuple, P: int, N: int, H: int, batch: int
     grid = (P // tile, H, batch)
     return LaunchPlan(mode, key, tile, grid, programmatic=tuning.programmatic_state,
                       l2_hints=state_l2_hints(grid, dev, tuning))
+
+
+def _fused_plan(layer: Mamba2LayerCache, key: tuple, batch: int, dev: Device, tuning: Tuning) -> LaunchPlan:
+    """The one-launch replay: a CTA per row tile, or with ``tuning.fused_heads_per_cta`` = k the streaming form (a CTA
+    per k consecutive heads of a group, their checkpoints through shared-memory stages)."""
+    state = layer.require_state()
+    _, H, P, N = state.shape
+    k = tuning.fused_heads_per_cta
+    if k is None:
+        return _state_kernel_plan("fused", key, P, N, H, batch, dev, tuning)
+    G, L = layer.B_ring.shape[1], layer.buffer_len
+    if not dev.replay_capable:
+        raise ValueError(f"fused_heads_per_cta: the streaming one-launch replay needs sm_90 or later (bulk copies), "
+                         f"got {dev.arch}")
+    if layer.storage is not None:
+        raise ValueError(f"fused_heads_per_cta: the streaming one-launch replay takes plain checkpoints, got "
+                         f"{layer.spec.label}")
+    if (H // G) % k:
+        raise ValueError(f"fused_heads_per_cta: expected a divisor of the {H // G} heads per group, got {k}")
+    if state.stride(2) != N:
+        raise ValueError(f"state: the streaming one-launch replay copies whole heads, each [P, N] contiguous; got "
+                         f"strides {tuple(state.stride())}")
+    stages = min(tuning.stages or FUSED_STREAM_STAGES, k)
+    tile_bytes = P * N * state.element_size()
+    records = mamba2_stream_records_bytes(L, k, P, layer.x_ring.element_size())
+    if stages * tile_bytes + records > MAX_STREAM_SHARED_BYTES:
+        raise ValueError(f"fused_heads_per_cta: {stages} stages of {tile_bytes} bytes and the records of {k} heads "
+                         f"({records} bytes) exceed {MAX_STREAM_SHARED_BYTES} bytes of shared memory")
+    return LaunchPlan("fused", key, P, (H // k, 1, batch), stages=stages, stage_bytes=tile_bytes, fold_bytes=records,
+                      programmatic=tuning.programmatic_state)
 
 
 @functools.lru_cache(maxsize=None)
