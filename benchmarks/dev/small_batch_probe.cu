@@ -83,15 +83,28 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads) grid_pair_kernel(co
 #endif
 }
 
+#if __CUDA_ARCH__ >= 900
+// A consumer warp's rows of its i-th tile: waits for the tile's stage, loads the rows, releases the stage.
+__device__ __forceinline__ void take_stage_rows(rssm::TilePipe& pipe, const unsigned char* stage_mem, int i, int stages,
+                                                float4 (&v)[kRowsPerWarp]) {
+  const int s = i % stages, warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  rssm::mbar_wait(&pipe.full[s], (i / stages) & 1);
+  const float4* src =
+      reinterpret_cast<const float4*>(stage_mem + (long long)s * kTileBytes) + warp * kRowsPerWarp * (N / 4) + lane;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
+  rssm::release_stage(pipe, s);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1) persistent_kernel(const ProbeParams p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
   rssm::pipe_init(pipe, p.stages, rssm::kNumWarps);
-  const int warp = threadIdx.x / rssm::kWarpSize, lane = threadIdx.x % rssm::kWarpSize;
+  const int warp = threadIdx.x / rssm::kWarpSize;
   constexpr int kRowTiles = P / ROWS;
   const int num_tiles = p.batch * p.heads * kRowTiles;
-  const int stage_bytes = kTileBytes;
   if (warp == rssm::kNumWarps) {  // producer
     for (int i = 0;; ++i) {
       const int t = blockIdx.x + i * gridDim.x;
@@ -99,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1
       const int s = i % p.stages;
       if (i >= p.stages) rssm::mbar_wait(&pipe.empty[s], ((i / p.stages) - 1) & 1);
       const int b = t / kRowTiles / p.heads, head = t / kRowTiles % p.heads, row0 = t % kRowTiles * ROWS;
-      rssm::stage_state_copy(pipe, s, stage_mem + (long long)s * stage_bytes, tile_src(p, b, head, row0), kTileBytes);
+      rssm::stage_state_copy(pipe, s, stage_mem + (long long)s * kTileBytes, tile_src(p, b, head, row0), kTileBytes);
       rssm::cp_async_arrive(&pipe.full[s]);
     }
     return;
@@ -107,14 +120,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1
   for (int i = 0;; ++i) {
     const int t = blockIdx.x + i * gridDim.x;
     if (t >= num_tiles) break;
-    const int s = i % p.stages;
-    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    const float4* src =
-        reinterpret_cast<const float4*>(stage_mem + (long long)s * stage_bytes) + warp * kRowsPerWarp * (N / 4) + lane;
     float4 v[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
-    rssm::release_stage(pipe, s);
+    take_stage_rows(pipe, stage_mem, i, p.stages, v);
     finish_rows(p, v, t / kRowTiles / p.heads, t / kRowTiles % p.heads, t % kRowTiles * ROWS);
   }
 #endif
@@ -159,14 +166,9 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1
 #pragma unroll
   for (int j = 0; j < 16; ++j) ring += s_coef[j];
   for (int i = 0; i < p.tiles_per_cta; ++i) {
-    const int s = i % p.stages, t = t0 + i;
-    rssm::mbar_wait(&pipe.full[s], (i / p.stages) & 1);
-    const float4* src =
-        reinterpret_cast<const float4*>(stage_mem + (long long)s * kTileBytes) + warp * kRowsPerWarp * (N / 4) + lane;
+    const int t = t0 + i;
     float4 v[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) v[r] = src[r * (N / 4)];
-    rssm::release_stage(pipe, s);
+    take_stage_rows(pipe, stage_mem, i, p.stages, v);
     const float d = row_dots(v, c) + ring;
     const int row = t % kRowTiles * ROWS + warp * kRowsPerWarp + lane;
     if (lane < kRowsPerWarp) p.out[((long long)b * p.heads + t / kRowTiles) * P + row] = d;
