@@ -2,7 +2,7 @@
 # The one GPU call: environment, GPU tests, compute-sanitizer, kernel benchmarks (with the peers when .whl is
 # carried), model-level compare; prints a table of every step's result last and exits non-zero if any step failed.
 # Results land in $OUT (default ./gpu_out).
-#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [served] [small-batch] [quant-bench] [quant-speed] [crossovers]
+#   bash build_scripts/gpu_check.sh [tests] [quantized] [long] [contract] [sanitize] [bench] [served] [small-batch] [stream] [quant-bench] [quant-speed] [crossovers]
 #     [launch] [spec] [compare] [profile] [train] [accuracy] [ab]
 #   (default: tests quantized long contract sanitize bench spec compare; train: the accuracy models TRAIN_MODELS from a carried
 #   corpus/ into MODELS_DIR (default $OUT/models: one model's bf16 shards fill what comes back); accuracy: each of
@@ -198,8 +198,9 @@ if has small-batch; then  # issue 25's batch 8: the structural floors of a non-f
   bounded 120 python3 benchmarks/dev/op_kernel_times.py nemotron-3-super-120b,qwen3.5-4b 8 fp32 \
     > "$OUT/small_batch_kernel_times.log" 2>&1
   rc=$?; record "kernel times, batch 8" $rc "$OUT/small_batch_kernel_times.log"
-  # the streaming one-launch replay (Tuning.fused_heads_per_cta): its GPU tests, memcheck on its smoke case, then its
-  # heads per CTA and stages behind the conv1d step beside the shipped one-launch replay
+fi
+if has stream; then  # the Mamba-2 streaming one-launch replay (Tuning.fused_heads_per_cta): its GPU tests, memcheck on
+  # its smoke case, then its heads per CTA and stages behind the conv1d step beside the shipped one-launch replay
   bounded 300 python3 -m pytest -q tests/test_mamba2_gpu.py -k "stream or graph or sanitizer" \
     > "$OUT/fused_stream_tests.log" 2>&1
   rc=$?; record "streaming replay GPU tests" $rc "$(tail -n 1 "$OUT/fused_stream_tests.log")"
