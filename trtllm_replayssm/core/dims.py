@@ -125,8 +125,8 @@ class GDNDims(_Geometry):
             raise ValueError(f"mixed_qkv: expected shape [..., {self.conv_dim}], got {tuple(mixed_qkv.shape)}")
         key = self.num_k_heads * self.head_k_dim
         q, k, v = mixed_qkv.split([key, key, self.num_v_heads * self.head_v_dim], dim=-1)
-        return (q.unflatten(-1, (self.num_k_heads, self.head_k_dim)), k.unflatten(-1, (self.num_k_heads, self.head_k_dim)),
-                v.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
+        key_heads, value_heads = (self.num_k_heads, self.head_k_dim), (self.num_v_heads, self.head_v_dim)
+        return q.unflatten(-1, key_heads), k.unflatten(-1, key_heads), v.unflatten(-1, value_heads)
 
     def tp_divisors(self) -> dict[str, int]:
         return {"linear_num_key_heads": self.num_k_heads, "linear_num_value_heads": self.num_v_heads}

@@ -30,9 +30,9 @@ from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, FUSED_STREAM_STAGES,
                                          PLAIN_REPLAY_CTAS, Device, Launch, LaunchPlan, Tuning, checked_plan,
-                                         device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan, persistent_plan,
-                                         programmatic_prep, replay_tuning, resolved_tail_fraction, state_l2_hints,
-                                         state_tile)
+                                         device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan,
+                                         persistent_plan, programmatic_prep, replay_tuning, resolved_tail_fraction,
+                                         state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
