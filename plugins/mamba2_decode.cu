@@ -2113,10 +2113,12 @@ __device__ __forceinline__ act_t* out_row(const Mamba2Params& p, int b, int h) {
 // head's checkpoint into one of `p.stages` shared-memory stages by one bulk copy, `stages` heads ahead of the head in
 // work. Beside the first copies every thread copies the records a step can read (the group's B ring, the heads' x and
 // Δ rings) to shared memory, before the cursor is known; B_j·C is taken once for the group and every head's weights
-// once. Then head by head: a non-flush step y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x from the stage, appending
-// x and Δ (B by the CTA of the group's first head); a flush S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage,
-// stored, y = S·C + D x. The row's cursor moves when its last CTA arrives. Plain checkpoints whose head rows are
-// contiguous and 16-byte aligned (the planner checks); requires sm_90+ (the op runs the flush path on older GPUs).
+// once. Then head by head: a non-flush step y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x from the stage,
+// appending x and Δ (B by the CTA of the group's first head); a flush S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the
+// stage, stored, y = S·C + D x. The row's cursor moves when its last CTA arrives. Where the plan says so (p.l2_hints), the
+// CTA first asks L2 for the guessed slot's first `stages` heads and its records (rssm::guessed_slot), then waits for
+// the kernel before. Plain checkpoints whose head rows are contiguous and 16-byte aligned (the planner checks);
+// requires sm_90+ (the planner refuses older GPUs).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_stream_kernel(const Mamba2Params p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stream_mem[];
@@ -2138,6 +2140,23 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_str
     for (int s = 0; s < stages; ++s) rssm::mbar_init(&full[s], 1);
     rssm::mbar_init_fence();
   }
+  const int n = p.L - 1;  // ring positions a step can read
+  if (p.l2_hints) {  // before the wait: L2 hints for the guessed slot's first heads and records (rssm::guessed_slot)
+    const int guess = rssm::guessed_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
+    if (guess != p.pad_slot_id) {
+      const state_t* first = static_cast<const state_t*>(p.state) + guess * p.s_state_slot + h0 * p.s_state_head;
+      for (int s = warp; s < stages; s += rssm::kNumWarps)
+        rssm::prefetch_l2(first + s * p.s_state_head, kStreamTileBytes);
+      if (warp == 0)
+        rssm::prefetch_l2(static_cast<const act_t*>(p.B_ring) + guess * p.s_Br_slot + group * p.s_Br_group,
+                          n * N * int(sizeof(act_t)));
+      for (int hl = warp; hl < heads; hl += rssm::kNumWarps) {
+        rssm::prefetch_l2(x_ring_at(p, guess, h0 + hl), n * P * int(sizeof(act_t)));
+        if (lane == 0) rssm::prefetch_line_l2(p.dt_ring + guess * p.s_dtr_slot + (h0 + hl) * p.s_dtr_head);
+      }
+      if (threadIdx.x == 0) rssm::prefetch_line_l2(p.cursor + guess);
+    }
+  }
   rssm::wait_previous_grid();
   const int slot = rssm::row_slot(p.slot_idx, b, p.pad_slot_id, p.slots);
   __syncthreads();  // the barriers are initialised
@@ -2152,7 +2171,6 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_str
       rssm::bulk_load(stream_mem + s * kStreamTileBytes, ckpt + s * p.s_state_head, kStreamTileBytes, &full[s]);
     }
   // The records at every position a step can read (j < L - 1), before the cursor is known.
-  const int n = p.L - 1;
   const act_t* B_ring = static_cast<const act_t*>(p.B_ring) + slot * p.s_Br_slot + group * p.s_Br_group;
   for (int i = threadIdx.x; i < n * N * int(sizeof(act_t)) / 4; i += rssm::kThreads)
     rssm::cp_async4(reinterpret_cast<unsigned*>(&s_B[0][0]) + i, reinterpret_cast<const unsigned*>(B_ring) + i);
@@ -2277,7 +2295,8 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_str
       float extra = d_h * x;
       if (!flush) {  // Σ_{j<=w} s_j (B_j·C) x_j
         float ring = s_w[hl][w] * s_bc[w] * x;
-        for (int j = 0; j < w; ++j) ring = fmaf(s_w[hl][j] * s_bc[j], rssm::to_float(x_ring_s[(hl * n + j) * P + i]), ring);
+        for (int j = 0; j < w; ++j)
+          ring = fmaf(s_w[hl][j] * s_bc[j], rssm::to_float(x_ring_s[(hl * n + j) * P + i]), ring);
         extra += ring;
         static_cast<act_t*>(p.x_ring)[slot * p.s_xr_slot + h * p.s_xr_head + (long long)w * P + i] =
             rssm::from_float<act_t>(x);

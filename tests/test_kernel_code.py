@@ -33,15 +33,20 @@ def test_delta_state_kernels_store_rows_in_16_byte_vectors(per_channel_gate, row
     (delta, lambda: delta.kernel_config(False, 128, 128, torch.float32, torch.bfloat16, 16)),
     (delta, lambda: delta.kernel_config(True, 128, 128, torch.float32, torch.bfloat16, 32)),
     (mamba2, lambda: mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 8)),
+    (mamba2, lambda: mamba2.kernel_config(64, 128, torch.float32, torch.bfloat16, 64)),
 ])
 def test_state_kernels_read_nothing_the_kernel_before_writes_until_they_wait(family, config):
-    """Programmatic state kernels and the one-launch Mamba-2 verify (rssm::wait_previous_grid): before
-    ``griddepcontrol.wait`` the only global load is the guessed slot id, read around L1 (``ld.global.cg``; the rest
-    are prefetch hints), and the next kernel may launch only after the wait."""
-    ptx = compile_ptx(config(), "sm_90a")
+    """Programmatic state kernels, the Mamba-2 streaming one-launch replay (whole-head modules) and the one-launch
+    Mamba-2 verify (rssm::wait_previous_grid): before ``griddepcontrol.wait`` the only global load is the guessed
+    slot id, read around L1 (``ld.global.cg``; the rest are prefetch hints), and the next kernel may launch only after
+    the wait."""
+    built = config()
+    ptx = compile_ptx(built, "sm_90a")
     kernels = [family.KERNELS[kind] for kind in ("state", "flush", "fused")]
     if family is mamba2:
         kernels += [family.SPEC_KERNELS[f"verify_one_launch_t{t}"] for t in VERIFY_WINDOW_BUCKETS]
+        if family.KERNELS["fused_stream"] in built.kernels:
+            kernels.append(family.KERNELS["fused_stream"])
     for kind in kernels:
         body = _entry(ptx, kind)
         wait = body.index("griddepcontrol.wait")

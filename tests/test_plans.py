@@ -241,6 +241,7 @@ def test_fused_stream_plans(model, heads_per_cta):
         assert plan.fold_bytes == mamba2_stream_records_bytes(L, heads_per_cta, P, 2)
         assert plan.shared_bytes == want * P * N * 4 + plan.fold_bytes <= mamba2.MAX_STREAM_SHARED_BYTES
         assert plans.Launch.from_words(plan.words).stages == want
+        assert plan.programmatic and plan.l2_hints == (plan.grid[0] * 8 <= plans.L2_HINT_MAX_CTAS_PER_SM * 132)
     assert "mamba2_fused_stream_kernel" in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, P).kernels
     assert "mamba2_fused_stream_kernel" not in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, 16).kernels
     assert "mamba2_fused_stream_kernel" not in mamba2.kernel_config(P, N, parse_state_label("fp8"), torch.bfloat16,

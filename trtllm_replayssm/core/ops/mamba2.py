@@ -208,8 +208,9 @@ def _fused_plan(layer: Mamba2LayerCache, key: tuple, batch: int, dev: Device, tu
     if stages * tile_bytes + records > MAX_STREAM_SHARED_BYTES:
         raise ValueError(f"fused_heads_per_cta: {stages} stages of {tile_bytes} bytes and the records of {k} heads "
                          f"({records} bytes) exceed {MAX_STREAM_SHARED_BYTES} bytes of shared memory")
-    return LaunchPlan("fused", key, P, (H // k, 1, batch), stages=stages, stage_bytes=tile_bytes, fold_bytes=records,
-                      programmatic=tuning.programmatic_state)
+    grid = (H // k, 1, batch)
+    return LaunchPlan("fused", key, P, grid, stages=stages, stage_bytes=tile_bytes, fold_bytes=records,
+                      programmatic=tuning.programmatic_state, l2_hints=state_l2_hints(grid, dev, tuning))
 
 
 @functools.lru_cache(maxsize=None)
