@@ -2111,14 +2111,14 @@ __device__ __forceinline__ act_t* out_row(const Mamba2Params& p, int b, int h) {
 // One-launch replay streaming whole heads (a `fused` plan with stages): grid (nheads / k, 1, batch); CTA (x, b) takes
 // the k = nheads / gridDim.x consecutive heads h0 = x k ... of batch row b, all of one group. Thread 0 brings each
 // head's checkpoint into one of `p.stages` shared-memory stages by one bulk copy, `stages` heads ahead of the head in
-// work. Beside the first copies every thread copies the records a step can read (the group's B ring, the heads' x and
-// Δ rings) to shared memory, before the cursor is known; B_j·C is taken once for the group and every head's weights
-// once. Then head by head: a non-flush step y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x from the stage,
-// appending x and Δ (B by the CTA of the group's first head); a flush S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the
-// stage, stored, y = S·C + D x. The row's cursor moves when its last CTA arrives. Where the plan says so
-// (p.l2_hints), the CTA first asks L2 for the guessed slot's first `stages` heads and its records
-// (rssm::guessed_slot), then waits for the kernel before. Plain checkpoints whose head rows are contiguous and 16-byte aligned (the planner checks);
-// requires sm_90+ (the planner refuses older GPUs).
+// work. Beside the first copies every thread copies the records a step can read (the group's B ring, the heads' x and Δ
+// rings) to shared memory, before the cursor is known; B_j·C is taken once for the group and every head's weights once.
+// Then head by head: a non-flush step y = decay S0·C + Σ_{j<=w} s_j (B_j·C) x_j + D x from the stage, appending x and Δ
+// (B by the CTA of the group's first head); a flush S = decay S0 + Σ_{j<=w} s_j x_j B_jᵀ from the stage, stored, y =
+// S·C + D x. The row's cursor moves when its last CTA arrives. Where the plan says so (p.l2_hints), the CTA first asks
+// L2 for the guessed slot's first `stages` heads and its records (rssm::guessed_slot), then waits for the kernel
+// before. Plain checkpoints whose head rows are contiguous and 16-byte aligned (the planner checks); requires sm_90+
+// (the planner refuses older GPUs).
 extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_stream_kernel(const Mamba2Params p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stream_mem[];
