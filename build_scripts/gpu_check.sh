@@ -214,7 +214,8 @@ for model, heads in (("nemotron-3-super-120b", (2, 4, 8, 16)), ("nemotron-3-nano
     for batch in (4, 8, 16):
         base = {"model": model, "state_dtype": "fp32", "batch": batch, "mode": "fused", "after": "conv"}
         cases.append(base)
-        cases += [{**base, "tuning": {"fused_heads_per_cta": k, "stages": st}} for k in heads for st in (2, 3, 4) if st <= k]
+        cases += [{**base, "tuning": {"fused_heads_per_cta": k, "stages": st}}
+                  for k in heads for st in (2, 3, 4) if st <= k]
         cases.append({**base, "tuning": {"fused_heads_per_cta": 4, "stages": 2, "l2_hints": False}})
 json.dump(cases, open(sys.argv[1], "w"), indent=1)
 PY

@@ -97,7 +97,8 @@ __device__ __forceinline__ void take_stage_rows(rssm::TilePipe& pipe, const unsi
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1) persistent_kernel(const ProbeParams p) {
+extern "C" __global__ void __launch_bounds__(rssm::kThreads + rssm::kWarpSize, 1)
+    persistent_kernel(const ProbeParams p) {
 #if __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ rssm::TilePipe pipe;
