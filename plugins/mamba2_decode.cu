@@ -2238,7 +2238,7 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_str
     }
   }
   const int arrived_before = threadIdx.x == 0 ? rssm::cta_arrival(p.arrive, slot) : -1;  // answered at the end
-  Tile t{};  // the warp and lane stage_tile_dots reads
+  Tile t{};  // this warp's rows of the head in work: where a flush stores them (store_row), warp and lane
   t.warp = warp;
   t.lane = lane;
   const int r0 = warp * kRowsPerWarp;
@@ -2253,36 +2253,22 @@ extern "C" __global__ void __launch_bounds__(rssm::kThreads, 1) mamba2_fused_str
       }
     rssm::mbar_wait(&full[s], (hl / stages) & 1);
     __syncthreads();  // s_xs (a flush), s_bc and the weights (the first head)
-    const state_t* rows = reinterpret_cast<const state_t*>(stream_mem + s * kStreamTileBytes) + r0 * N + lane * kEpl;
-    float v[kRowsPerWarp][kEpl];
+    const auto* rows = reinterpret_cast<const typename RawVec::Raw*>(stream_mem + s * kStreamTileBytes) +
+                       (r0 * N + lane * kEpl) / RawVec::kPerChunk;
+    RawTile raw;  // this warp's rows of the stage, as the one-launch replay holds its tile
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) rssm::load_vec<state_t, kEpl>(rows + r * N, v[r]);
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+      for (int c = 0; c < RawVec::kChunks; ++c) raw[r][c] = rows[r * (N / RawVec::kPerChunk) + c];
     if (flush) {
-      const float decay = s_decay[hl];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) v[r][e] *= decay;
-      for (int j = 0; j <= w; ++j) {
-        float bv[kEpl];
-        rssm::load_vec<act_t, kEpl>(&s_B[j][lane * kEpl], bv);
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const float xs = s_xs[j][r0 + r];
-#pragma unroll
-          for (int e = 0; e < kEpl; ++e) v[r][e] = fmaf(xs, bv[e], v[r][e]);
-        }
-      }
-      state_t* dst = static_cast<state_t*>(p.state) + slot * p.s_state_slot + h * p.s_state_head +
-                     (long long)r0 * N + lane * kEpl;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) rssm::store_vec<state_t, kEpl>(dst + r * N, v[r]);
-      stage_tile_dots(t, v, cv, st);
+      t.state = static_cast<state_t*>(p.state) + slot * p.s_state_slot + h * p.s_state_head + (long long)r0 * N +
+                lane * kEpl;
+      fold_staged_rows(p, t, raw, cv, s_B, s_xs, s_decay[hl], w, st);
     } else {
       float cvd[kEpl];
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) cvd[e] = s_decay[hl] * cv[e];
-      stage_tile_dots(t, v, cvd, st);
+      stage_checkpoint_dots(t, raw, cvd, st, t.master);
     }
     __syncthreads();  // every warp has read stage s; the rows' dots are staged
     if (threadIdx.x == 0 && hl + stages < heads) {  // the stage's next head

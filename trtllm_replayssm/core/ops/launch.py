@@ -82,7 +82,7 @@ def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: 
         return
     if plan.mode == "fused" and plan.stages:
         function = get_kernel(config, names["fused_stream"], device)
-        params.stages, params.stage_bytes = plan.stages, plan.stage_bytes
+        params.stages = plan.stages
         allow_dynamic_shared(function, plan.shared_bytes)
         launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.shared_bytes,
                programmatic=plan.programmatic)
