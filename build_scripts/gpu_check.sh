@@ -204,11 +204,11 @@ if has stream; then  # the Mamba-2 streaming one-launch replay (Tuning.fused_hea
   bounded 240 python3 -m pytest -q -rA tests/test_mamba2_gpu.py -k "stream or graph or sanitizer" \
     > "$OUT/fused_stream_tests.log" 2>&1
   rc=$?; record "streaming replay GPU tests" $rc "$(tail -n 1 "$OUT/fused_stream_tests.log")"
-  python3 - "$OUT/fused-stream-cases.json" <<'PY'
+  python3 - "$OUT/fused-stream-cases.json" "${STREAM_BATCH:-8,4,16}" <<'PY'
 import json, sys
 cases = []
 for model, heads in (("nemotron-3-super-120b", (2, 4, 8, 16)), ("nemotron-3-nano-4b", (2, 4, 6, 12))):
-    for batch in (8, 4, 16):  # batch 8 first: the target
+    for batch in map(int, sys.argv[2].split(",")):  # STREAM_BATCH: batch 8, the target, first
         base = {"model": model, "state_dtype": "fp32", "batch": batch, "mode": "fused", "after": "conv"}
         cases.append(base)
         cases += [{**base, "tuning": {"fused_heads_per_cta": k, "stages": st}}
