@@ -46,17 +46,14 @@ def _launches(dims, plan, state_dtype, act_dtype):
         config = delta.kernel_config(dims.per_channel_gate, dims.cols, dims.rows, state_dtype, act_dtype,
                                      plan.rows_per_cta)
         names = delta.KERNELS
-    row = dict(config=config.name, shared=0, programmatic=False, stages=0, stage_bytes=0, fold_bytes=0, tail_start=0)
-    if plan.mode != "replay":
-        name = names["state" if plan.mode == "baseline" else "flush"]
-        return [dict(row, kernel=name, grid=list(plan.grid), block=list(launch.STATE_BLOCK),
-                     programmatic=plan.programmatic)]
-    prep = dict(row, kernel=names["prep"], grid=list(plan.prep_grid), block=[plan.prep_threads, 1, 1],
-                programmatic=plan.programmatic_prep)
-    main = dict(row, kernel=names["main"], grid=list(plan.grid), block=list(launch.PERSISTENT_BLOCK),
-                shared=plan.shared_bytes, programmatic=True, stages=plan.stages, stage_bytes=plan.stage_bytes,
-                fold_bytes=plan.fold_bytes, tail_start=plan.tail_start)
-    return [prep, main]
+    rows = []
+    for step in launch.plan_launches(plans.Launch.from_words(plan.words)):
+        main = step.kernel == "main"
+        rows.append(dict(config=config.name, kernel=names[step.kernel], grid=list(step.grid), block=list(step.block),
+                         shared=step.shared, programmatic=step.programmatic, stages=plan.stages if main else 0,
+                         stage_bytes=plan.stage_bytes if main else 0, fold_bytes=plan.fold_bytes if main else 0,
+                         tail_start=plan.tail_start if main else 0))
+    return rows
 
 
 def test_planners_reproduce_the_recorded_h200_plans(monkeypatch):
@@ -239,8 +236,9 @@ def test_fused_stream_plans(model, heads_per_cta):
         assert plan.mode == "fused" and plan.grid == (H // heads_per_cta, 1, 8) and plan.rows_per_cta == P
         assert (plan.stages, plan.stage_bytes) == (want, P * N * 4)
         assert plan.fold_bytes == mamba2_stream_records_bytes(L, heads_per_cta, P, 2)
-        assert plan.shared_bytes == want * P * N * 4 + plan.fold_bytes <= mamba2.MAX_STREAM_SHARED_BYTES
-        assert plans.Launch.from_words(plan.words).stages == want
+        launch = plans.Launch.from_words(plan.words)  # what run_plan launches with
+        assert launch.stages == want
+        assert launch.shared_bytes == want * P * N * 4 + plan.fold_bytes <= mamba2.MAX_STREAM_SHARED_BYTES
         assert plan.programmatic and plan.l2_hints == (plan.grid[0] * 8 <= plans.L2_HINT_MAX_CTAS_PER_SM * 132)
     assert "mamba2_fused_stream_kernel" in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, P).kernels
     assert "mamba2_fused_stream_kernel" not in mamba2.kernel_config(P, N, torch.float32, torch.bfloat16, 16).kernels
@@ -259,6 +257,41 @@ def test_fused_stream_plans(model, heads_per_cta):
     for bad in (0, plans.FUSED_STREAM_MAX_HEADS + 1):
         with pytest.raises(ValueError, match=f"^fused_heads_per_cta: expected None or 1..16, got {bad}$"):
             Tuning(fused_heads_per_cta=bad)
+
+
+@pytest.mark.parametrize("model,state", [("nemotron-3-super-120b", "fp32"), ("nemotron-3-nano-4b", "bf16"),
+                                         ("qwen3.5-4b", "fp32"), ("kimi-linear-48b", "fp32"),
+                                         ("nemotron-3-super-120b", "nvfp4"), ("qwen3.5-4b", "nvfp4/dual/fp16")])
+def test_every_plan_launches_kernels_of_its_modules(model, state):
+    """Every launch run_plan makes for a plan of any mode names a kernel of the module the op builds from the plan's
+    row tile (flush rows: of ``flush_rows_per_cta``), with dynamic shared memory the plan accounts for."""
+    dims = get_preset(model).ssm_dims
+    spec = parse_state_label(state)
+    layer = _layer(dims, spec, torch.bfloat16, 16)
+    mamba = family_of(dims).name == "mamba2"
+    tunings = [Tuning()] + ([Tuning(fused_heads_per_cta=4)] if mamba and state == "fp32" else [])
+    seen = set()
+    for mode in ("auto", "flush", "fused", "replay"):
+        for tuning in tunings if mode == "fused" else [Tuning()]:
+            for batch in (1, 8, 64, 256):
+                plan = (mamba2.replay_plan if mamba else delta.replay_plan)(
+                    layer, batch, *(() if mamba else (dims.per_channel_gate,)), mode, tuning, device=H200)
+                words = plans.Launch.from_words(plan.words)
+                for step in launch.plan_launches(words):
+                    tile = words.flush_rows_per_cta if step.kernel == "flush_rows" and words.flush_rows_per_cta \
+                        else words.rows_per_cta
+                    if mamba:
+                        config = mamba2.kernel_config(dims.head_dim, dims.d_state, spec, torch.bfloat16, tile)
+                        name = mamba2.KERNELS[step.kernel]
+                    else:
+                        config = delta.kernel_config(dims.per_channel_gate, dims.cols, dims.rows, spec,
+                                                     torch.bfloat16, tile)
+                        name = delta.KERNELS[step.kernel]
+                    assert name in config.kernels, (mode, tuning, batch, step)
+                    assert step.shared <= plans.SHARED_BYTES_PER_SM - plans.STATIC_SHARED_BYTES, (mode, batch, step)
+                    seen.add(step.kernel)
+    assert {"fused", "main", "prep"} <= seen and ("fused_stream" in seen) == (len(tunings) == 2)
+    assert ("flush_rows" in seen) == (spec.mode != "plain"), seen  # stored checkpoints keep flush rows apart
 
 
 def test_fused_stream_plans_refuse_heads_that_do_not_fit_or_are_not_contiguous():

@@ -191,11 +191,6 @@ class LaunchPlan:
                 self.fold_bytes, self.tail_start, *self.prep_grid, self.prep_threads, int(self.programmatic_prep),
                 self.flush_ctas, self.flush_bytes, self.flush_rows_per_cta, int(self.programmatic), int(self.l2_hints)]
 
-    @property
-    def shared_bytes(self) -> int:
-        """Dynamic shared memory of the persistent main kernel (of the streaming one-launch replay)."""
-        return self.stages * self.stage_bytes + self.fold_bytes
-
     def record(self) -> dict:
         """The plan's numbers for a results record (without the key)."""
         out = asdict(self)
@@ -230,6 +225,11 @@ class Launch:
             raise ValueError(f"plan: expected 19 words (LaunchPlan.words), got {len(w)}")
         return cls(PLAN_MODES[w[0]], w[1], tuple(w[2:5]), w[5], w[6], w[7], w[8], tuple(w[9:12]), w[12],
                    bool(w[13]), w[14], w[15], w[16], bool(w[17]), bool(w[18]))
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of the persistent main kernel (of the streaming one-launch replay)."""
+        return self.stages * self.stage_bytes + self.fold_bytes
 
 
 # ---------------------------------------------------------------------------------------------- shared steps

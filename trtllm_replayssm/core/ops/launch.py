@@ -3,6 +3,7 @@ addresses for the parameter structs, and running a LaunchPlan's kernels."""
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -61,57 +62,62 @@ def step_rows(step: torch.Tensor | None) -> int:
     return 0 if step is None else step.data_ptr() + step.element_size()
 
 
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel launch of a plan: ``kernel`` is the key of the op's kernel names (``state``, ``flush``, ``fused``,
+    ``fused_stream``, ``prep``, ``grid``, ``main``, ``flush_rows``), then its grid, block, dynamic shared memory and
+    whether it is a programmatic dependent of the kernel before it."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int = 0
+    programmatic: bool = False
+
+
+def plan_launches(plan: Launch) -> list[KernelLaunch]:
+    """The kernels ``plan`` runs, in order. ``fused`` runs the state kernels' grid with the plan's records in dynamic
+    shared memory, or, where the plan has stages, ``fused_stream`` over the plan's grid with its stages and records.
+    Replay: prep (a programmatic dependent of the kernel before it if the plan says so), then the persistent main
+    kernel (always a programmatic dependent of prep) with the plan's stages and fold buffer, and, where the plan keeps
+    flush rows apart (``flush_ctas``), ``flush_rows`` with the plan's ``flush_bytes`` (a programmatic dependent of the
+    main kernel). Grid: prep where the plan has one (``prep_threads``), then the ``grid`` kernel over the plan's
+    state-kernel grid."""
+    if plan.mode in ("baseline", "flush"):
+        return [KernelLaunch("state" if plan.mode == "baseline" else "flush", plan.grid, STATE_BLOCK, 0,
+                             plan.programmatic)]
+    if plan.mode == "fused":  # shared_bytes: the records, after the stages of the streaming form
+        return [KernelLaunch("fused_stream" if plan.stages else "fused", plan.grid, STATE_BLOCK, plan.shared_bytes,
+                             plan.programmatic)]
+    if plan.mode == "grid" and not plan.prep_threads:
+        return [KernelLaunch("grid", plan.grid, STATE_BLOCK, 0, plan.programmatic)]
+    prep = KernelLaunch("prep", plan.prep_grid, (plan.prep_threads, 1, 1), 0, plan.programmatic_prep)
+    if plan.mode == "grid":
+        return [prep, KernelLaunch("grid", plan.grid, STATE_BLOCK)]
+    launches = [prep, KernelLaunch("main", plan.grid, PERSISTENT_BLOCK, plan.shared_bytes, True)]
+    if plan.flush_ctas:
+        launches.append(KernelLaunch("flush_rows", (plan.flush_ctas, 1, 1), STATE_BLOCK, plan.flush_bytes, True))
+    return launches
+
+
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,
              device: torch.device, prep_carveout: bool, flush_config: KernelConfig | None = None) -> None:
-    """Launch the kernels of ``plan`` from ``config``: ``names`` maps ``state`` (baseline), ``flush``, ``fused``,
-    ``fused_stream``, ``prep``, ``main``, ``flush_rows`` and ``grid`` to kernel names (those the plan's modes use);
-    ``fused`` runs the state kernels' grid with the plan's ``fold_bytes`` of dynamic shared memory, or, where the plan
-    has stages, ``fused_stream`` over the plan's grid with its stages and records. Replay: prep (programmatic dependent
-    of the kernel before it if the plan says so; with ``prep_carveout`` asking for the main kernel's shared-memory
-    carveout), then the persistent main kernel (always a programmatic dependent of prep), with the plan's stages, fold
-    buffer and tail start written into ``params``, and, where the plan keeps flush rows apart (``flush_ctas``),
-    ``flush_rows`` from ``flush_config`` (default: ``config``) with the plan's ``flush_bytes`` of dynamic shared
-    memory (a programmatic dependent of the main kernel). Grid: prep where the plan has one
-    (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid. The state kernels are
-    programmatic dependents of the kernel before them where the plan says so, hinting L2 before their wait where it
-    says ``l2_hints``."""
-    params.l2_hints = int(plan.l2_hints)  # set by the planner for state-kernel plans only
-    if plan.mode in ("baseline", "flush"):
-        function = get_kernel(config, names["state" if plan.mode == "baseline" else "flush"], device)
-        launch(function, plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
-        return
-    if plan.mode == "fused" and plan.stages:
-        function = get_kernel(config, names["fused_stream"], device)
+    """Launch the kernels of ``plan`` (:func:`plan_launches`) from ``config``, ``names`` mapping their keys to kernel
+    names, with the plan's numbers the kernels read written into ``params``: the L2 hints (set by the planner for
+    state-kernel plans only), the stages of the streaming one-launch replay and the main kernel's stages, fold buffer,
+    tail start and flush rows apart. ``prep_carveout``: prep asks for the main kernel's shared-memory carveout, so
+    that an SM need not drain between the two; ``flush_config`` (default ``config``): the module of ``flush_rows``."""
+    params.l2_hints = int(plan.l2_hints)
+    if plan.mode in ("fused", "replay"):
         params.stages = plan.stages
-        allow_dynamic_shared(function, plan.shared_bytes)
-        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.shared_bytes,
-               programmatic=plan.programmatic)
-        return
-    if plan.mode == "fused":
-        function = get_kernel(config, names["fused"], device)
-        allow_dynamic_shared(function, plan.fold_bytes)
-        launch(function, plan.grid, STATE_BLOCK, params, shared_bytes=plan.fold_bytes, programmatic=plan.programmatic)
-        return
-    if plan.mode == "grid" and not plan.prep_threads:
-        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params, programmatic=plan.programmatic)
-        return
-    prep = get_kernel(config, names["prep"], device)
-    if prep_carveout:
-        prefer_max_shared(prep)  # the main kernel's carveout: an SM need not drain between the two
-    launch(prep, plan.prep_grid, (plan.prep_threads, 1, 1), params, programmatic=plan.programmatic_prep)
-    if plan.mode == "grid":
-        launch(get_kernel(config, names["grid"], device), plan.grid, STATE_BLOCK, params)
-        return
-    main = get_kernel(config, names["main"], device)
-    params.stages, params.stage_bytes, params.fold_bytes = plan.stages, plan.stage_bytes, plan.fold_bytes
-    params.tail_start = plan.tail_start
-    if plan.flush_ctas:
-        params.flush_apart = 1
-    shared = plan.stages * plan.stage_bytes + plan.fold_bytes
-    allow_dynamic_shared(main, shared)
-    launch(main, plan.grid, PERSISTENT_BLOCK, params, shared_bytes=shared, programmatic=True)
-    if plan.flush_ctas:
-        flush_rows = get_kernel(flush_config or config, names["flush_rows"], device)
-        allow_dynamic_shared(flush_rows, plan.flush_bytes)
-        launch(flush_rows, (plan.flush_ctas, 1, 1), STATE_BLOCK, params, shared_bytes=plan.flush_bytes,
-               programmatic=True)
+    if plan.mode == "replay":
+        params.stage_bytes, params.fold_bytes, params.tail_start = plan.stage_bytes, plan.fold_bytes, plan.tail_start
+        params.flush_apart = int(plan.flush_ctas > 0)
+    for step in plan_launches(plan):
+        module = (flush_config or config) if step.kernel == "flush_rows" else config
+        function = get_kernel(module, names[step.kernel], device)
+        if step.kernel == "prep" and prep_carveout:
+            prefer_max_shared(function)
+        if step.shared:
+            allow_dynamic_shared(function, step.shared)
+        launch(function, step.grid, step.block, params, shared_bytes=step.shared, programmatic=step.programmatic)
