@@ -1,16 +1,19 @@
-"""The custom ops' CUDA bodies on the CPU, up to the driver: each family's replay op, plain and stored, in every mode
-packs its parameter struct and launches the kernels its plan names from the modules the plan's row tiles select.
+"""The custom ops' CUDA bodies on the CPU, up to the driver: each family's replay op (plain and stored, every mode)
+and verify op packs its parameter struct and launches the kernels its plan names from the modules the plan's row
+tiles select.
 The loader's ``get_kernel`` / ``launch`` (and the shared-memory attributes) are replaced by a recorder, so these tests
 check the Python between an op and the driver (``core/ops/launch.run_plan``), not the kernels
 (tests/test_*_gpu.py run those)."""
 from __future__ import annotations
+
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
 from trtllm_replayssm.core.families import FAMILIES
 from trtllm_replayssm.core.formats import parse_state_label
-from trtllm_replayssm.core.ops import delta, gdn, kda, launch, mamba2
+from trtllm_replayssm.core.ops import delta, gdn, kda, launch, mamba2, mamba2_spec
 from trtllm_replayssm.core.plans import Device, Launch, Tuning
 from trtllm_replayssm.core.samples import fill_rings_, random_state, slot_indices
 from trtllm_replayssm.serving.presets import get_preset
@@ -50,6 +53,8 @@ def recorder(monkeypatch) -> Recorder:
     for ops in OPS:  # the ops' dispatch goes to their CUDA bodies
         monkeypatch.setattr(ops, "_replay_op", ops._replay_cuda)
         monkeypatch.setattr(ops, "_replay_stored_op", ops._replay_stored_cuda)
+    for ops in (mamba2_spec, gdn, kda):
+        monkeypatch.setattr(ops, "_verify_op", ops._verify_cuda)
     return rec
 
 
@@ -82,3 +87,23 @@ def test_replay_op_launches_what_its_plan_says(recorder, model, state, mode, tun
     assert recorder.launches == want
     if tuning.fused_heads_per_cta:
         assert recorder.launches[0]["kernel"] == "mamba2_fused_stream_kernel" and recorder.launches[0]["stages"] > 1
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"])
+@pytest.mark.parametrize("batch", [1, 8, 256])
+def test_verify_op_launches_what_its_plan_says(recorder, model, batch):
+    """A window of T = 4 tokens: the verify op's launches are its plan's, from modules that hold them."""
+    dims = get_preset(model).ssm_dims
+    fam = FAMILIES[type(dims).__name__.removesuffix("Dims").lower()]
+    T, gen = 4, torch.Generator().manual_seed(1)
+    layer = fam.new_cache(dims, 1, batch + 1, buffer_len=20, device="cpu").layer(0)
+    step = fam.random_step(dims, batch * T, gen, "cpu", torch.bfloat16)
+    step = replace(step, **{f.name: getattr(step, f.name).unflatten(0, (batch, T)) for f in fields(step)
+                            if f.name not in step.per_head_fields})
+    args, kwargs = step.op_args()
+    planner = mamba2_spec.verify_plan if fam.name == "mamba2" else delta.verify_plan
+    plan = planner(layer, batch, T, device=H200)
+    fam.verify_step(layer, *args, **kwargs, state_batch_indices=slot_indices(batch, gen, "cpu"), plan=plan)
+    steps = launch.plan_launches(Launch.from_words(plan.words))
+    assert [(r["grid"], r["block"], r["shared"], r["programmatic"]) for r in recorder.launches] == \
+        [(s.grid, s.block, s.shared, s.programmatic) for s in steps]
