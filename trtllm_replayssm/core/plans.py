@@ -228,7 +228,8 @@ class Launch:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory of the persistent main kernel (of the streaming one-launch replay)."""
+        """Dynamic shared memory of the plan's state kernel: its stages and fold buffer (the persistent main kernel)
+        or records (the one-launch replays)."""
         return self.stages * self.stage_bytes + self.fold_bytes
 
 
