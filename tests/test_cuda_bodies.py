@@ -1,5 +1,5 @@
-"""The custom ops' CUDA bodies on the CPU, up to the driver: each family's replay op (plain and stored, every mode)
-and verify op packs its parameter struct and launches the kernels its plan names from the modules the plan's row
+"""The custom ops' CUDA bodies on the CPU, up to the driver: each family's replay op (plain and stored, every mode),
+state-update op and verify op packs its parameter struct and launches the kernels its plan names from the modules the plan's row
 tiles select.
 The loader's ``get_kernel`` / ``launch`` (and the shared-memory attributes) are replaced by a recorder, so these tests
 check the Python between an op and the driver (``core/ops/launch.run_plan``), not the kernels
@@ -53,6 +53,8 @@ def recorder(monkeypatch) -> Recorder:
     for ops in OPS:  # the ops' dispatch goes to their CUDA bodies
         monkeypatch.setattr(ops, "_replay_op", ops._replay_cuda)
         monkeypatch.setattr(ops, "_replay_stored_op", ops._replay_stored_cuda)
+        monkeypatch.setattr(ops, "_state_update_op", ops._state_update_cuda)
+        monkeypatch.setattr(ops, "_state_update_stored_op", ops._state_update_stored_cuda)
     for ops in (mamba2_spec, gdn, kda):
         monkeypatch.setattr(ops, "_verify_op", ops._verify_cuda)
     return rec
@@ -87,6 +89,25 @@ def test_replay_op_launches_what_its_plan_says(recorder, model, state, mode, tun
     assert recorder.launches == want
     if tuning.fused_heads_per_cta:
         assert recorder.launches[0]["kernel"] == "mamba2_fused_stream_kernel" and recorder.launches[0]["stages"] > 1
+
+
+@pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"])
+@pytest.mark.parametrize("state", ["fp32", "nvfp4"])
+def test_state_update_op_launches_what_its_plan_says(recorder, model, state):
+    """The baseline step on a plain pool and on a stored checkpoint: one state-kernel launch, as its plan says."""
+    dims = get_preset(model).ssm_dims
+    fam = FAMILIES[type(dims).__name__.removesuffix("Dims").lower()]
+    batch, gen = 8, torch.Generator().manual_seed(2)
+    spec = parse_state_label(state)
+    layer = fam.new_cache(dims, 1, batch + 1, buffer_len=16, state_dtype=spec, device="cpu").layer(0)
+    pool = layer.require_state() if spec.mode == "plain" else layer.checkpoint()
+    plan = fam.state_update_plan(pool, batch, torch.bfloat16, device=H200)
+    args, kwargs = fam.random_step(dims, batch, gen, "cpu", torch.bfloat16).op_args()
+    fam.state_update(pool, *args, **kwargs, state_batch_indices=slot_indices(batch, gen, "cpu"), plan=plan)
+    names = mamba2.KERNELS if fam.name == "mamba2" else delta.KERNELS
+    (step,) = launch.plan_launches(Launch.from_words(plan.words))
+    assert [(r["kernel"], r["grid"], r["programmatic"]) for r in recorder.launches] == \
+        [(names["state"], step.grid, step.programmatic)]
 
 
 @pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"])
