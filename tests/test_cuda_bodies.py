@@ -1,6 +1,6 @@
 """The custom ops' CUDA bodies on the CPU, up to the driver: each family's replay op (plain and stored, every mode),
-state-update op and verify op packs its parameter struct and launches the kernels its plan names from the modules the plan's row
-tiles select.
+state-update op and verify op packs its parameter struct and launches the kernels its plan names from the modules
+the plan's row tiles select.
 The loader's ``get_kernel`` / ``launch`` (and the shared-memory attributes) are replaced by a recorder, so these tests
 check the Python between an op and the driver (``core/ops/launch.run_plan``), not the kernels
 (tests/test_*_gpu.py run those)."""
