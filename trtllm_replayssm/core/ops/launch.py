@@ -3,6 +3,7 @@ addresses for the parameter structs, and running a LaunchPlan's kernels."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,29 +76,30 @@ class KernelLaunch:
     programmatic: bool = False
 
 
-def plan_launches(plan: Launch) -> list[KernelLaunch]:
-    """The kernels ``plan`` runs, in order. ``fused`` runs the state kernels' grid with the plan's records in dynamic
-    shared memory, or, where the plan has stages, ``fused_stream`` over the plan's grid with its stages and records.
-    Replay: prep (a programmatic dependent of the kernel before it if the plan says so), then the persistent main
-    kernel (always a programmatic dependent of prep) with the plan's stages and fold buffer, and, where the plan keeps
-    flush rows apart (``flush_ctas``), ``flush_rows`` with the plan's ``flush_bytes`` (a programmatic dependent of the
-    main kernel). Grid: prep where the plan has one (``prep_threads``), then the ``grid`` kernel over the plan's
-    state-kernel grid."""
+@functools.lru_cache(maxsize=256)
+def plan_launches(plan: Launch) -> tuple[KernelLaunch, ...]:
+    """The kernels ``plan`` runs, in order (cached: every op call decodes its plan's words and runs this list).
+    ``fused`` runs the state kernels' grid with the plan's records in dynamic shared memory, or, where the plan has
+    stages, ``fused_stream`` over the plan's grid with its stages and records. Replay: prep (a programmatic dependent
+    of the kernel before it if the plan says so), then the persistent main kernel (always a programmatic dependent of
+    prep) with the plan's stages and fold buffer, and, where the plan keeps flush rows apart (``flush_ctas``),
+    ``flush_rows`` with the plan's ``flush_bytes`` (a programmatic dependent of the main kernel). Grid: prep where the
+    plan has one (``prep_threads``), then the ``grid`` kernel over the plan's state-kernel grid."""
     if plan.mode in ("baseline", "flush"):
-        return [KernelLaunch("state" if plan.mode == "baseline" else "flush", plan.grid, STATE_BLOCK, 0,
-                             plan.programmatic)]
+        return (KernelLaunch("state" if plan.mode == "baseline" else "flush", plan.grid, STATE_BLOCK, 0,
+                             plan.programmatic),)
     if plan.mode == "fused":  # shared_bytes: the records, after the stages of the streaming form
-        return [KernelLaunch("fused_stream" if plan.stages else "fused", plan.grid, STATE_BLOCK, plan.shared_bytes,
-                             plan.programmatic)]
+        return (KernelLaunch("fused_stream" if plan.stages else "fused", plan.grid, STATE_BLOCK, plan.shared_bytes,
+                             plan.programmatic),)
     if plan.mode == "grid" and not plan.prep_threads:
-        return [KernelLaunch("grid", plan.grid, STATE_BLOCK, 0, plan.programmatic)]
+        return (KernelLaunch("grid", plan.grid, STATE_BLOCK, 0, plan.programmatic),)
     prep = KernelLaunch("prep", plan.prep_grid, (plan.prep_threads, 1, 1), 0, plan.programmatic_prep)
     if plan.mode == "grid":
-        return [prep, KernelLaunch("grid", plan.grid, STATE_BLOCK)]
-    launches = [prep, KernelLaunch("main", plan.grid, PERSISTENT_BLOCK, plan.shared_bytes, True)]
-    if plan.flush_ctas:
-        launches.append(KernelLaunch("flush_rows", (plan.flush_ctas, 1, 1), STATE_BLOCK, plan.flush_bytes, True))
-    return launches
+        return prep, KernelLaunch("grid", plan.grid, STATE_BLOCK)
+    main = KernelLaunch("main", plan.grid, PERSISTENT_BLOCK, plan.shared_bytes, True)
+    if not plan.flush_ctas:
+        return prep, main
+    return prep, main, KernelLaunch("flush_rows", (plan.flush_ctas, 1, 1), STATE_BLOCK, plan.flush_bytes, True)
 
 
 def run_plan(config: KernelConfig, names: dict[str, str], plan: Launch, params: ctypes.Structure,

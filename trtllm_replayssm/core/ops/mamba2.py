@@ -29,10 +29,10 @@ from trtllm_replayssm.core.ops import conv
 from trtllm_replayssm.core.ops import spec as spec_ops
 from trtllm_replayssm.core.ops.launch import define_op, ptr, run_plan, step_rows, stored_fields, stride
 from trtllm_replayssm.core.plans import (DECODE_MIN_CTAS_PER_SM, FUSED_MAX_ROWS_PER_CTA, FUSED_STREAM_STAGES,
-                                         PLAIN_REPLAY_CTAS, Device, Launch, LaunchPlan, Tuning, checked_plan,
-                                         device_of, fitting_tiles, flush_ctas, flush_rows_apart, non_replay_plan,
-                                         persistent_plan, programmatic_prep, replay_tuning, resolved_tail_fraction,
-                                         state_l2_hints, state_tile)
+                                         PLAIN_REPLAY_CTAS, SHARED_BYTES_PER_SM, Device, Launch, LaunchPlan, Tuning,
+                                         checked_plan, device_of, fitting_tiles, flush_ctas, flush_rows_apart,
+                                         non_replay_plan, persistent_plan, programmatic_prep, replay_tuning,
+                                         resolved_tail_fraction, state_l2_hints, state_tile)
 from trtllm_replayssm.core.reference import mamba2 as ref
 
 KERNELS = {"state": "mamba2_state_update_kernel", "flush": "mamba2_flush_decode_kernel",
@@ -53,9 +53,9 @@ TAIL_FRACTION = 0.1
 STORED_REPLAY_CTAS = 5
 STORED_DEFAULT_CTAS = 4
 STORED_TWO_HEAD_CTAS = 3
-# Dynamic shared memory of the streaming one-launch replay: an SM's 227 KiB per CTA less its static shared memory
-# (at most 40 KiB: fp32 activations, head_dim 80).
-MAX_STREAM_SHARED_BYTES = 187 * 1024
+# Dynamic shared memory of the streaming one-launch replay: an SM's shared memory less the 1 KiB reserved per CTA and
+# the kernel's static shared memory (at most 40 KiB: fp32 activations, head_dim 80).
+MAX_STREAM_SHARED_BYTES = SHARED_BYTES_PER_SM - 1024 - 40 * 1024
 DEFAULT_TUNING = Tuning()
 
 
